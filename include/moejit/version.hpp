@@ -1,0 +1,8 @@
+#pragma once
+
+namespace moejit {
+
+// Library version; part of every tuning row's provenance.
+inline constexpr const char* kLibraryVersion = "0.1.0";
+
+}  // namespace moejit

@@ -1,0 +1,77 @@
+#include "core/env.hpp"
+
+#include <cstdlib>
+#include <thread>
+
+#include "moejit/error.hpp"
+
+#ifndef MOEJIT_SOURCE_DB_DIR
+#define MOEJIT_SOURCE_DB_DIR ""
+#endif
+
+namespace moejit::env {
+namespace {
+
+std::optional<std::string> get(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::filesystem::path user_cache_root() {
+  if (auto xdg = get("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "moejit";
+  if (auto home = get("HOME")) return std::filesystem::path(*home) / ".cache" / "moejit";
+  return std::filesystem::temp_directory_path() / "moejit-cache";
+}
+
+}  // namespace
+
+std::optional<long long> get_int(const char* name) {
+  auto v = get(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  long long x = std::strtoll(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end != '\0') {
+    throw InvalidArgument(name, "expected an integer, got '" + *v + "'");
+  }
+  return x;
+}
+
+std::filesystem::path kernel_cache_dir() {
+  if (auto v = get("MOEJIT_CACHE_DIR")) return *v;
+  return user_cache_root() / "kernels";
+}
+
+bool disk_cache_enabled() {
+  auto v = get_int("MOEJIT_DISK_CACHE");
+  return !v || *v != 0;
+}
+
+std::filesystem::path user_db_path() {
+  if (auto v = get("MOEJIT_DB")) return *v;
+  return user_cache_root() / "tuning.sqlite";
+}
+
+std::filesystem::path shipped_db_dir() {
+  if (auto v = get("MOEJIT_SHIPPED_DB_DIR")) return *v;
+  return MOEJIT_SOURCE_DB_DIR;
+}
+
+unsigned compile_jobs() {
+  if (auto v = get_int("MOEJIT_JOBS"); v && *v > 0) return static_cast<unsigned>(*v);
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : hw;
+}
+
+LogLevel log_level() {
+  auto v = get("MOEJIT_LOG");
+  if (!v) return LogLevel::kWarn;
+  if (*v == "error") return LogLevel::kError;
+  if (*v == "info") return LogLevel::kInfo;
+  if (*v == "debug") return LogLevel::kDebug;
+  return LogLevel::kWarn;
+}
+
+std::string cuda_driver_library() { return get("MOEJIT_CUDA_DRIVER").value_or("libcuda.so.1"); }
+
+}  // namespace moejit::env

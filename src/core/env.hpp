@@ -1,0 +1,32 @@
+// The one place moejit reads environment variables. Each accessor reads the variable when
+// called (tests and long-lived processes may change it); the README lists them all.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace moejit::env {
+
+enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+// MOEJIT_CACHE_DIR, else $XDG_CACHE_HOME/moejit/kernels, else ~/.cache/moejit/kernels.
+std::filesystem::path kernel_cache_dir();
+// MOEJIT_DISK_CACHE=0 turns the on-disk cubin cache off (the in-process cache stays).
+bool disk_cache_enabled();
+// MOEJIT_DB, else $XDG_CACHE_HOME/moejit/tuning.sqlite, else ~/.cache/moejit/tuning.sqlite.
+std::filesystem::path user_db_path();
+// MOEJIT_SHIPPED_DB_DIR, else the db/ folder this build was configured from.
+std::filesystem::path shipped_db_dir();
+// MOEJIT_JOBS: NVRTC compile threads; default: hardware threads.
+unsigned compile_jobs();
+// MOEJIT_LOG: error|warn|info|debug; default warn.
+LogLevel log_level();
+// MOEJIT_CUDA_DRIVER: path of the driver library to dlopen instead of libcuda.so.1.
+std::string cuda_driver_library();
+
+// Parses an integer variable; nullopt when unset or empty. Throws InvalidArgument naming the
+// variable when it is set to something that is not an integer.
+std::optional<long long> get_int(const char* name);
+
+}  // namespace moejit::env

@@ -1,0 +1,94 @@
+#include "core/fs.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "moejit/error.hpp"
+
+namespace moejit::fs {
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::filesystem::path unique_temp_name(const std::filesystem::path& target) {
+  static std::atomic<unsigned long> counter{0};
+  auto name = fmt::format("{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter.fetch_add(1));
+  return target.parent_path() / name;
+}
+
+}  // namespace
+
+void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
+  std::error_code ec;
+  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
+  auto tmp = unique_temp_name(target);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), errno_text()));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::string why = errno_text();
+      ::close(fd);
+      remove_quietly(tmp);
+      throw IoError(fmt::format("cannot write {}: {}", tmp.string(), why));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    std::string why = errno_text();
+    remove_quietly(tmp);
+    throw IoError(fmt::format("cannot flush {}: {}", tmp.string(), why));
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    std::string why = errno_text();
+    remove_quietly(tmp);
+    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), target.string(), why));
+  }
+}
+
+std::optional<std::string> read_all(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return std::nullopt;
+  return std::move(ss).str();
+}
+
+void remove_quietly(const std::filesystem::path& path) noexcept {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
+FileLock::FileLock(const std::filesystem::path& lock_path) {
+  std::error_code ec;
+  if (lock_path.has_parent_path()) std::filesystem::create_directories(lock_path.parent_path(), ec);
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), errno_text()));
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    std::string why = errno_text();
+    ::close(fd_);
+    throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+}
+
+}  // namespace moejit::fs

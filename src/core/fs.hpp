@@ -1,0 +1,35 @@
+// File helpers with the guarantees the caches and databases rely on.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace moejit::fs {
+
+// Writes bytes to a unique temporary file in the target's directory, flushes it to disk and
+// renames it over the target: readers see the old file or the whole new one, never a part.
+// Creates missing parent directories. Throws IoError.
+void atomic_write(const std::filesystem::path& target, std::string_view bytes);
+
+// The whole file, or nullopt when it does not exist or cannot be read.
+std::optional<std::string> read_all(const std::filesystem::path& path);
+
+// Removes a file, ignoring errors (another process may have removed it first).
+void remove_quietly(const std::filesystem::path& path) noexcept;
+
+// An advisory exclusive lock on a lock file (flock), released by the destructor or when the
+// process dies, so a crashed holder never blocks others.
+class FileLock {
+ public:
+  explicit FileLock(const std::filesystem::path& lock_path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace moejit::fs

@@ -1,0 +1,54 @@
+// The CUDA driver, loaded lazily on first GPU use with dlopen + cuGetProcAddress and never
+// linked, so moejit loads (and forks) on machines without a driver and never initialises CUDA
+// at load time. cuda.h is used for types only.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+namespace moejit::cuda {
+
+// Every driver entry point moejit calls. Names pass through cuda.h's versioning macros
+// (cuMemAlloc -> cuMemAlloc_v2) both here and at call sites, so types always match.
+#define MOEJIT_DRIVER_FUNCTIONS(X)                                                         \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                    \
+  X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)             \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)              \
+  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)               \
+  X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
+  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                             \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                \
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync)                            \
+  X(cuMemsetD8Async) X(cuMemsetD32Async)                                                    \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)        \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture)                                             \
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
+  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
+  X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
+  X(cuTensorMapEncodeTiled)
+
+struct Driver {
+#define MOEJIT_DECLARE_FN(name) decltype(&::name) name = nullptr;
+  MOEJIT_DRIVER_FUNCTIONS(MOEJIT_DECLARE_FN)
+#undef MOEJIT_DECLARE_FN
+  int version = 0;  // cuDriverGetVersion, e.g. 13000
+};
+
+// The loaded driver, after cuInit. Throws NoDeviceError (with the reason) when the library
+// cannot be loaded or initialised; later calls rethrow the same reason without retrying.
+const Driver& driver();
+
+// True when a driver loads and reports at least one device; `why` gets the reason otherwise.
+// Never throws.
+bool device_available(std::string* why = nullptr) noexcept;
+
+// "CUDA_ERROR_OUT_OF_MEMORY" for a result code, without requiring a loaded driver.
+std::string result_name(CUresult result);
+
+// Throws CudaError naming the call, the result and its description when result != CUDA_SUCCESS.
+void check(CUresult result, const char* what);
+
+}  // namespace moejit::cuda
+
+#define MOEJIT_CU(call) ::moejit::cuda::check((call), #call)

@@ -1,0 +1,135 @@
+#include "cuda/handles.hpp"
+
+#include <string>
+
+#include "core/log.hpp"
+#include "cuda/driver.hpp"
+#include "moejit/error.hpp"
+
+namespace moejit::cuda {
+namespace {
+
+void warn_on_failure(CUresult r, const char* what) noexcept {
+  if (r == CUDA_SUCCESS) return;
+  try {
+    log::warn("{} failed during cleanup: {}", what, result_name(r));
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+PrimaryContext::PrimaryContext(int ordinal) {
+  const Driver& d = driver();
+  int count = 0;
+  MOEJIT_CU(d.cuDeviceGetCount(&count));
+  if (ordinal < 0 || ordinal >= count) {
+    throw NoDeviceError("GPU " + std::to_string(ordinal) + " requested but " + std::to_string(count) +
+                        " visible");
+  }
+  MOEJIT_CU(d.cuDeviceGet(&dev_, ordinal));
+  MOEJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx_, dev_));
+  CUresult r = d.cuCtxSetCurrent(ctx_);
+  if (r != CUDA_SUCCESS) {
+    warn_on_failure(d.cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
+    check(r, "cuCtxSetCurrent");
+  }
+}
+
+PrimaryContext::~PrimaryContext() {
+  if (ctx_ != nullptr) warn_on_failure(driver().cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
+}
+
+CUcontext current_context() {
+  CUcontext ctx = nullptr;
+  MOEJIT_CU(driver().cuCtxGetCurrent(&ctx));
+  if (ctx == nullptr) {
+    throw NoDeviceError("no CUDA context is current on this thread (create one, e.g. with the CUDA runtime)");
+  }
+  return ctx;
+}
+
+Module::Module(std::string_view image) {
+  // cuModuleLoadData reads a cubin whose size is in its ELF header; the string keeps the bytes.
+  MOEJIT_CU(driver().cuModuleLoadData(&mod_, image.data()));
+}
+
+Module::~Module() {
+  if (mod_ != nullptr) warn_on_failure(driver().cuModuleUnload(mod_), "cuModuleUnload");
+}
+
+Module& Module::operator=(Module&& o) noexcept {
+  if (this != &o) {
+    if (mod_ != nullptr) warn_on_failure(driver().cuModuleUnload(mod_), "cuModuleUnload");
+    mod_ = std::exchange(o.mod_, nullptr);
+  }
+  return *this;
+}
+
+CUfunction Module::function(const char* lowered_name) const {
+  CUfunction fn = nullptr;
+  MOEJIT_CU(driver().cuModuleGetFunction(&fn, mod_, lowered_name));
+  return fn;
+}
+
+Event::Event(unsigned flags) { MOEJIT_CU(driver().cuEventCreate(&ev_, flags)); }
+
+Event::~Event() {
+  if (ev_ != nullptr) warn_on_failure(driver().cuEventDestroy(ev_), "cuEventDestroy");
+}
+
+void Event::record(CUstream stream) const { MOEJIT_CU(driver().cuEventRecord(ev_, stream)); }
+
+void Event::synchronize() const { MOEJIT_CU(driver().cuEventSynchronize(ev_)); }
+
+float Event::elapsed_since(const Event& start) const {
+  float ms = 0.f;
+  MOEJIT_CU(driver().cuEventElapsedTime(&ms, start.ev_, ev_));
+  return ms;
+}
+
+Stream::Stream() { MOEJIT_CU(driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)); }
+
+Stream::~Stream() {
+  if (stream_ != nullptr) warn_on_failure(driver().cuStreamDestroy(stream_), "cuStreamDestroy");
+}
+
+void Stream::synchronize() const { MOEJIT_CU(driver().cuStreamSynchronize(stream_)); }
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) MOEJIT_CU(driver().cuMemAlloc(&ptr_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() { release(); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    ptr_ = std::exchange(o.ptr_, 0);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::release() noexcept {
+  if (ptr_ != 0) warn_on_failure(driver().cuMemFree(ptr_), "cuMemFree");
+  ptr_ = 0;
+}
+
+void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) const {
+  if (offset + bytes > bytes_) throw InternalError("DeviceBuffer::upload past the end of the buffer");
+  if (bytes > 0) MOEJIT_CU(driver().cuMemcpyHtoD(ptr_ + offset, host, bytes));
+}
+
+void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
+  if (offset + bytes > bytes_) throw InternalError("DeviceBuffer::download past the end of the buffer");
+  if (bytes > 0) MOEJIT_CU(driver().cuMemcpyDtoH(host, ptr_ + offset, bytes));
+}
+
+void DeviceBuffer::fill_bytes(unsigned char value) const {
+  if (bytes_ == 0) return;
+  MOEJIT_CU(driver().cuMemsetD8Async(ptr_, value, bytes_, nullptr));
+  MOEJIT_CU(driver().cuCtxSynchronize());
+}
+
+}  // namespace moejit::cuda

@@ -1,0 +1,101 @@
+// RAII owners of driver objects. Destructors never throw: a failing release is logged.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <string_view>
+#include <utility>
+
+namespace moejit::cuda {
+
+// Retains a device's primary context and makes it current on this thread (the context the
+// CUDA runtime and PyTorch use), releasing it on destruction.
+class PrimaryContext {
+ public:
+  explicit PrimaryContext(int ordinal = 0);
+  ~PrimaryContext();
+  PrimaryContext(const PrimaryContext&) = delete;
+  PrimaryContext& operator=(const PrimaryContext&) = delete;
+  CUcontext get() const { return ctx_; }
+  CUdevice device() const { return dev_; }
+
+ private:
+  CUdevice dev_ = 0;
+  CUcontext ctx_ = nullptr;
+};
+
+// The context current on this thread; throws NoDeviceError when there is none.
+CUcontext current_context();
+
+class Module {
+ public:
+  Module() = default;
+  // Loads a cubin into the current context. Throws CudaError.
+  explicit Module(std::string_view image);
+  ~Module();
+  Module(Module&& o) noexcept : mod_(std::exchange(o.mod_, nullptr)) {}
+  Module& operator=(Module&& o) noexcept;
+  CUfunction function(const char* lowered_name) const;
+  CUmodule get() const { return mod_; }
+
+ private:
+  CUmodule mod_ = nullptr;
+};
+
+class Event {
+ public:
+  explicit Event(unsigned flags = CU_EVENT_DEFAULT);
+  ~Event();
+  Event(Event&& o) noexcept : ev_(std::exchange(o.ev_, nullptr)) {}
+  Event& operator=(Event&&) = delete;
+  void record(CUstream stream) const;
+  void synchronize() const;
+  // Milliseconds from `start` to this event.
+  float elapsed_since(const Event& start) const;
+  CUevent get() const { return ev_; }
+
+ private:
+  CUevent ev_ = nullptr;
+};
+
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  CUstream get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  CUstream stream_ = nullptr;
+};
+
+// Device memory owned by one allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, 0)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  CUdeviceptr get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(ptr_);
+  }
+  void upload(const void* host, std::size_t bytes, std::size_t offset = 0) const;
+  void download(void* host, std::size_t bytes, std::size_t offset = 0) const;
+  // Fills every byte with `value` (synchronously), e.g. to poison outputs before a test.
+  void fill_bytes(unsigned char value) const;
+
+ private:
+  void release() noexcept;
+  CUdeviceptr ptr_ = 0;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace moejit::cuda

@@ -1,0 +1,28 @@
+// A compiled kernel module: the cubin and what is needed to launch from it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "jit/kernel_key.hpp"
+#include "jit/ptxas_info.hpp"
+
+namespace moejit::jit {
+
+// Where a compiled kernel came from on this request.
+enum class Origin { kMemory, kDisk, kCompiled };
+const char* origin_name(Origin o) noexcept;
+
+struct CompiledKernel {
+  KernelKey key;
+  std::string cubin;
+  std::vector<std::string> name_expressions;
+  std::vector<std::string> lowered_names;  // aligned with name_expressions
+  std::vector<KernelResources> resources;
+  double compile_ms = 0;  // NVRTC time when it was built (also for disk hits)
+
+  int max_registers() const;
+  int max_spill_bytes() const;  // stores + loads, worst entry
+};
+
+}  // namespace moejit::jit

@@ -1,0 +1,92 @@
+#include "jit/disk_cache.hpp"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/fs.hpp"
+#include "core/hash.hpp"
+#include "core/log.hpp"
+#include "moejit/error.hpp"
+
+namespace moejit::jit {
+namespace {
+
+// Layout: magic[8] | u64 meta_len | u64 cubin_len | u64 checksum(meta + cubin) | meta | cubin
+constexpr char kMagic[8] = {'M', 'O', 'E', 'J', 'I', 'T', 'K', '1'};
+constexpr std::size_t kHeader = 8 + 3 * sizeof(std::uint64_t);
+
+void put_u64(std::string& s, std::uint64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
+
+std::uint64_t get_u64(const std::string& s, std::size_t at) {
+  std::uint64_t v;
+  std::memcpy(&v, s.data() + at, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+std::string DiskCache::encode(const CompiledKernel& k) {
+  nlohmann::json meta = {{"readable", k.key.readable},
+                         {"hash", k.key.hash},
+                         {"name_expressions", k.name_expressions},
+                         {"lowered_names", k.lowered_names},
+                         {"resources", k.resources},
+                         {"compile_ms", k.compile_ms}};
+  std::string m = meta.dump();
+  std::string out(kMagic, sizeof kMagic);
+  put_u64(out, m.size());
+  put_u64(out, k.cubin.size());
+  put_u64(out, Hasher().add(m).add(k.cubin).value());
+  out += m;
+  out += k.cubin;
+  return out;
+}
+
+std::optional<CompiledKernel> DiskCache::decode(const std::string& bytes, const KernelKey& expected) {
+  if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return std::nullopt;
+  const std::uint64_t meta_len = get_u64(bytes, 8), cubin_len = get_u64(bytes, 16), sum = get_u64(bytes, 24);
+  if (meta_len > bytes.size() || cubin_len > bytes.size() || kHeader + meta_len + cubin_len != bytes.size()) {
+    return std::nullopt;
+  }
+  std::string_view meta(bytes.data() + kHeader, meta_len), cubin(bytes.data() + kHeader + meta_len, cubin_len);
+  if (Hasher().add(meta).add(cubin).value() != sum) return std::nullopt;
+  try {
+    auto j = nlohmann::json::parse(meta);
+    CompiledKernel k;
+    k.key = {j.at("readable").get<std::string>(), j.at("hash").get<std::string>()};
+    if (!(k.key == expected)) return std::nullopt;
+    k.name_expressions = j.at("name_expressions").get<std::vector<std::string>>();
+    k.lowered_names = j.at("lowered_names").get<std::vector<std::string>>();
+    k.resources = j.at("resources").get<std::vector<KernelResources>>();
+    k.compile_ms = j.at("compile_ms").get<double>();
+    if (k.lowered_names.size() != k.name_expressions.size() || cubin.empty()) return std::nullopt;
+    k.cubin.assign(cubin);
+    return k;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
+DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
+  const auto path = path_of(key);
+  auto bytes = fs::read_all(path);
+  if (!bytes) return DiskLookup::kMiss;
+  auto k = decode(*bytes, key);
+  if (!k) {
+    log::warn("kernel cache file {} is corrupt or truncated; removing it and recompiling", path.string());
+    fs::remove_quietly(path);
+    return DiskLookup::kCorrupt;
+  }
+  out = std::move(*k);
+  return DiskLookup::kHit;
+}
+
+void DiskCache::store(const CompiledKernel& kernel) const {
+  try {
+    fs::atomic_write(path_of(kernel.key), encode(kernel));
+  } catch (const IoError& e) {
+    log::warn("kernel cache not written: {}", e.what());
+  }
+}
+
+}  // namespace moejit::jit

@@ -1,0 +1,36 @@
+// On-disk cubin cache. One file per kernel key, written atomically (temp file + rename) and
+// checksummed, so concurrent writers lose nothing and a truncated or corrupt file is detected,
+// deleted and rebuilt instead of loaded.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "jit/compiled_kernel.hpp"
+
+namespace moejit::jit {
+
+enum class DiskLookup { kHit, kMiss, kCorrupt };
+
+class DiskCache {
+ public:
+  explicit DiskCache(std::filesystem::path dir) : dir_(std::move(dir)) {}
+
+  // kHit fills `out`. kCorrupt means a file existed but failed validation; it has been removed.
+  DiskLookup load(const KernelKey& key, CompiledKernel& out) const;
+  // Best effort: an unwritable cache directory is logged, not thrown, since compiling still worked.
+  void store(const CompiledKernel& kernel) const;
+
+  std::filesystem::path path_of(const KernelKey& key) const { return dir_ / (key.stem() + ".cubin"); }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Serialisation, exposed for tests. decode() returns nullopt for anything malformed.
+  static std::string encode(const CompiledKernel& kernel);
+  static std::optional<CompiledKernel> decode(const std::string& bytes, const KernelKey& expected);
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace moejit::jit

@@ -1,0 +1,182 @@
+#include "jit/kernel_cache.hpp"
+
+#include <chrono>
+#include <fmt/format.h>
+
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "core/parallel.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "jit/codegen.hpp"
+#include "jit/disk_cache.hpp"
+#include "jit/embedded_templates.hpp"
+#include "jit/nvrtc.hpp"
+#include "moejit/error.hpp"
+#include "tuner/gating.hpp"
+
+namespace moejit::jit {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Disk, then NVRTC; stores what it compiled. Runs outside the cache lock.
+std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const GeneratedUnit& unit,
+                                            const std::vector<std::string>& options, const KernelKey& key,
+                                            Origin& origin) {
+  std::optional<DiskCache> disk;
+  if (env::disk_cache_enabled()) disk.emplace(env::kernel_cache_dir());
+  auto kernel = std::make_shared<CompiledKernel>();
+  if (disk && disk->load(key, *kernel) == DiskLookup::kHit) {
+    origin = Origin::kDisk;
+    return kernel;
+  }
+  NvrtcOutput out = nvrtc_compile(unit, options);
+  kernel->key = key;
+  kernel->cubin = std::move(out.cubin);
+  kernel->name_expressions = unit.name_expressions;
+  kernel->lowered_names = std::move(out.lowered_names);
+  kernel->resources = std::move(out.resources);
+  kernel->compile_ms = out.compile_ms;
+  log::debug("compiled {} in {:.1f} ms", spec.readable_name(), out.compile_ms);
+  if (disk) disk->store(*kernel);
+  origin = Origin::kCompiled;
+  return kernel;
+}
+
+int context_device_cc() {
+  const cuda::Driver& d = cuda::driver();
+  CUdevice dev = 0;
+  MOEJIT_CU(d.cuCtxGetDevice(&dev));
+  int major = 0, minor = 0;
+  MOEJIT_CU(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  MOEJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  return major * 10 + minor;
+}
+
+}  // namespace
+
+KernelCache& KernelCache::instance() {
+  // Never destroyed: modules must not be unloaded after the driver or the caller's context has
+  // been torn down at process exit.
+  static KernelCache* cache = new KernelCache();
+  return *cache;
+}
+
+std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, Origin* origin) {
+  GeneratedUnit unit = generate_unit(spec);
+  std::vector<std::string> options = nvrtc_options(spec.arch);
+  KernelKey key = make_kernel_key(spec, unit, options, nvrtc_version(), template_hash());
+
+  std::promise<std::shared_ptr<const CompiledKernel>> promise;
+  std::shared_future<std::shared_ptr<const CompiledKernel>> future;
+  bool builder = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = compiled_.find(key.stem());
+    if (it != compiled_.end()) {
+      future = it->second;
+    } else {
+      future = promise.get_future().share();
+      compiled_.emplace(key.stem(), future);
+      builder = true;
+    }
+  }
+  if (!builder) {
+    if (origin) *origin = Origin::kMemory;
+    return future.get();  // rethrows the builder's CompileError
+  }
+  try {
+    Origin o = Origin::kCompiled;
+    auto kernel = build(spec, unit, options, key, o);
+    promise.set_value(kernel);
+    if (origin) *origin = o;
+    return kernel;
+  } catch (...) {
+    // A failed build is not cached: a later request (e.g. after fixing the environment) retries.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      compiled_.erase(key.stem());
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+std::vector<CompileResult> KernelCache::compile_all(const std::vector<KernelSpec>& specs, unsigned jobs) {
+  std::vector<CompileResult> results(specs.size());
+  parallel_for(specs.size(), jobs, [&](std::size_t i) {
+    CompileResult& r = results[i];
+    r.spec = specs[i];
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      r.kernel = get(specs[i], &r.origin);
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    r.wall_ms = ms_since(t0);
+  });
+  return results;
+}
+
+const LoadedKernel& KernelCache::load(const KernelSpec& spec) {
+  CUcontext ctx = cuda::current_context();
+  int cc = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = context_cc_.find(ctx);
+    if (it == context_cc_.end()) it = context_cc_.emplace(ctx, context_device_cc()).first;
+    cc = it->second;
+  }
+  if (auto why = arch_gate_reason(spec.config.arch_tag, cc)) {
+    throw UnsupportedError(fmt::format("{} cannot run here: {}", spec.readable_name(), *why));
+  }
+  if (spec.arch != cuda::arch_for_cc(cc)) {
+    throw UnsupportedError(fmt::format("{} was built for {} but the current device is {}", spec.readable_name(),
+                                       spec.arch, cuda::arch_for_cc(cc)));
+  }
+  auto compiled = get(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto slot = std::make_pair(ctx, compiled->key.stem());
+  auto it = loaded_.find(slot);
+  if (it != loaded_.end()) return *it->second;
+
+  auto loaded = std::make_unique<LoadedKernel>();
+  loaded->compiled = compiled;
+  loaded->module = cuda::Module(compiled->cubin);
+  const cuda::Driver& d = cuda::driver();
+  CUdevice dev = 0;
+  MOEJIT_CU(d.cuCtxGetDevice(&dev));
+  int optin = 0;
+  MOEJIT_CU(d.cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
+  loaded->max_dynamic_smem = optin;
+  for (const std::string& lowered : compiled->lowered_names) {
+    CUfunction fn = loaded->module.function(lowered.c_str());
+    int static_smem = 0;
+    MOEJIT_CU(d.cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn));
+    MOEJIT_CU(d.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin - static_smem));
+    loaded->max_dynamic_smem = std::min(loaded->max_dynamic_smem, optin - static_smem);
+    loaded->functions.push_back(fn);
+  }
+  return *loaded_.emplace(slot, std::move(loaded)).first->second;
+}
+
+void KernelCache::forget_compiled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  compiled_.clear();
+}
+
+void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
+                          void** args) const {
+  if (index >= functions.size()) throw InternalError("kernel function index out of range");
+  if (static_cast<int>(smem_bytes) > max_dynamic_smem) {
+    throw UnsupportedError(fmt::format("{} needs {} bytes of shared memory; the device allows {}",
+                                       compiled->key.readable, smem_bytes, max_dynamic_smem));
+  }
+  MOEJIT_CU(cuda::driver().cuLaunchKernel(functions[index], grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                          smem_bytes, stream, args, nullptr));
+}
+
+}  // namespace moejit::jit

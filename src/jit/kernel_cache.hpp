@@ -1,0 +1,72 @@
+// The kernel cache: an in-process map of compiled kernels in front of the on-disk cache in
+// front of NVRTC, plus the modules loaded per CUDA context. Thread-safe; each key is compiled
+// once per process even when many threads ask at once.
+#pragma once
+
+#include <cuda.h>
+
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/handles.hpp"
+#include "jit/compiled_kernel.hpp"
+#include "jit/kernel_spec.hpp"
+
+namespace moejit::jit {
+
+struct CompileResult {
+  KernelSpec spec;
+  std::shared_ptr<const CompiledKernel> kernel;  // null when compiling failed
+  Origin origin = Origin::kCompiled;
+  double wall_ms = 0;  // this request's cost
+  std::string error;   // the CompileError message when kernel is null
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// A kernel module loaded in one context, ready to launch.
+struct LoadedKernel {
+  std::shared_ptr<const CompiledKernel> compiled;
+  cuda::Module module;
+  std::vector<CUfunction> functions;  // aligned with compiled->name_expressions
+  int max_dynamic_smem = 0;           // opt-in bytes set on every function at load
+
+  // Launches functions[index]. Dynamic shared memory beyond max_dynamic_smem throws.
+  void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) const;
+};
+
+class KernelCache {
+ public:
+  static KernelCache& instance();
+
+  // Memory, then disk (MOEJIT_CACHE_DIR), then NVRTC. Throws CompileError.
+  std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin = nullptr);
+
+  // Every spec on up to `jobs` threads. Failures are reported per spec, never thrown.
+  std::vector<CompileResult> compile_all(const std::vector<KernelSpec>& specs, unsigned jobs);
+
+  // Loads the kernel into the current context once and returns it. Refuses (UnsupportedError)
+  // a config the current device cannot run: this is the first-launch gate for arch-tagged
+  // configs. Throws NoDeviceError, CudaError, CompileError.
+  const LoadedKernel& load(const KernelSpec& spec);
+
+  // Forgets compiled kernels held in memory (tests use it to observe disk hits). Loaded
+  // modules stay.
+  void forget_compiled();
+
+ private:
+  KernelCache() = default;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CompiledKernel>>> compiled_;
+  std::map<std::pair<CUcontext, std::string>, std::unique_ptr<LoadedKernel>> loaded_;
+  std::map<CUcontext, int> context_cc_;
+};
+
+}  // namespace moejit::jit

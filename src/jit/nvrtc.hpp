@@ -1,0 +1,30 @@
+// NVRTC: compiles a generated unit against the embedded templates into a cubin.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "jit/codegen.hpp"
+#include "jit/ptxas_info.hpp"
+
+namespace moejit::jit {
+
+struct NvrtcOutput {
+  std::string cubin;
+  std::string log;
+  std::vector<std::string> lowered_names;  // aligned with the unit's name expressions
+  std::vector<KernelResources> resources;  // from -Xptxas=-v, one per entry function
+  double compile_ms = 0;
+};
+
+// "13.0": the linked NVRTC's version, part of every kernel key.
+const std::string& nvrtc_version();
+
+// Options for a target arch ("sm_90a", "sm_80"); part of every kernel key.
+std::vector<std::string> nvrtc_options(const std::string& arch);
+
+// Compiles with the templates as the only headers. Throws CompileError carrying the log and
+// the generated source.
+NvrtcOutput nvrtc_compile(const GeneratedUnit& unit, const std::vector<std::string>& options);
+
+}  // namespace moejit::jit

@@ -1,0 +1,97 @@
+#include "moe/routing.hpp"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "moejit/error.hpp"
+
+namespace moejit {
+namespace {
+
+// Mirrors RoutingParams in templates/routing.cuh field for field.
+struct RoutingParams {
+  const std::int32_t* topk_ids;
+  std::int32_t num_pairs;
+  std::int32_t num_experts;
+  std::int32_t block_m;
+  std::int32_t num_chunks;
+  std::int32_t max_tiles;
+  std::int32_t* chunk_counts;
+  std::int32_t* expert_counts;
+  std::int32_t* expert_offsets;
+  std::int32_t* expert_tile_offsets;
+  std::int32_t* tile_expert;
+  std::int32_t* tile_row_begin;
+  std::int32_t* sorted_pairs;
+  std::int32_t* pair_rows;
+};
+
+}  // namespace
+
+RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
+  auto at = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(ws + off); };
+  return {at(l.chunk_counts), at(l.expert_counts),  at(l.expert_offsets), at(l.expert_tile_offsets),
+          at(l.tile_expert),  at(l.tile_row_begin), at(l.sorted_pairs),   at(l.pair_rows)};
+}
+
+void validate_routing_args(const RoutingArgs& a) {
+  if (a.tokens < 1) throw InvalidArgument("tokens", fmt::format("must be at least 1, got {}", a.tokens));
+  if (a.topk < 1) throw InvalidArgument("topk", fmt::format("must be at least 1, got {}", a.topk));
+  if (a.experts < 1 || a.experts > kMaxExperts) {
+    throw InvalidArgument("experts", fmt::format("must be in [1, {}], got {}", kMaxExperts, a.experts));
+  }
+  if (a.topk > a.experts) {
+    throw InvalidArgument("topk", fmt::format("top-{} of {} experts", a.topk, a.experts));
+  }
+  if (a.tokens > std::numeric_limits<std::int32_t>::max() / a.topk) {
+    throw InvalidArgument("tokens", fmt::format("tokens*topk = {}*{} exceeds 2^31-1", a.tokens, a.topk));
+  }
+  if (a.block_m < 1) throw InvalidArgument("block_m", fmt::format("must be at least 1, got {}", a.block_m));
+  if (a.topk_ids == 0) throw InvalidArgument("topk_ids", "null device pointer");
+  if (a.topk_ids % 4 != 0) throw InvalidArgument("topk_ids", "must be 4-byte aligned");
+  if (a.workspace == 0) throw InvalidArgument("workspace", "null device pointer");
+  if (a.workspace % 256 != 0) throw InvalidArgument("workspace", "must be 256-byte aligned");
+  const RoutingLayout l = routing_layout(a.tokens * a.topk, a.experts, a.block_m);
+  if (a.workspace_bytes < l.total_bytes) {
+    throw InvalidArgument("workspace_bytes",
+                          fmt::format("{} bytes given, routing needs {}", a.workspace_bytes, l.total_bytes));
+  }
+}
+
+void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& a) {
+  validate_routing_args(a);
+  const long long pairs = a.tokens * a.topk;
+  const RoutingLayout l = routing_layout(pairs, a.experts, a.block_m);
+  const RoutingBuffers b = routing_buffers(a.workspace, l);
+  const long long chunk = static_cast<long long>(config.threads()) * config.items;
+  if (chunk < kRoutingMinChunk) {
+    throw InternalError(fmt::format("routing config {} has chunks below the workspace's minimum", config.name()));
+  }
+  RoutingParams p{};
+  p.topk_ids = reinterpret_cast<const std::int32_t*>(a.topk_ids);
+  p.num_pairs = static_cast<std::int32_t>(pairs);
+  p.num_experts = a.experts;
+  p.block_m = a.block_m;
+  p.num_chunks = static_cast<std::int32_t>((pairs + chunk - 1) / chunk);
+  p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
+  p.chunk_counts = b.chunk_counts;
+  p.expert_counts = b.expert_counts;
+  p.expert_offsets = b.expert_offsets;
+  p.expert_tile_offsets = b.expert_tile_offsets;
+  p.tile_expert = b.tile_expert;
+  p.tile_row_begin = b.tile_row_begin;
+  p.sorted_pairs = b.sorted_pairs;
+  p.pair_rows = b.pair_rows;
+  void* args[] = {&p};
+  const unsigned threads = static_cast<unsigned>(config.threads());
+  const unsigned chunks = static_cast<unsigned>(p.num_chunks);
+  kernel.launch(0, {chunks}, {threads}, static_cast<unsigned>(routing_smem_bytes(0, config.threads(), a.experts)),
+                a.stream, args);
+  kernel.launch(1, {1}, {threads}, static_cast<unsigned>(routing_smem_bytes(1, config.threads(), a.experts)),
+                a.stream, args);
+  kernel.launch(2, {chunks}, {threads}, static_cast<unsigned>(routing_smem_bytes(2, config.threads(), a.experts)),
+                a.stream, args);
+}
+
+}  // namespace moejit

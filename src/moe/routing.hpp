@@ -1,0 +1,46 @@
+// Host side of the routing role: argument checks and the three launches, on the caller's
+// stream, without synchronising.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "jit/kernel_cache.hpp"
+#include "moe/routing_layout.hpp"
+#include "tuner/tile_config.hpp"
+
+namespace moejit {
+
+struct RoutingArgs {
+  CUdeviceptr topk_ids = 0;  // int32 [tokens, topk]
+  long long tokens = 0;
+  int topk = 0;
+  int experts = 0;
+  int block_m = 0;           // GEMM tile rows the tile table is built for
+  CUdeviceptr workspace = 0;
+  std::size_t workspace_bytes = 0;  // at least routing_layout(...).total_bytes
+  CUstream stream = nullptr;
+};
+
+// Device pointers of the routing outputs inside a workspace.
+struct RoutingBuffers {
+  std::int32_t* chunk_counts;
+  std::int32_t* expert_counts;
+  std::int32_t* expert_offsets;
+  std::int32_t* expert_tile_offsets;
+  std::int32_t* tile_expert;
+  std::int32_t* tile_row_begin;
+  std::int32_t* sorted_pairs;
+  std::int32_t* pair_rows;
+};
+
+RoutingBuffers routing_buffers(CUdeviceptr workspace, const RoutingLayout& layout);
+
+// Throws InvalidArgument naming the offending argument.
+void validate_routing_args(const RoutingArgs& args);
+
+// Enqueues routing with a loaded routing kernel of config `config`.
+void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args);
+
+}  // namespace moejit

@@ -1,0 +1,42 @@
+#include "moe/routing_layout.hpp"
+
+#include <algorithm>
+
+namespace moejit {
+
+long long routing_max_tiles(long long pairs, int experts, int block_m) {
+  return pairs / block_m + std::min<long long>(experts, pairs);
+}
+
+long long routing_smem_bytes(int phase, int threads, int experts) {
+  const long long buckets = experts + 1;
+  const long long warps = threads / 32;
+  switch (phase) {
+    case 0: return 4 * buckets;
+    case 1: return 4 * (2 * buckets + warps + 1);
+    default: return 4 * (warps + 1) * buckets;
+  }
+}
+
+RoutingLayout routing_layout(long long pairs, int experts, int block_m) {
+  RoutingLayout l;
+  l.max_tiles = std::max<long long>(1, routing_max_tiles(pairs, experts, block_m));
+  l.max_chunks = std::max<long long>(1, (pairs + kRoutingMinChunk - 1) / kRoutingMinChunk);
+  std::size_t at = 0;
+  auto place = [&](std::size_t& field, long long ints) {
+    field = at;
+    at += (static_cast<std::size_t>(ints) * 4 + 255) / 256 * 256;
+  };
+  place(l.chunk_counts, (experts + 1) * l.max_chunks);
+  place(l.expert_counts, experts + 1);
+  place(l.expert_offsets, experts + 2);
+  place(l.expert_tile_offsets, experts + 1);
+  place(l.tile_expert, l.max_tiles);
+  place(l.tile_row_begin, l.max_tiles);
+  place(l.sorted_pairs, std::max<long long>(pairs, 1));
+  place(l.pair_rows, std::max<long long>(pairs, 1));
+  l.total_bytes = at;
+  return l;
+}
+
+}  // namespace moejit

@@ -1,0 +1,33 @@
+// Sizes and placement of the routing outputs and scratch in one caller-provided workspace.
+// Pure functions, shared by the launcher, the pruning rules and the tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moejit {
+
+// Smallest chunk (pairs per routing block) in the routing config space; the workspace is sized
+// for it so one workspace serves every routing config.
+inline constexpr long long kRoutingMinChunk = 512;
+inline constexpr int kMaxExperts = 4096;
+
+// Host bound on the number of GEMM tiles: TK/BM + min(E, TK) (each non-empty expert adds at
+// most one partial tile). The real count stays on the device.
+long long routing_max_tiles(long long pairs, int experts, int block_m);
+
+// Dynamic shared memory of a routing phase (0 count, 1 scan, 2 scatter), bytes.
+long long routing_smem_bytes(int phase, int threads, int experts);
+
+struct RoutingLayout {
+  // Byte offsets into the workspace (each 256-byte aligned) and element counts.
+  std::size_t chunk_counts = 0, expert_counts = 0, expert_offsets = 0, expert_tile_offsets = 0, tile_expert = 0,
+              tile_row_begin = 0, sorted_pairs = 0, pair_rows = 0;
+  long long max_tiles = 0;
+  long long max_chunks = 0;
+  std::size_t total_bytes = 0;
+};
+
+RoutingLayout routing_layout(long long pairs, int experts, int block_m);
+
+}  // namespace moejit

@@ -1,0 +1,19 @@
+// The dimensions of one fused-MoE problem (DESIGN.md: x [T,H], W1 [E,2I,H], W2 [E,H,I], top-K).
+#pragma once
+
+#include "moejit/types.hpp"
+
+namespace moejit {
+
+struct MoeShape {
+  long long tokens = 0;   // T
+  int experts = 0;        // E
+  int hidden = 0;         // H
+  int intermediate = 0;   // I
+  int topk = 0;           // K
+  DType dtype = DType::kBF16;
+
+  long long pairs() const { return tokens * topk; }  // T*K
+};
+
+}  // namespace moejit

@@ -1,0 +1,80 @@
+#include "tuner/tile_config.hpp"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "moejit/error.hpp"
+
+namespace moejit {
+
+const char* arch_tag_name(ArchTag t) noexcept {
+  switch (t) {
+    case ArchTag::kPortable: return "portable";
+    case ArchTag::kHopper: return "hopper";
+    case ArchTag::kBlackwellDatacenter: return "blackwell_dc";
+  }
+  return "unknown";
+}
+
+namespace {
+
+ArchTag parse_arch_tag(const std::string& s) {
+  if (s == "portable") return ArchTag::kPortable;
+  if (s == "hopper") return ArchTag::kHopper;
+  if (s == "blackwell_dc") return ArchTag::kBlackwellDatacenter;
+  throw InvalidArgument("arch_tag", "unknown arch tag '" + s + "'");
+}
+
+}  // namespace
+
+std::string TileConfig::name() const {
+  std::string n;
+  auto part = [&](const char* prefix, int v) {
+    if (v == 0) return;
+    if (!n.empty()) n += '_';
+    n += fmt::format("{}{}", prefix, v);
+  };
+  part("bm", block_m);
+  part("bn", block_n);
+  part("bk", block_k);
+  part("s", stages);
+  part("w", warps);
+  part("g", group_m);
+  part("i", items);
+  if (cluster > 1) part("c", cluster);
+  if (use_tma) n += "_tma";
+  if (arch_tag == ArchTag::kBlackwellDatacenter) n += "_bw";
+  return n;
+}
+
+bool TileConfig::smaller_than(const TileConfig& o) const {
+  auto area = [](const TileConfig& c) {
+    return static_cast<long long>(c.block_m ? c.block_m : 1) * (c.block_n ? c.block_n : 1) * (c.block_k ? c.block_k : 1);
+  };
+  return std::make_tuple(area(*this), threads(), stages, items, name()) <
+         std::make_tuple(area(o), o.threads(), o.stages, o.items, o.name());
+}
+
+void to_json(nlohmann::json& j, const TileConfig& c) {
+  j = nlohmann::json{{"block_m", c.block_m}, {"block_n", c.block_n}, {"block_k", c.block_k},
+                     {"stages", c.stages},   {"warps", c.warps},     {"group_m", c.group_m},
+                     {"cluster", c.cluster}, {"items", c.items},     {"use_tma", c.use_tma},
+                     {"arch_tag", arch_tag_name(c.arch_tag)}};
+}
+
+void from_json(const nlohmann::json& j, TileConfig& c) {
+  c.block_m = j.value("block_m", 0);
+  c.block_n = j.value("block_n", 0);
+  c.block_k = j.value("block_k", 0);
+  c.stages = j.value("stages", 0);
+  c.warps = j.value("warps", 0);
+  c.group_m = j.value("group_m", 0);
+  c.cluster = j.value("cluster", 1);
+  c.items = j.value("items", 0);
+  c.use_tma = j.value("use_tma", false);
+  c.arch_tag = parse_arch_tag(j.value("arch_tag", std::string("portable")));
+}
+
+}  // namespace moejit
