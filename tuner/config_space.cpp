@@ -1,15 +1,53 @@
 #include "tuner/config_space.hpp"
 
-#include <fmt/format.h>
+#include <algorithm>
 
-#include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
 
 namespace moejit {
+namespace {
 
-std::vector<TileConfig> config_space(Role role) {
+constexpr int kGroupM = 8;
+
+TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
+  TileConfig c;
+  c.block_m = bm;
+  c.block_n = bn;
+  c.block_k = bk;
+  c.stages = stages;
+  c.warps = warps;
+  c.group_m = kGroupM;
+  return c;
+}
+
+long long next_pow2(long long v) {
+  long long p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Halves a tile edge while it is wider than the problem (never below the space's minimum).
+int fit(int edge, long long extent, int minimum) {
+  while (edge > minimum && edge > next_pow2(extent)) edge /= 2;
+  return edge;
+}
+
+}  // namespace
+
+int min_block_n(Role role) {
+  switch (role_kind(role)) {
+    case RoleKind::kTokenGemm: return role == Role::kFwdUp ? 32 : 64;
+    case RoleKind::kExpertGemm: return 64;
+    default: return 0;
+  }
+}
+
+int min_block_m(Role role) { return role_kind(role) == RoleKind::kExpertGemm ? 64 : 0; }
+
+std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
   std::vector<TileConfig> out;
-  switch (role) {
-    case Role::kRouting:
+  switch (role_kind(role)) {
+    case RoleKind::kRouting:
       for (int warps : {4, 8, 16, 32}) {
         for (int items : {4, 8, 16, 32}) {
           TileConfig c;
@@ -18,23 +56,59 @@ std::vector<TileConfig> config_space(Role role) {
           out.push_back(c);
         }
       }
-      return out;
-    default:
-      return out;
+      break;
+    case RoleKind::kTokenGemm: {
+      const int bm = token_block_m(shape);
+      const int n_min = min_block_n(role);
+      for (int bn : {n_min, 2 * n_min, 4 * n_min})
+        for (int bk : {32, 64})
+          for (int stages : {2, 3, 4})
+            for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+      break;
+    }
+    case RoleKind::kExpertGemm:
+      for (int bm : {64, 128})
+        for (int bn : {64, 128})
+          for (int bk : {32, 64})
+            for (int stages : {2, 3, 4})
+              for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+      break;
+    case RoleKind::kGather:
+      for (int warps : {1, 2, 4, 8}) {
+        TileConfig c;
+        c.warps = warps;
+        out.push_back(c);
+      }
+      break;
   }
+  return out;
 }
 
-TileConfig default_config(Role role, const MoeShape&, const cuda::DeviceInfo&) {
-  switch (role) {
-    case Role::kRouting: {
-      TileConfig c;
+TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo&) {
+  TileConfig c;
+  const GemmDims d = gemm_dims(role, shape);
+  switch (role_kind(role)) {
+    case RoleKind::kRouting:
       c.warps = 8;
       c.items = 4;
       return c;
+    case RoleKind::kTokenGemm: {
+      const int bm = token_block_m(shape);
+      c = gemm(bm, role == Role::kFwdUp ? 64 : 128, 32, 4, bm >= 128 ? 8 : 4);
+      c.block_n = fit(c.block_n, d.n, min_block_n(role));
+      return c;
     }
-    default:
-      throw UnsupportedError(fmt::format("role {} has no default config yet", role_name(role)));
+    case RoleKind::kExpertGemm:
+      c = gemm(128, 128, 32, 3, 8);
+      c.block_m = fit(c.block_m, d.m, min_block_m(role));
+      c.block_n = fit(c.block_n, d.n, min_block_n(role));
+      return c;
+    case RoleKind::kGather:
+      // About 256 hidden columns per warp (8 per thread), up to 4 warps.
+      c.warps = static_cast<int>(std::min<long long>(4, next_pow2((shape.hidden + 255) / 256)));
+      return c;
   }
+  return c;
 }
 
 }  // namespace moejit

@@ -10,10 +10,17 @@
 
 namespace moejit {
 
-// Every config of a role, for all architectures (pruning removes what a target cannot take).
-std::vector<TileConfig> config_space(Role role);
+// Every config of a role for a problem, for all architectures (pruning removes what a device
+// cannot take). Token GEMMs all use the problem's token_block_m().
+std::vector<TileConfig> config_space(Role role, const MoeShape& shape);
 
-// A config expected to be good without tuning; always survives pruning for shapes moejit accepts.
+// A config expected to be good without tuning; it survives pruning for every problem moejit
+// accepts on every sm_80+ device.
 TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo& device);
+
+// Smallest BLOCK_N (fwd_up: columns of act) and BLOCK_M in a role's space: tiles up to these
+// sizes are never pruned as wider than the problem.
+int min_block_n(Role role);
+int min_block_m(Role role);
 
 }  // namespace moejit

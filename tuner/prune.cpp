@@ -3,25 +3,44 @@
 #include <algorithm>
 #include <fmt/format.h>
 
-#include "moe/routing_layout.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/gating.hpp"
+#include "tuner/role_traits.hpp"
 
 namespace moejit {
+namespace {
 
-long long config_smem_bytes(Role role, const TileConfig& c, const MoeShape& shape) {
-  switch (role) {
-    case Role::kRouting: {
-      long long worst = 0;
-      for (int phase = 0; phase < 3; ++phase) {
-        worst = std::max(worst, routing_smem_bytes(phase, c.threads(), shape.experts));
-      }
-      return worst;
-    }
-    default:
-      return 0;
-  }
+constexpr int kMaxAccumulators = 128;  // fp32 registers per thread before ptxas starts spilling
+
+long long next_pow2(long long v) {
+  long long p = 1;
+  while (p < v) p *= 2;
+  return p;
 }
+
+std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const MoeShape& shape) {
+  if (gemm_warp_rows(role, c) == 0) {
+    return fmt::format("{}x{} tile does not split into 16x16-multiple warp tiles over {} warps", c.block_m,
+                       gemm_tile_n(role, c), c.warps);
+  }
+  if (const int acc = gemm_accumulators(role, c); acc > kMaxAccumulators) {
+    return fmt::format("{} fp32 accumulators per thread (more than {} would spill)", acc, kMaxAccumulators);
+  }
+  const GemmDims d = gemm_dims(role, shape);
+  if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
+    return fmt::format("BLOCK_N {} is wider than the padded problem (N = {})", c.block_n, d.n);
+  }
+  if (role_kind(role) == RoleKind::kExpertGemm &&
+      c.block_m > std::max<long long>(next_pow2(d.m), min_block_m(role))) {
+    return fmt::format("BLOCK_M {} is wider than the padded problem (M = {})", c.block_m, d.m);
+  }
+  if (role_kind(role) == RoleKind::kTokenGemm && c.block_k > std::max<long long>(next_pow2(d.k), 32)) {
+    return fmt::format("BLOCK_K {} is deeper than the padded problem (K = {})", c.block_k, d.k);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::optional<std::string> prune_reason(Role role, const TileConfig& c, const MoeShape& shape,
                                         const cuda::DeviceInfo& device) {
@@ -29,12 +48,16 @@ std::optional<std::string> prune_reason(Role role, const TileConfig& c, const Mo
   if (c.threads() > device.max_threads_per_block) {
     return fmt::format("{} threads per block exceed the device's {}", c.threads(), device.max_threads_per_block);
   }
-  const long long smem = config_smem_bytes(role, c, shape);
+  const RoleKind kind = role_kind(role);
+  if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
+    if (auto why = gemm_reason(role, c, shape)) return why;
+  }
+  const long long smem = role_smem_bytes(role, c, shape);
   if (smem > device.smem_optin_per_block) {
     return fmt::format("needs {} B of shared memory; {} allows {} B per block", smem, device.arch(),
                        device.smem_optin_per_block);
   }
-  if (role == Role::kRouting) {
+  if (kind == RoleKind::kRouting) {
     // Padding to 1024 pairs keeps the smallest chunks legal for every problem.
     const long long padded = std::max<long long>(1024, (shape.pairs() + 1023) / 1024 * 1024);
     const long long chunk = static_cast<long long>(c.threads()) * c.items;
@@ -42,12 +65,19 @@ std::optional<std::string> prune_reason(Role role, const TileConfig& c, const Mo
       return fmt::format("chunk of {} pairs is wider than the padded problem ({} pairs)", chunk, padded);
     }
   }
+  if (kind == RoleKind::kGather) {
+    // Hidden columns per block: 8 per thread on the vector path; more threads than that idle.
+    const long long cols = 8LL * c.threads();
+    if (c.warps > 1 && cols / 2 >= std::max<long long>(shape.hidden, 256)) {
+      return fmt::format("{} threads cover {} columns; hidden size is {}", c.threads(), cols, shape.hidden);
+    }
+  }
   return std::nullopt;
 }
 
 std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const cuda::DeviceInfo& device) {
   std::vector<PruneDecision> out;
-  for (const TileConfig& c : config_space(role)) out.push_back({c, prune_reason(role, c, shape, device)});
+  for (const TileConfig& c : config_space(role, shape)) out.push_back({c, prune_reason(role, c, shape, device)});
   return out;
 }
 

@@ -17,9 +17,6 @@ namespace moejit {
 std::optional<std::string> prune_reason(Role role, const TileConfig& config, const MoeShape& shape,
                                         const cuda::DeviceInfo& device);
 
-// Shared memory a config's kernels request (worst launch), bytes.
-long long config_smem_bytes(Role role, const TileConfig& config, const MoeShape& shape);
-
 struct PruneDecision {
   TileConfig config;
   std::optional<std::string> reason;  // set when pruned

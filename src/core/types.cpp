@@ -1,5 +1,7 @@
 #include "moejit/types.hpp"
 
+#include "moejit/moejit.hpp"
+
 #include "moejit/error.hpp"
 
 namespace moejit {
@@ -10,6 +12,15 @@ DType parse_dtype(const std::string& name) {
   if (name == "bf16") return DType::kBF16;
   if (name == "fp16") return DType::kFP16;
   throw InvalidArgument("dtype", "unknown dtype '" + name + "' (bf16, fp16)");
+}
+
+const char* mode_name(Mode m) noexcept {
+  switch (m) {
+    case Mode::kTraining: return "train";
+    case Mode::kInference: return "infer";
+    case Mode::kMemoryEfficient: return "memeff";
+  }
+  return "unknown";
 }
 
 }  // namespace moejit

@@ -64,6 +64,12 @@ DeviceInfo query_device(int ordinal) {
   return info;
 }
 
+DeviceInfo query_current_device() {
+  CUdevice dev = 0;
+  MOEJIT_CU(driver().cuCtxGetDevice(&dev));
+  return query_device(static_cast<int>(dev));  // a CUdevice handle is its ordinal
+}
+
 namespace fabricated {
 
 DeviceInfo h200() {

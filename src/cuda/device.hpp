@@ -33,6 +33,9 @@ struct DeviceInfo {
 // Reads the descriptor of a visible GPU. Throws NoDeviceError or CudaError.
 DeviceInfo query_device(int ordinal = 0);
 
+// Reads the descriptor of the device of the current context. Throws NoDeviceError or CudaError.
+DeviceInfo query_current_device();
+
 // The NVRTC arch string for a compute capability (cc 90 -> "sm_90a").
 std::string arch_for_cc(int cc);
 // Parses "sm_90a", "sm_90", "90" into a compute capability (90); throws InvalidArgument.

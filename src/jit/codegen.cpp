@@ -3,15 +3,30 @@
 #include <fmt/format.h>
 
 #include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
 
 namespace moejit::jit {
 namespace {
 
-// One explicit instantiation: `kernel<args>` with the role's parameter struct.
-struct Instantiation {
-  std::string kernel;  // "moejit::routing_kernel<0, 256, 8>"
-  std::string params;  // "moejit::RoutingParams"
+struct RoleTemplate {
+  const char* header;  // file under templates/
+  const char* kernel;  // __global__ template, qualified
+  const char* params;  // its parameter struct, qualified
 };
+
+RoleTemplate role_template(Role r) {
+  switch (r) {
+    case Role::kRouting: return {"routing.cuh", "moejit::routing_kernel", "moejit::RoutingParams"};
+    case Role::kFwdUp: return {"fwd_up.cuh", "moejit::fwd_up_kernel", "moejit::FwdUpParams"};
+    case Role::kFwdDown: return {"fwd_down.cuh", "moejit::fwd_down_kernel", "moejit::FwdDownParams"};
+    case Role::kGatherSum: return {"gather_sum.cuh", "moejit::gather_sum_kernel", "moejit::GatherSumParams"};
+    case Role::kBwdDown: return {"bwd_down.cuh", "moejit::bwd_down_kernel", "moejit::BwdDownParams"};
+    case Role::kBwdDw2: return {"bwd_dw2.cuh", "moejit::bwd_dw2_kernel", "moejit::BwdDw2Params"};
+    case Role::kBwdDx: return {"bwd_dx.cuh", "moejit::bwd_dx_kernel", "moejit::BwdDxParams"};
+    case Role::kBwdDw1: return {"bwd_dw1.cuh", "moejit::bwd_dw1_kernel", "moejit::BwdDw1Params"};
+  }
+  throw InternalError("unknown role");
+}
 
 void require(bool ok, const KernelSpec& spec, const char* what) {
   if (!ok) {
@@ -20,40 +35,48 @@ void require(bool ok, const KernelSpec& spec, const char* what) {
   }
 }
 
-std::vector<Instantiation> instantiations(const KernelSpec& spec) {
+const char* element_type(DType d) { return d == DType::kFP16 ? "moejit::fp16" : "moejit::bf16"; }
+
+// Template arguments of each instantiation, in launch order.
+std::vector<std::string> template_arguments(const KernelSpec& spec) {
   const TileConfig& c = spec.config;
-  switch (spec.role) {
-    case Role::kRouting: {
+  const char* aligned = spec.aligned ? "true" : "false";
+  switch (role_kind(spec.role)) {
+    case RoleKind::kRouting: {
       require(c.warps > 0 && c.items > 0, spec, "warps and items");
-      std::vector<Instantiation> out;
-      for (int phase = 0; phase < 3; ++phase) {
-        out.push_back({fmt::format("moejit::routing_kernel<{}, {}, {}>", phase, c.threads(), c.items),
-                       "moejit::RoutingParams"});
-      }
+      std::vector<std::string> out;
+      for (int phase = 0; phase < 3; ++phase) out.push_back(fmt::format("{}, {}, {}", phase, c.threads(), c.items));
       return out;
     }
-    default:
-      throw UnsupportedError(fmt::format("role {} has no template yet", role_name(spec.role)));
+    case RoleKind::kGather:
+      require(c.warps > 0, spec, "warps");
+      return {fmt::format("{}, {}, {}", element_type(spec.dtype), c.threads(), spec.aligned ? 8 : 1)};
+    case RoleKind::kTokenGemm:
+    case RoleKind::kExpertGemm: {
+      require(c.block_m > 0 && c.block_n > 0 && c.block_k > 0 && c.stages >= 2 && c.warps > 0 && c.group_m > 0, spec,
+              "block_m, block_n, block_k, stages >= 2, warps and group_m");
+      const int wm = gemm_warp_rows(spec.role, c);
+      require(wm > 0, spec, "a legal warp layout");
+      std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
+                                     c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, aligned);
+      if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
+      return {args};
+    }
   }
-}
-
-const char* header_of(Role r) {
-  switch (r) {
-    case Role::kRouting: return "routing.cuh";
-    default: return "";
-  }
+  throw InternalError("unknown role kind");
 }
 
 }  // namespace
 
 GeneratedUnit generate_unit(const KernelSpec& spec) {
+  const RoleTemplate t = role_template(spec.role);
   GeneratedUnit unit;
-  auto inst = instantiations(spec);
   unit.file_name = fmt::format("{}.{}.cu", role_name(spec.role), spec.config.name());
-  unit.source = fmt::format("// moejit: {}\n#include \"{}\"\n", spec.readable_name(), header_of(spec.role));
-  for (const Instantiation& i : inst) {
-    unit.source += fmt::format("template __global__ void {}(const {});\n", i.kernel, i.params);
-    unit.name_expressions.push_back(i.kernel);
+  unit.source = fmt::format("// moejit: {}\n#include \"{}\"\n", spec.readable_name(), t.header);
+  for (const std::string& args : template_arguments(spec)) {
+    const std::string kernel = fmt::format("{}<{}>", t.kernel, args);
+    unit.source += fmt::format("template __global__ void {}(const __grid_constant__ {});\n", kernel, t.params);
+    unit.name_expressions.push_back(kernel);
   }
   return unit;
 }

@@ -13,6 +13,8 @@ KernelKey make_kernel_key(const KernelSpec& spec, const GeneratedUnit& unit, con
       .field(nlohmann::json(spec.config).dump())
       .field(dtype_name(spec.dtype))
       .field(spec.arch)
+      .field(spec.aligned ? "aligned" : "unaligned")
+      .field(spec.fused_act ? "fused_act" : "")
       .field(unit.source)
       .field(nvrtc_version)
       .field(template_hash);

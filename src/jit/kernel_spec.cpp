@@ -5,8 +5,12 @@
 namespace moejit::jit {
 
 std::string KernelSpec::readable_name() const {
-  if (role == Role::kRouting) return fmt::format("{}.{}.{}", role_name(role), config.name(), arch);
-  return fmt::format("{}.{}.{}.{}", role_name(role), dtype_name(dtype), config.name(), arch);
+  std::string name = role == Role::kRouting
+                         ? fmt::format("{}.{}.{}", role_name(role), config.name(), arch)
+                         : fmt::format("{}.{}.{}.{}", role_name(role), dtype_name(dtype), config.name(), arch);
+  if (!aligned) name += ".unaligned";
+  if (fused_act) name += ".fused_act";
+  return name;
 }
 
 }  // namespace moejit::jit

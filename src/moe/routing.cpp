@@ -4,31 +4,10 @@
 
 #include <limits>
 
+#include "moe/kernel_params.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit {
-namespace {
-
-// Mirrors RoutingParams in templates/routing.cuh field for field.
-struct RoutingParams {
-  const std::int32_t* topk_ids;
-  std::int32_t num_pairs;
-  std::int32_t num_experts;
-  std::int32_t block_m;
-  std::int32_t num_chunks;
-  std::int32_t max_tiles;
-  std::int32_t* chunk_counts;
-  std::int32_t* expert_counts;
-  std::int32_t* expert_offsets;
-  std::int32_t* expert_tile_offsets;
-  std::int32_t* tile_expert;
-  std::int32_t* tile_row_begin;
-  std::int32_t* sorted_pairs;
-  std::int32_t* pair_rows;
-};
-
-}  // namespace
-
 RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
   auto at = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(ws + off); };
   return {at(l.chunk_counts), at(l.expert_counts),  at(l.expert_offsets), at(l.expert_tile_offsets),
@@ -68,7 +47,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   if (chunk < kRoutingMinChunk) {
     throw InternalError(fmt::format("routing config {} has chunks below the workspace's minimum", config.name()));
   }
-  RoutingParams p{};
+  params::Routing p{};
   p.topk_ids = reinterpret_cast<const std::int32_t*>(a.topk_ids);
   p.num_pairs = static_cast<std::int32_t>(pairs);
   p.num_experts = a.experts;

@@ -29,3 +29,16 @@ __device__ __forceinline__ constexpr T max_of(T a, T b) {
 }
 
 }  // namespace moejit
+
+namespace moejit {
+
+template <bool C, typename A, typename B>
+struct Select {
+  using type = A;
+};
+template <typename A, typename B>
+struct Select<false, A, B> {
+  using type = B;
+};
+
+}  // namespace moejit

@@ -1,0 +1,123 @@
+// moejit: the fused Mixture-of-Experts expert block (token-gathered grouped GEMMs, fused SwiGLU,
+// router-score weighting), forward and backward, JIT-compiled for the GPU it runs on.
+//
+// Layouts (row-major, contiguous; HF Transformers v5 / Liger):
+//   x [T, H]   w1 (gate_up) [E, 2I, H]: rows 0..I-1 gate, I..2I-1 up   w2 (down) [E, H, I]
+//   topk_ids [T, K] int32   topk_weights [T, K] (dtype)   out, dx [T, H]   d_topk_weights [T, K]
+//   out[t] = sum_k s[t,k] * (silu(g) * u)(x[t] W1[e]^T) W2[e]^T,  e = topk_ids[t,k]
+//
+// Expert ids outside [0, E) are dropped: that (token, slot) reaches no expert, contributes
+// nothing to out, and gets a zero d_topk_weights; no memory outside the tensors is touched.
+// Options::check_expert_ids turns them into an InvalidArgument error instead (it synchronises
+// the stream once per forward to read the count, so it is off by default).
+//
+// The caller allocates everything (device memory, 256-byte aligned): memory() says how much.
+// forward() and backward() only enqueue work on the caller's stream: no allocation, no
+// host-device synchronisation, so both can be captured in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "moejit/error.hpp"
+#include "moejit/types.hpp"
+
+struct CUstream_st;  // cudaStream_t and CUstream are both CUstream_st*
+
+namespace moejit {
+
+enum class Mode : int {
+  kTraining = 0,         // saves the pre-activations for backward
+  kInference = 1,        // forward only; nothing saved
+  kMemoryEfficient = 2,  // training; backward overwrites the saved state (one backward per forward)
+};
+
+const char* mode_name(Mode m) noexcept;  // "train", "infer", "memeff"
+
+struct MoeProblem {
+  long long tokens = 0;     // T >= 1
+  int experts = 0;          // E in [1, 4096]
+  int hidden = 0;           // H >= 1
+  int intermediate = 0;     // I >= 1
+  int topk = 0;             // K in [1, E]; T*K < 2^31
+  DType dtype = DType::kBF16;
+  Mode mode = Mode::kTraining;
+};
+
+// Device bytes the caller provides. Zero where a mode needs nothing.
+struct MemoryPlan {
+  std::size_t saved_bytes = 0;               // kept from forward() to backward()
+  std::size_t forward_workspace_bytes = 0;   // scratch of one forward(); reusable once it is done
+  std::size_t backward_workspace_bytes = 0;  // scratch of one backward()
+};
+
+struct ForwardArgs {
+  const void* x = nullptr;
+  const void* w1 = nullptr;
+  const void* w2 = nullptr;
+  const std::int32_t* topk_ids = nullptr;
+  const void* topk_weights = nullptr;
+  void* out = nullptr;
+  void* saved = nullptr;        // training modes: MemoryPlan::saved_bytes; inference: unused
+  std::size_t saved_bytes = 0;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  CUstream_st* stream = nullptr;  // null: the legacy default stream
+};
+
+struct BackwardArgs {
+  const void* d_out = nullptr;
+  const void* x = nullptr;
+  const void* w1 = nullptr;
+  const void* w2 = nullptr;
+  const std::int32_t* topk_ids = nullptr;
+  const void* topk_weights = nullptr;
+  void* saved = nullptr;        // what forward() wrote; memory-efficient mode consumes it
+  std::size_t saved_bytes = 0;
+  void* dx = nullptr;
+  void* dw1 = nullptr;
+  void* dw2 = nullptr;
+  void* d_topk_weights = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  CUstream_st* stream = nullptr;
+};
+
+struct Options {
+  bool check_expert_ids = false;
+  // Per-role config overrides by role name ("fwd_up", ...) and config name as printed by
+  // `moejit compile` ("bm64_bn128_bk32_s3_w4_g8"); for tests and experiments.
+  std::map<std::string, std::string> config_overrides;
+};
+
+// A plan for one problem: validates it, chooses a config per kernel role, compiles (or loads
+// from the cache) and loads every kernel into the current CUDA context. Construct it once per
+// shape; forward()/backward() then cost only the launches. Not thread-safe for concurrent
+// calls on one object from several threads.
+class FusedMoe {
+ public:
+  explicit FusedMoe(const MoeProblem& problem, const Options& options = {});
+  ~FusedMoe();
+  FusedMoe(FusedMoe&&) noexcept;
+  FusedMoe& operator=(FusedMoe&&) noexcept;
+
+  const MoeProblem& problem() const;
+  const MemoryPlan& memory() const;
+  // The config each kernel role runs with, by role name ("fwd_up" -> "bm64_bn64_bk32_s4_w4_g8").
+  std::map<std::string, std::string> configs() const;
+
+  // Throws InvalidArgument (naming the argument) before enqueuing anything.
+  void forward(const ForwardArgs& args);
+  // Throws InvalidArgument, or StateError for a second backward over memory-efficient state.
+  void backward(const BackwardArgs& args);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moejit

@@ -1,0 +1,252 @@
+#include "db/sqlite.hpp"
+
+#include <fmt/format.h>
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "core/log.hpp"
+#include "moejit/error.hpp"
+
+namespace moejit::db {
+namespace {
+
+// Long enough for eight ranks each committing a batch of rows one after another.
+constexpr int kBusyTimeoutMs = 30000;
+// BEGIN IMMEDIATE already waits kBusyTimeoutMs; these retries cover SQLITE_BUSY returned
+// without waiting (e.g. while another connection recovers the WAL after a crash).
+constexpr int kBeginAttempts = 4;
+
+std::string open_path(const std::filesystem::path& path, OpenMode mode) {
+  if (mode == OpenMode::kReadWrite && path.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) throw DatabaseError(fmt::format("{}: cannot create its directory: {}", path.string(), ec.message()));
+  }
+  return path.string();
+}
+
+int open_flags(OpenMode mode) {
+  return mode == OpenMode::kReadOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+}
+
+}  // namespace
+
+Connection::Connection(const std::filesystem::path& path, OpenMode mode)
+    : Connection(open_path(path, mode), open_flags(mode), mode == OpenMode::kReadOnly) {}
+
+Connection Connection::memory() {
+  Connection c(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY, false);
+  c.path_ = "(in memory)";  // for messages; SQLite's own name ":memory:" reads badly after "path: "
+  return c;
+}
+
+Connection::Connection(std::string path, int flags, bool read_only) : path_(std::move(path)), read_only_(read_only) {
+  int rc = sqlite3_open_v2(path_.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+    close();
+    throw DatabaseError(fmt::format("{}: cannot open: {}", path_, why));
+  }
+  try {
+    sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+    if (!read_only_ && (flags & SQLITE_OPEN_MEMORY) == 0) use_wal();
+    // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and
+    // saves an fsync per commit.
+    exec("PRAGMA synchronous=NORMAL");
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+void Connection::use_wal() const {
+  // WAL lets readers proceed while one writer commits. Switching a new file to it needs an
+  // exclusive lock, and SQLite answers SQLITE_BUSY at once, without the busy handler, while
+  // other processes are opening the same file: retry for as long as the busy timeout.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
+  for (int attempt = 1;; ++attempt) {
+    Statement s(*this, "PRAGMA journal_mode=WAL");
+    if (s.try_step() == Statement::StepResult::kRow) {
+      // Some file systems (no shared memory) refuse WAL; the rollback journal still
+      // serialises writers correctly, only readers wait more.
+      if (std::string mode = s.column_text(0); mode != "wal") {
+        log::warn("{}: journal mode stays '{}' (WAL unavailable)", path_, mode);
+      }
+      return;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) fail("cannot switch to WAL journal mode");
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(2 * attempt, 50)));
+  }
+}
+
+Connection::~Connection() { close(); }
+
+Connection::Connection(Connection&& other) noexcept
+    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)), read_only_(other.read_only_) {}
+
+Connection& Connection::operator=(Connection&& other) noexcept {
+  if (this != &other) {
+    close();
+    db_ = std::exchange(other.db_, nullptr);
+    path_ = std::move(other.path_);
+    read_only_ = other.read_only_;
+  }
+  return *this;
+}
+
+void Connection::close() noexcept {
+  // close_v2 defers the close until outstanding statements are finalized, so it cannot fail
+  // with SQLITE_BUSY.
+  if (db_) sqlite3_close_v2(std::exchange(db_, nullptr));
+}
+
+void Connection::fail(std::string_view what) const {
+  throw DatabaseError(fmt::format("{}: {}: {}", path_, what, db_ ? sqlite3_errmsg(db_) : "not open"));
+}
+
+void Connection::exec(const std::string& sql) const {
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr) != SQLITE_OK) fail(fmt::format("cannot run '{}'", sql));
+}
+
+Statement Connection::prepare(const std::string& sql) const { return Statement(*this, sql); }
+
+long long Connection::query_int(const std::string& sql) const {
+  Statement s(*this, sql);
+  if (!s.step()) throw DatabaseError(fmt::format("{}: '{}' returned no row", path_, sql));
+  return s.column_int(0);
+}
+
+std::string Connection::query_text(const std::string& sql) const {
+  Statement s(*this, sql);
+  if (!s.step()) throw DatabaseError(fmt::format("{}: '{}' returned no row", path_, sql));
+  return s.column_text(0);
+}
+
+Statement::Statement(const Connection& conn, const std::string& sql) : conn_(&conn) {
+  if (sqlite3_prepare_v2(conn.handle(), sql.c_str(), static_cast<int>(sql.size()) + 1, &stmt_, nullptr) != SQLITE_OK) {
+    finalize();
+    conn.fail(fmt::format("cannot prepare '{}'", sql));
+  }
+}
+
+Statement::~Statement() { finalize(); }
+
+Statement::Statement(Statement&& other) noexcept
+    : conn_(other.conn_), stmt_(std::exchange(other.stmt_, nullptr)) {}
+
+Statement& Statement::operator=(Statement&& other) noexcept {
+  if (this != &other) {
+    finalize();
+    conn_ = other.conn_;
+    stmt_ = std::exchange(other.stmt_, nullptr);
+  }
+  return *this;
+}
+
+void Statement::finalize() noexcept {
+  if (stmt_) sqlite3_finalize(std::exchange(stmt_, nullptr));
+}
+
+int Statement::parameter_index(const char* name) const {
+  int i = sqlite3_bind_parameter_index(stmt_, name);
+  if (i == 0) throw InternalError(fmt::format("SQL parameter {} not found in '{}'", name, sqlite3_sql(stmt_)));
+  return i;
+}
+
+Statement& Statement::bind(const char* name, long long value) {
+  if (sqlite3_bind_int64(stmt_, parameter_index(name), value) != SQLITE_OK) conn_->fail(fmt::format("cannot bind {}", name));
+  return *this;
+}
+
+Statement& Statement::bind(const char* name, double value) {
+  if (sqlite3_bind_double(stmt_, parameter_index(name), value) != SQLITE_OK) conn_->fail(fmt::format("cannot bind {}", name));
+  return *this;
+}
+
+Statement& Statement::bind(const char* name, std::string_view value) {
+  if (sqlite3_bind_text(stmt_, parameter_index(name), value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT) !=
+      SQLITE_OK) {
+    conn_->fail(fmt::format("cannot bind {}", name));
+  }
+  return *this;
+}
+
+Statement::StepResult Statement::try_step() {
+  const int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return StepResult::kRow;
+  if (rc == SQLITE_DONE) return StepResult::kDone;
+  if ((rc & 0xff) == SQLITE_BUSY) {
+    sqlite3_reset(stmt_);  // the statement may be stepped again
+    return StepResult::kBusy;
+  }
+  conn_->fail(fmt::format("cannot run '{}'", sqlite3_sql(stmt_)));
+}
+
+bool Statement::step() {
+  switch (try_step()) {
+    case StepResult::kRow: return true;
+    case StepResult::kDone: return false;
+    case StepResult::kBusy: break;
+  }
+  // try_step() reset the statement, which may have replaced SQLite's message: say it here.
+  throw DatabaseError(fmt::format("{}: cannot run '{}': database is locked", conn_->path(), sqlite3_sql(stmt_)));
+}
+
+void Statement::run() {
+  while (step()) {
+  }
+}
+
+void Statement::reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+long long Statement::column_int(int col) const { return sqlite3_column_int64(stmt_, col); }
+
+double Statement::column_double(int col) const {
+  if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::numeric_limits<double>::quiet_NaN();
+  return sqlite3_column_double(stmt_, col);
+}
+
+std::string Statement::column_text(int col) const {
+  const unsigned char* text = sqlite3_column_text(stmt_, col);
+  if (text == nullptr) return {};
+  return std::string(reinterpret_cast<const char*>(text), static_cast<std::size_t>(sqlite3_column_bytes(stmt_, col)));
+}
+
+Transaction::Transaction(const Connection& conn, Kind kind) : conn_(conn) {
+  if (kind == Kind::kRead) {
+    conn_.exec("BEGIN");
+    open_ = true;
+    return;
+  }
+  for (int attempt = 1;; ++attempt) {
+    int rc = sqlite3_exec(conn_.handle(), "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) break;
+    if ((rc & 0xff) != SQLITE_BUSY || attempt == kBeginAttempts) conn_.fail("cannot begin a write transaction");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
+  }
+  open_ = true;
+}
+
+Transaction::~Transaction() {
+  // A failed statement may already have rolled the transaction back; only roll back if SQLite
+  // still has one open.
+  if (open_ && sqlite3_get_autocommit(conn_.handle()) == 0) {
+    sqlite3_exec(conn_.handle(), "ROLLBACK", nullptr, nullptr, nullptr);
+  }
+}
+
+void Transaction::commit() {
+  conn_.exec("COMMIT");
+  open_ = false;
+}
+
+}  // namespace moejit::db

@@ -1,0 +1,368 @@
+#include "db/tuning_db.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "moejit/error.hpp"
+
+namespace moejit::db {
+namespace {
+
+// kMigrations[v] takes a database from schema version v to v + 1; version 0 is an empty file.
+constexpr std::array<const char*, kSchemaVersion> kMigrations = {
+    R"sql(
+CREATE TABLE winners (
+  key_id TEXT PRIMARY KEY NOT NULL,
+  device TEXT NOT NULL, arch TEXT NOT NULL, role TEXT NOT NULL, dtype TEXT NOT NULL,
+  h INTEGER NOT NULL, i INTEGER NOT NULL, e INTEGER NOT NULL, k INTEGER NOT NULL,
+  key_block_m INTEGER NOT NULL, key_use_tma INTEGER NOT NULL, tpe_bucket INTEGER NOT NULL, mode TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
+  median_ms REAL NOT NULL, spread_ms REAL NOT NULL,
+  nvrtc_version TEXT NOT NULL, driver_version INTEGER NOT NULL, template_hash TEXT NOT NULL,
+  library_version TEXT NOT NULL, created_at TEXT NOT NULL
+);
+CREATE INDEX winners_by_family ON winners (device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, mode);
+CREATE TABLE candidates (
+  key_id TEXT NOT NULL, config_name TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
+  median_ms REAL, spread_ms REAL, rejected INTEGER NOT NULL, reason TEXT NOT NULL,
+  PRIMARY KEY (key_id, config_name)
+) WITHOUT ROWID;
+)sql",
+};
+
+#define MOEJIT_CONFIG_COLUMNS "block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag"
+#define MOEJIT_CONFIG_PARAMS ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag"
+
+constexpr const char* kSelectWinners =
+    "SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode, "
+    MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, nvrtc_version, driver_version, template_hash, library_version, "
+    "created_at FROM winners ";
+
+constexpr const char* kSelectCandidates =
+    "SELECT key_id, " MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, rejected, reason FROM candidates ";
+
+constexpr const char* kUpsertWinner =
+    "INSERT OR REPLACE INTO winners (key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, "
+    "tpe_bucket, mode, " MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, nvrtc_version, driver_version, template_hash, "
+    "library_version, created_at) VALUES (:key_id, :device, :arch, :role, :dtype, :h, :i, :e, :k, :key_block_m, "
+    ":key_use_tma, :tpe_bucket, :mode, " MOEJIT_CONFIG_PARAMS ", :median_ms, :spread_ms, :nvrtc_version, "
+    ":driver_version, :template_hash, :library_version, :created_at)";
+
+constexpr const char* kUpsertCandidate =
+    "INSERT OR REPLACE INTO candidates (key_id, config_name, " MOEJIT_CONFIG_COLUMNS
+    ", median_ms, spread_ms, rejected, reason) VALUES (:key_id, :config_name, " MOEJIT_CONFIG_PARAMS
+    ", :median_ms, :spread_ms, :rejected, :reason)";
+
+#undef MOEJIT_CONFIG_COLUMNS
+#undef MOEJIT_CONFIG_PARAMS
+
+// Reads the columns of a result row left to right, so the order lives only in the SELECTs.
+class Cursor {
+ public:
+  Cursor(const Statement& s, int first_col) : s_(s), col_(first_col) {}
+  int i() { return static_cast<int>(s_.column_int(col_++)); }
+  bool b() { return s_.column_int(col_++) != 0; }
+  double d() { return s_.column_double(col_++); }
+  std::string t() { return s_.column_text(col_++); }
+
+  // The config columns, parsed by TileConfig's own JSON reader so arch tags have one parser.
+  TileConfig config() {
+    nlohmann::json j{{"block_m", i()}, {"block_n", i()}, {"block_k", i()}, {"stages", i()}, {"warps", i()},
+                     {"group_m", i()}, {"cluster", i()}, {"items", i()},   {"use_tma", b()}};
+    j["arch_tag"] = t();
+    return j.get<TileConfig>();
+  }
+
+ private:
+  const Statement& s_;
+  int col_;
+};
+
+void bind_config(Statement& s, const TileConfig& c) {
+  s.bind(":block_m", c.block_m)
+      .bind(":block_n", c.block_n)
+      .bind(":block_k", c.block_k)
+      .bind(":stages", c.stages)
+      .bind(":warps", c.warps)
+      .bind(":group_m", c.group_m)
+      .bind(":cluster", c.cluster)
+      .bind(":items", c.items)
+      .bind(":use_tma", c.use_tma)
+      .bind(":arch_tag", arch_tag_name(c.arch_tag));
+}
+
+// Binds the key columns that identify a family of rows (all but tpe_bucket).
+void bind_family(Statement& s, const TuningKey& k) {
+  s.bind(":device", k.device)
+      .bind(":arch", k.arch)
+      .bind(":role", role_name(k.role))
+      .bind(":dtype", dtype_name(k.dtype))
+      .bind(":h", k.hidden)
+      .bind(":i", k.intermediate)
+      .bind(":e", k.experts)
+      .bind(":k", k.topk)
+      .bind(":key_block_m", k.block_m)
+      .bind(":key_use_tma", k.use_tma)
+      .bind(":mode", k.mode);
+}
+
+// A winner row without its candidates. Column 0, the key id, is skipped: id() rebuilds it.
+TuningRow read_winner(const Statement& s) {
+  Cursor c(s, 1);
+  TuningRow r;
+  r.key.device = c.t();
+  r.key.arch = c.t();
+  r.key.role = parse_role(c.t());
+  r.key.dtype = parse_dtype(c.t());
+  r.key.hidden = c.i();
+  r.key.intermediate = c.i();
+  r.key.experts = c.i();
+  r.key.topk = c.i();
+  r.key.block_m = c.i();
+  r.key.use_tma = c.b();
+  r.key.tpe_bucket = c.i();
+  r.key.mode = c.t();
+  r.winner = c.config();
+  r.median_ms = c.d();
+  r.spread_ms = c.d();
+  r.provenance.nvrtc_version = c.t();
+  r.provenance.driver_version = c.i();
+  r.provenance.template_hash = c.t();
+  r.provenance.library_version = c.t();
+  r.provenance.created_at = c.t();
+  return r;
+}
+
+// A candidate row. Column 0, the key id, is skipped: the caller matches it.
+CandidateResult read_candidate(const Statement& s) {
+  Cursor c(s, 1);
+  CandidateResult r;
+  r.config = c.config();
+  r.median_ms = c.d();
+  r.spread_ms = c.d();
+  r.rejected = c.b();
+  r.reason = c.t();
+  return r;
+}
+
+std::vector<CandidateResult> read_candidates(const Connection& conn, const std::string& key_id) {
+  Statement s = conn.prepare(std::string(kSelectCandidates) + "WHERE key_id = :key_id ORDER BY config_name");
+  s.bind(":key_id", key_id);
+  std::vector<CandidateResult> out;
+  while (s.step()) out.push_back(read_candidate(s));
+  return out;
+}
+
+void upsert(const Connection& conn, const TuningRow& row, bool write_winner) {
+  const std::string id = row.key.id();
+  if (write_winner) {
+    Statement s = conn.prepare(kUpsertWinner);
+    bind_family(s, row.key);
+    bind_config(s, row.winner);
+    s.bind(":key_id", id)
+        .bind(":tpe_bucket", row.key.tpe_bucket)
+        .bind(":median_ms", row.median_ms)
+        .bind(":spread_ms", row.spread_ms)
+        .bind(":nvrtc_version", row.provenance.nvrtc_version)
+        .bind(":driver_version", row.provenance.driver_version)
+        .bind(":template_hash", row.provenance.template_hash)
+        .bind(":library_version", row.provenance.library_version)
+        .bind(":created_at", row.provenance.created_at)
+        .run();
+  }
+  Statement s = conn.prepare(kUpsertCandidate);
+  for (const CandidateResult& c : row.candidates) {
+    s.reset();
+    bind_config(s, c.config);
+    s.bind(":key_id", id)
+        .bind(":config_name", c.config.name())
+        .bind(":median_ms", c.median_ms)
+        .bind(":spread_ms", c.spread_ms)
+        .bind(":rejected", c.rejected)
+        .bind(":reason", c.reason)
+        .run();
+  }
+}
+
+void check_not_newer(const std::string& path, long long version) {
+  if (version > kSchemaVersion) {
+    throw DatabaseError(fmt::format("{}: schema version {} was written by a newer moejit; this build reads up to "
+                                    "version {}. Use a newer moejit or another database file ($MOEJIT_DB).",
+                                    path, version, kSchemaVersion));
+  }
+  if (version < 0) throw DatabaseError(fmt::format("{}: invalid schema version {}", path, version));
+}
+
+// Brings the schema to kSchemaVersion. The version is re-read inside the write transaction
+// because another process may have created or migrated the file meanwhile.
+void initialise(const Connection& conn) {
+  long long version = conn.query_int("PRAGMA user_version");
+  check_not_newer(conn.path(), version);
+  if (version == kSchemaVersion) return;
+  if (conn.read_only()) {
+    throw DatabaseError(version == 0 ? fmt::format("{}: not a moejit tuning database (schema version 0)", conn.path())
+                                     : fmt::format("{}: schema version {} needs migrating to {}; open it writable "
+                                                   "once (e.g. moejit db list --db it)",
+                                                   conn.path(), version, kSchemaVersion));
+  }
+  Transaction t(conn, Transaction::Kind::kWrite);
+  version = conn.query_int("PRAGMA user_version");
+  check_not_newer(conn.path(), version);
+  if (version == kSchemaVersion) return;
+  for (; version < kSchemaVersion; ++version) conn.exec(kMigrations[static_cast<std::size_t>(version)]);
+  conn.exec(fmt::format("PRAGMA user_version = {}", kSchemaVersion));
+  t.commit();
+}
+
+}  // namespace
+
+TuningDb::TuningDb(const std::filesystem::path& path, OpenMode mode) : TuningDb(Connection(path, mode)) {}
+
+TuningDb TuningDb::in_memory() { return TuningDb(Connection::memory()); }
+
+TuningDb::TuningDb(Connection conn) : conn_(std::move(conn)) { initialise(conn_); }
+
+int TuningDb::schema_version() const { return static_cast<int>(conn_.query_int("PRAGMA user_version")); }
+
+void TuningDb::record(const TuningRow& row) {
+  validate(row);
+  Transaction t(conn_, Transaction::Kind::kWrite);
+  upsert(conn_, row, true);
+  t.commit();
+}
+
+std::optional<TuningRow> TuningDb::lookup(const TuningKey& key) const {
+  Transaction t(conn_, Transaction::Kind::kRead);
+  Statement s = conn_.prepare(std::string(kSelectWinners) + "WHERE key_id = :key_id");
+  s.bind(":key_id", key.id());
+  if (!s.step()) return std::nullopt;
+  TuningRow row = read_winner(s);
+  row.candidates = read_candidates(conn_, key.id());
+  t.commit();
+  return row;
+}
+
+std::vector<TuningRow> TuningDb::rows() const {
+  Transaction t(conn_, Transaction::Kind::kRead);
+  std::vector<TuningRow> out;
+  std::vector<std::string> ids;
+  Statement w = conn_.prepare(std::string(kSelectWinners) + "ORDER BY key_id");
+  while (w.step()) {
+    ids.push_back(w.column_text(0));
+    out.push_back(read_winner(w));
+  }
+  // One pass over both tables in key order instead of one candidate query per row.
+  Statement c = conn_.prepare(std::string(kSelectCandidates) + "ORDER BY key_id, config_name");
+  std::size_t at = 0;
+  while (c.step()) {
+    const std::string id = c.column_text(0);
+    while (at < ids.size() && ids[at] < id) ++at;
+    if (at < ids.size() && ids[at] == id) out[at].candidates.push_back(read_candidate(c));
+  }
+  t.commit();
+  return out;
+}
+
+std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const RowFilter& accept) const {
+  Transaction t(conn_, Transaction::Kind::kRead);
+  Statement s = conn_.prepare(std::string(kSelectWinners) +
+                              "WHERE device = :device AND arch = :arch AND role = :role AND dtype = :dtype AND h = :h "
+                              "AND i = :i AND e = :e AND k = :k AND key_block_m = :key_block_m AND key_use_tma = "
+                              ":key_use_tma AND mode = :mode");
+  bind_family(s, key);
+  std::optional<TuningRow> best;
+  double best_distance = 0;
+  while (s.step()) {
+    TuningRow row = read_winner(s);
+    row.candidates = read_candidates(conn_, row.key.id());
+    if (accept && !accept(row)) continue;
+    const double distance = std::abs(std::log2(static_cast<double>(row.key.tpe_bucket)) -
+                                     std::log2(static_cast<double>(key.tpe_bucket)));
+    if (!best || distance < best_distance ||
+        (distance == best_distance && row.key.tpe_bucket > best->key.tpe_bucket)) {
+      best = std::move(row);
+      best_distance = distance;
+    }
+  }
+  t.commit();
+  return best;
+}
+
+TuningDb::MergeStats TuningDb::merge(const TuningDb& other) { return merge_rows(other.rows()); }
+
+TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows) {
+  for (const TuningRow& row : rows) validate(row);
+  MergeStats stats;
+  Transaction t(conn_, Transaction::Kind::kWrite);
+  Statement existing = conn_.prepare("SELECT median_ms FROM winners WHERE key_id = :key_id");
+  for (const TuningRow& row : rows) {
+    existing.bind(":key_id", row.key.id());
+    std::optional<double> old_ms;
+    if (existing.step()) old_ms = existing.column_double(0);
+    existing.reset();
+    bool write_winner = true;
+    if (!old_ms) {
+      ++stats.added;
+    } else if (row.median_ms < *old_ms) {
+      ++stats.replaced;
+    } else {
+      ++stats.kept;
+      write_winner = false;
+    }
+    upsert(conn_, row, write_winner);
+  }
+  t.commit();
+  return stats;
+}
+
+std::string TuningDb::export_json() const {
+  const nlohmann::json all = rows();
+  // ordered_json at the top only, so the version comes first; each row keeps json's sorted keys.
+  nlohmann::ordered_json doc;
+  doc["schema_version"] = kSchemaVersion;
+  doc["rows"] = nlohmann::ordered_json(all);
+  return doc.dump(2) + "\n";
+}
+
+TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw DatabaseError(fmt::format("import into {}: not valid JSON: {}", path(), e.what()));
+  }
+  if (!doc.is_object()) throw DatabaseError(fmt::format("import into {}: expected a JSON object", path()));
+  if (!doc.contains("schema_version") || !doc["schema_version"].is_number_integer()) {
+    throw DatabaseError(fmt::format("import into {}: \"schema_version\" (an integer) is missing", path()));
+  }
+  const long long version = doc["schema_version"].get<long long>();
+  if (version < 1 || version > kSchemaVersion) {
+    throw DatabaseError(fmt::format("import into {}: schema_version {} is not one this build reads (1 to {})", path(),
+                                    version, kSchemaVersion));
+  }
+  if (!doc.contains("rows") || !doc["rows"].is_array()) {
+    throw DatabaseError(fmt::format("import into {}: \"rows\" (an array) is missing", path()));
+  }
+  std::vector<TuningRow> rows;
+  const nlohmann::json& items = doc["rows"];
+  for (std::size_t n = 0; n < items.size(); ++n) {
+    try {
+      rows.push_back(items[n].get<TuningRow>());
+    } catch (const nlohmann::json::exception& e) {
+      throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
+    } catch (const InvalidArgument& e) {
+      throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
+    }
+  }
+  return merge_rows(rows);
+}
+
+}  // namespace moejit::db

@@ -1,0 +1,111 @@
+// Host mirrors of the kernels' parameter structs in templates/*.cuh, field for field: a kernel
+// receives one of these by value (as a __grid_constant__ parameter).
+#pragma once
+
+#include <cstdint>
+
+namespace moejit::params {
+
+struct Routing {  // templates/routing.cuh RoutingParams
+  const std::int32_t* topk_ids;
+  std::int32_t num_pairs;
+  std::int32_t num_experts;
+  std::int32_t block_m;
+  std::int32_t num_chunks;
+  std::int32_t max_tiles;
+  std::int32_t* chunk_counts;
+  std::int32_t* expert_counts;
+  std::int32_t* expert_offsets;
+  std::int32_t* expert_tile_offsets;
+  std::int32_t* tile_expert;
+  std::int32_t* tile_row_begin;
+  std::int32_t* sorted_pairs;
+  std::int32_t* pair_rows;
+};
+
+struct RoutingView {  // templates/common/moe_tiles.cuh
+  const std::int32_t* sorted_pairs;
+  const std::int32_t* expert_offsets;
+  const std::int32_t* expert_tile_offsets;
+  const std::int32_t* tile_expert;
+  const std::int32_t* tile_row_begin;
+  std::int32_t experts;
+  std::int32_t topk;
+  std::int32_t max_tiles;
+};
+
+struct FwdUp {  // templates/fwd_up.cuh
+  const void* x;
+  const void* w1;
+  void* act;
+  void* pre_act;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+struct FwdDown {  // templates/fwd_down.cuh
+  const void* act;
+  const void* w2;
+  void* y;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+struct GatherSum {  // templates/gather_sum.cuh
+  const void* rows;
+  const void* scores;
+  const std::int32_t* pair_rows;
+  const std::int32_t* expert_offsets;
+  void* out;
+  const float* ds_acc;
+  void* ds_out;
+  std::int32_t hidden;
+  std::int32_t topk;
+  std::int32_t experts;
+};
+
+struct BwdDown {  // templates/bwd_down.cuh
+  const void* d_out;
+  const void* w2;
+  const void* scores;
+  const void* pre_act;
+  void* d_pre_act;
+  void* weighted_act;
+  float* ds_acc;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+struct BwdDw2 {  // templates/bwd_dw2.cuh
+  const void* d_out;
+  const void* weighted_act;
+  const void* pre_act;
+  const void* scores;
+  void* dw2;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+struct BwdDx {  // templates/bwd_dx.cuh
+  const void* d_pre_act;
+  const void* w1;
+  void* dx_rows;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+struct BwdDw1 {  // templates/bwd_dw1.cuh
+  const void* d_pre_act;
+  const void* x;
+  void* dw1;
+  RoutingView routing;
+  std::int32_t hidden;
+  std::int32_t inter;
+};
+
+}  // namespace moejit::params

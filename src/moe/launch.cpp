@@ -1,0 +1,53 @@
+#include "moe/launch.hpp"
+
+#include <fmt/format.h>
+
+#include <limits>
+
+#include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
+
+namespace moejit {
+namespace {
+
+long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
+
+unsigned grid_extent(long long blocks, Role role) {
+  if (blocks < 1 || blocks > std::numeric_limits<int>::max()) {
+    throw UnsupportedError(fmt::format("{} would need {} blocks", role_name(role), blocks));
+  }
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace
+
+LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& shape, long long max_tiles,
+                               bool vector) {
+  LaunchGeometry g;
+  g.block = {static_cast<unsigned>(c.threads())};
+  g.smem_bytes = static_cast<unsigned>(role_smem_bytes(role, c, shape));
+  const GemmDims d = gemm_dims(role, shape);
+  switch (role_kind(role)) {
+    case RoleKind::kTokenGemm:
+      g.grid = {grid_extent(max_tiles * cdiv(d.n, c.block_n), role)};
+      break;
+    case RoleKind::kExpertGemm:
+      g.grid = {grid_extent(static_cast<long long>(shape.experts) * cdiv(d.m, c.block_m) * cdiv(d.n, c.block_n), role)};
+      break;
+    case RoleKind::kGather: {
+      const long long cols_per_block = static_cast<long long>(c.threads()) * (vector ? 8 : 1);
+      g.grid = {grid_extent(shape.tokens, role), grid_extent(cdiv(shape.hidden, cols_per_block), role)};
+      break;
+    }
+    case RoleKind::kRouting:
+      throw InternalError("routing has its own launcher (moe/routing.hpp)");
+  }
+  return g;
+}
+
+void launch_role(const jit::LoadedKernel& kernel, const LaunchGeometry& g, void* params, CUstream stream) {
+  void* args[] = {params};
+  kernel.launch(0, g.grid, g.block, g.smem_bytes, stream, args);
+}
+
+}  // namespace moejit

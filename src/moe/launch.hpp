@@ -1,0 +1,28 @@
+// Grid, block and shared memory of each GEMM and gather role for a problem (pure), and the
+// launch itself.
+#pragma once
+
+#include <cuda.h>
+
+#include "jit/kernel_cache.hpp"
+#include "jit/role.hpp"
+#include "moe/shape.hpp"
+#include "tuner/tile_config.hpp"
+
+namespace moejit {
+
+struct LaunchGeometry {
+  jit::Dim3 grid;
+  jit::Dim3 block;
+  unsigned smem_bytes = 0;
+};
+
+// max_tiles: the routing bound on token tiles (token GEMMs' m extent). vector: gather_sum's
+// 8-element path.
+LaunchGeometry launch_geometry(Role role, const TileConfig& config, const MoeShape& shape, long long max_tiles,
+                               bool vector);
+
+// Enqueues the role's single kernel with `params` (a pointer to its parameter struct).
+void launch_role(const jit::LoadedKernel& kernel, const LaunchGeometry& g, void* params, CUstream stream);
+
+}  // namespace moejit

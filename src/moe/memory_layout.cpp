@@ -1,0 +1,41 @@
+#include "moe/memory_layout.hpp"
+
+namespace moejit {
+namespace {
+
+// Appends a region to a buffer, returning its offset.
+std::size_t place(std::size_t& end, std::size_t bytes) {
+  const std::size_t at = end;
+  end += (bytes + 255) / 256 * 256;
+  return at;
+}
+
+}  // namespace
+
+MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
+  MemoryLayout l;
+  const std::size_t tk = static_cast<std::size_t>(s.pairs());
+  const std::size_t h = s.hidden, i = s.intermediate, elt = 2;
+  l.routing = routing_layout(s.pairs(), s.experts, block_m);
+  l.routing_in_saved = mode != Mode::kInference;
+
+  if (l.routing_in_saved) {
+    l.routing_offset = place(l.saved_bytes, l.routing.total_bytes);
+    l.pre_act = place(l.saved_bytes, tk * 2 * i * elt);
+  }
+  l.act = place(l.forward_bytes, tk * i * elt);
+  l.y = place(l.forward_bytes, tk * h * elt);
+  if (!l.routing_in_saved) l.routing_offset = place(l.forward_bytes, l.routing.total_bytes);
+
+  if (mode != Mode::kInference) {
+    l.ds_acc = place(l.backward_bytes, tk * sizeof(float));
+    l.dx_rows = place(l.backward_bytes, tk * h * elt);
+    if (mode == Mode::kTraining) {
+      l.d_pre_act = place(l.backward_bytes, tk * 2 * i * elt);
+      l.weighted_act = place(l.backward_bytes, tk * i * elt);
+    }
+  }
+  return l;
+}
+
+}  // namespace moejit

@@ -1,0 +1,83 @@
+#include "moe/validate.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "moe/routing_layout.hpp"
+
+namespace moejit {
+namespace {
+
+void require_pointer(const void* p, const char* name, std::size_t alignment) {
+  if (p == nullptr) throw InvalidArgument(name, "null device pointer");
+  if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0) {
+    throw InvalidArgument(name, fmt::format("must be {}-byte aligned (address {})", alignment, p));
+  }
+}
+
+void require_buffer(const void* p, std::size_t given, std::size_t needed, const char* name, const char* size_name) {
+  if (needed == 0) return;
+  require_pointer(p, name, 256);
+  if (given < needed) {
+    throw InvalidArgument(size_name, fmt::format("{} bytes given, {} needed (see FusedMoe::memory())", given, needed));
+  }
+}
+
+}  // namespace
+
+void validate_problem(const MoeProblem& p) {
+  if (p.tokens < 1) throw InvalidArgument("tokens", fmt::format("must be at least 1, got {}", p.tokens));
+  if (p.experts < 1 || p.experts > kMaxExperts) {
+    throw InvalidArgument("experts", fmt::format("must be in [1, {}], got {}", kMaxExperts, p.experts));
+  }
+  if (p.topk < 1 || p.topk > p.experts) {
+    throw InvalidArgument("topk", fmt::format("must be in [1, experts = {}], got {}", p.experts, p.topk));
+  }
+  if (p.hidden < 1) throw InvalidArgument("hidden", fmt::format("must be at least 1, got {}", p.hidden));
+  if (p.intermediate < 1) {
+    throw InvalidArgument("intermediate", fmt::format("must be at least 1, got {}", p.intermediate));
+  }
+  if (p.tokens > std::numeric_limits<std::int32_t>::max() / p.topk) {
+    throw InvalidArgument("tokens", fmt::format("tokens * topk = {} * {} must stay below 2^31", p.tokens, p.topk));
+  }
+  if (p.intermediate > (1 << 28) || p.hidden > (1 << 28)) {
+    throw InvalidArgument("hidden", "hidden and intermediate must stay below 2^28");
+  }
+  if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16) throw InvalidArgument("dtype", "must be bf16 or fp16");
+  if (p.mode != Mode::kTraining && p.mode != Mode::kInference && p.mode != Mode::kMemoryEfficient) {
+    throw InvalidArgument("mode", "unknown mode");
+  }
+}
+
+void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
+  const std::size_t tensor = vector_aligned ? 16 : 2;
+  require_pointer(a.x, "x", tensor);
+  require_pointer(a.w1, "w1", tensor);
+  require_pointer(a.w2, "w2", tensor);
+  require_pointer(a.topk_ids, "topk_ids", 4);
+  require_pointer(a.topk_weights, "topk_weights", 2);
+  require_pointer(a.out, "out", tensor);
+  if (p.mode != Mode::kInference) require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
+  require_buffer(a.workspace, a.workspace_bytes, m.forward_workspace_bytes, "workspace", "workspace_bytes");
+}
+
+void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
+  if (p.mode == Mode::kInference) throw StateError("an inference plan has no backward; build it with a training mode");
+  const std::size_t tensor = vector_aligned ? 16 : 2;
+  require_pointer(a.d_out, "d_out", tensor);
+  require_pointer(a.x, "x", tensor);
+  require_pointer(a.w1, "w1", tensor);
+  require_pointer(a.w2, "w2", tensor);
+  require_pointer(a.topk_ids, "topk_ids", 4);
+  require_pointer(a.topk_weights, "topk_weights", 2);
+  require_pointer(a.dx, "dx", tensor);
+  require_pointer(a.dw1, "dw1", tensor);
+  require_pointer(a.dw2, "dw2", tensor);
+  require_pointer(a.d_topk_weights, "d_topk_weights", 2);
+  require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
+  require_buffer(a.workspace, a.workspace_bytes, m.backward_workspace_bytes, "workspace", "workspace_bytes");
+}
+
+}  // namespace moejit

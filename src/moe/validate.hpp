@@ -1,0 +1,16 @@
+// Host-side checks of a problem and of the arguments of each call. Each throws InvalidArgument
+// naming the offending argument, before anything is enqueued.
+#pragma once
+
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+void validate_problem(const MoeProblem& p);
+
+// vector_aligned: the plan's kernels use 16-byte vector accesses, so tensors must be 16-byte
+// aligned (otherwise 2 bytes suffice).
+void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
+void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
+
+}  // namespace moejit

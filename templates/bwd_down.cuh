@@ -1,0 +1,111 @@
+// bwd_down: d_act = dO[gathered] . W2[e] for each token tile and BN intermediate columns, then
+// in the epilogue, from the saved pre-activations [g | u] and the router score s of each row:
+//   ds[pair]     += sum_i d_act * act           (fp32 atomics; act = silu(g) * u recomputed)
+//   d_pre_act     = [dg | du] of act, with s folded into d(act) = s * d_act
+//   weighted_act  = s * act                      (for dW2; skipped when null)
+// d_pre_act may alias pre_act (memory-efficient mode): each element is read before it is
+// written, by the same thread, and no other block touches it.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+#include "common/swiglu.cuh"
+#include "common/warp.cuh"
+
+namespace moejit {
+
+struct BwdDownParams {
+  const void* d_out;    // [T, H]
+  const void* w2;       // [E, H, I]
+  const void* scores;   // [T, K]
+  const void* pre_act;  // [TK, 2I]
+  void* d_pre_act;      // [TK, 2I], may equal pre_act
+  void* weighted_act;   // [TK, I] or null
+  float* ds_acc;        // [TK] by flat pair, zeroed before the launch
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+__global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, false>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+  int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
+
+  int64 m, n;
+  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
+  TokenTile tile;
+  if (!token_tile<BM>(p.routing, m, tile)) return;
+  for (int r = threadIdx.x; r < BM; r += kThreads) {
+    s_rows[r] = r < tile.rows ? static_cast<int64>(token_of_row(p.routing, tile.row0 + r)) * p.hidden : -1;
+  }
+  __syncthreads();
+
+  const T* d_out = static_cast<const T*>(p.d_out);
+  const int n0 = static_cast<int>(n) * BN;
+  const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(p.hidden, BK),
+      [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        load_tile<T, BM, BK, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : d_out + s_rows[r] + k0; }, p.hidden - k0);
+        // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
+        load_tile<T, BK, BN, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },
+            p.inter - n0);
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  const T* scores = static_cast<const T*>(p.scores);
+  const T* pre = static_cast<const T*>(p.pre_act);
+  T* dpre = static_cast<T*>(p.d_pre_act);
+  T* wact = static_cast<T*>(p.weighted_act);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
+      const bool valid = r < tile.rows;
+      const int64 row = tile.row0 + r;
+      const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
+      const float s = valid ? load_float(scores + pair) : 0.f;
+      float ds = 0.f;
+#pragma unroll
+      for (int ni = 0; ni < Mma::kNi; ++ni) {
+        const int col = n0 + warp_n * Mma::kWarpN + ni * 8 + 2 * (lane & 3);
+        if (!valid) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          if (col + j >= p.inter) continue;
+          const int64 gi = row * 2 * p.inter + col + j;
+          const float g = load_float(pre + gi), u = load_float(pre + gi + p.inter);
+          const float da = mma.acc[mi][ni][2 * half + j];
+          ds += da * SwiGlu::act(g, u);
+          float dg, du;
+          SwiGlu::backward(g, u, s * da, dg, du);
+          store_float(dpre + gi, dg);
+          store_float(dpre + gi + p.inter, du);
+          if (wact != nullptr) store_float(wact + row * p.inter + col + j, SwiGlu::weighted_act(g, u, s));
+        }
+      }
+      // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.
+      ds += __shfl_xor_sync(kFullWarp, ds, 1);
+      ds += __shfl_xor_sync(kFullWarp, ds, 2);
+      if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
+    }
+}
+
+}  // namespace moejit

@@ -1,0 +1,64 @@
+// bwd_dw1: dW1[e] = d_pre_act[rows of e]^T . x[gathered rows of e], expert-major like bwd_dw2:
+// each block owns a BM x BN tile of one expert's [2I, H] gradient and loops over the expert's
+// rows. Experts without rows write zeros.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+struct BwdDw1Params {
+  const void* d_pre_act;  // [TK, 2I]
+  const void* x;          // [T, H]
+  void* dw1;              // [E, 2I, H]
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+__global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, false, false>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+
+  const int m_total = 2 * p.inter;
+  int32 e;
+  int64 m, n;
+  expert_tile(blockIdx.x, ceil_div(m_total, BM), ceil_div(p.hidden, BN), GROUP_M, e, m, n);
+  const int32 r_begin = p.routing.expert_offsets[e], r_end = p.routing.expert_offsets[e + 1];
+  const int m0 = static_cast<int>(m) * BM, n0 = static_cast<int>(n) * BN;
+  const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
+  const T* x = static_cast<const T*>(p.x) + n0;
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(r_end - r_begin, BK),
+      [&](int stage, int kt) {
+        const int32 k0 = r_begin + kt * BK;
+        load_tile<T, BK, BM, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
+            m_total - m0);
+        load_tile<T, BK, BN, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* {
+              return k0 + r < r_end ? x + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+            },
+            p.hidden - n0);
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
+  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) {
+    if (m0 + r < m_total) store_pair<T, ALIGNED>(out + static_cast<int64>(r) * p.hidden, c, p.hidden - n0, v0, v1);
+  });
+}
+
+}  // namespace moejit

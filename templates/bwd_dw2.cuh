@@ -1,0 +1,86 @@
+// bwd_dw2: dW2[e] = dO[gathered rows of e]^T . weighted_act[rows of e], expert-major: each
+// block owns a BM x BN tile of one expert's [H, I] gradient and loops over that expert's rows
+// (the K dimension). Experts without rows run no iterations and write zeros, so dW2 is never
+// pre-zeroed. FUSED_ACT (memory-efficient mode) recomputes s * silu(g) * u from the saved
+// pre-activations while filling the B tile instead of reading a weighted-activation buffer.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+#include "common/swiglu.cuh"
+
+namespace moejit {
+
+struct BwdDw2Params {
+  const void* d_out;         // [T, H]
+  const void* weighted_act;  // [TK, I]; unused with FUSED_ACT
+  const void* pre_act;       // [TK, 2I]; FUSED_ACT only
+  const void* scores;        // [T, K]; FUSED_ACT only
+  void* dw2;                 // [E, H, I]
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED, bool FUSED_ACT>
+__global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, false, false>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+
+  int32 e;
+  int64 m, n;
+  expert_tile(blockIdx.x, ceil_div(p.hidden, BM), ceil_div(p.inter, BN), GROUP_M, e, m, n);
+  const int32 r_begin = p.routing.expert_offsets[e], r_end = p.routing.expert_offsets[e + 1];
+  const int m0 = static_cast<int>(m) * BM, n0 = static_cast<int>(n) * BN;
+  const T* d_out = static_cast<const T*>(p.d_out) + m0;
+  const T* wact = static_cast<const T*>(p.weighted_act) + n0;
+  const T* pre = static_cast<const T*>(p.pre_act) + n0;
+  const T* scores = static_cast<const T*>(p.scores);
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(r_end - r_begin, BK),
+      [&](int stage, int kt) {
+        const int32 k0 = r_begin + kt * BK;
+        // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
+        load_tile<T, BK, BM, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* {
+              return k0 + r < r_end ? d_out + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+            },
+            p.hidden - m0);
+        if constexpr (FUSED_ACT) {
+          fill_tile<T, BK, BN, kThreads>(sb + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
+            const int64 row = k0 + r;
+            const bool ok = row < r_end;
+            const float s = ok ? load_float(scores + p.routing.sorted_pairs[row]) : 0.f;
+            const T* g = pre + row * 2 * p.inter + col;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const bool in = ok && n0 + col + j < p.inter;
+              v[j] = in ? DTypeTraits<T>::from_float(SwiGlu::weighted_act(load_float(g + j), load_float(g + j + p.inter), s))
+                        : 0;
+            }
+          });
+        } else {
+          load_tile<T, BK, BN, kThreads, ALIGNED>(
+              sb + stage * Mma::BTile::kElems,
+              [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
+              p.inter - n0);
+        }
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(e) * p.hidden + m0) * p.inter + n0;
+  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) {
+    if (m0 + r < p.hidden) store_pair<T, ALIGNED>(out + static_cast<int64>(r) * p.inter, c, p.inter - n0, v0, v1);
+  });
+}
+
+}  // namespace moejit

@@ -1,0 +1,64 @@
+// bwd_dx: dx of each (token, slot) = d_pre_act . W1[e] as one GEMM over K = 2I (gate and up
+// gradients together), for each token tile and BN hidden columns. The per-slot rows [TK, H]
+// are then summed per token by gather_sum (unweighted: s is already folded into d_pre_act).
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+struct BwdDxParams {
+  const void* d_pre_act;  // [TK, 2I]
+  const void* w1;         // [E, 2I, H]
+  void* dx_rows;          // [TK, H]
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+__global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, false>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+
+  int64 m, n;
+  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
+  TokenTile tile;
+  if (!token_tile<BM>(p.routing, m, tile)) return;
+
+  const int k_total = 2 * p.inter;
+  const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
+  const int n0 = static_cast<int>(n) * BN;
+  const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(k_total, BK),
+      [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        load_tile<T, BM, BK, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return r < tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
+            k_total - k0);
+        // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
+        load_tile<T, BK, BN, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
+            p.hidden - n0);
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
+  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) {
+    if (r < tile.rows) store_pair<T, ALIGNED>(out + static_cast<int64>(r) * p.hidden, c, p.hidden - n0, v0, v1);
+  });
+}
+
+}  // namespace moejit

@@ -1,0 +1,53 @@
+// What the GEMM roles read from routing (templates/routing.cuh), and the lookup of a token
+// tile: which expert it belongs to and which sorted rows it covers.
+#pragma once
+
+#include "common/tile_order.cuh"
+#include "common/types.cuh"
+
+namespace moejit {
+
+// Mirrors src/moe/kernel_params.hpp.
+struct RoutingView {
+  const int32* sorted_pairs;         // [T*K] sorted row -> flat pair index t*K + k
+  const int32* expert_offsets;       // [E+2] first sorted row of each expert; [E] = routed pairs
+  const int32* expert_tile_offsets;  // [E+1]; [E] = number of token tiles
+  const int32* tile_expert;          // [max_tiles]
+  const int32* tile_row_begin;       // [max_tiles]
+  int32 experts;
+  int32 topk;
+  int32 max_tiles;                   // host bound on token tiles: the grid's m extent
+};
+
+struct TokenTile {
+  int32 expert;
+  int32 row0;  // first sorted row
+  int32 rows;  // valid rows, 1..BM
+};
+
+// False for grid positions past the device-side tile count: such blocks exit at once.
+template <int BM>
+__device__ __forceinline__ bool token_tile(const RoutingView& r, int64 m, TokenTile& t) {
+  if (m >= r.expert_tile_offsets[r.experts]) return false;
+  t.expert = r.tile_expert[m];
+  t.row0 = r.tile_row_begin[m];
+  t.rows = min_of(BM, r.expert_offsets[t.expert + 1] - t.row0);
+  return true;
+}
+
+__device__ __forceinline__ int32 token_of_row(const RoutingView& r, int64 row) { return r.sorted_pairs[row] / r.topk; }
+
+}  // namespace moejit
+
+namespace moejit {
+
+// Expert-major grids (the dW roles): blocks [e * m_tiles * n_tiles, (e+1) * ...) cover expert
+// e's weight-gradient tiles, ordered in groups of `group_m` m tiles.
+__device__ __forceinline__ void expert_tile(int64 pid, int64 m_tiles, int64 n_tiles, int group_m, int32& expert,
+                                            int64& m, int64& n) {
+  const int64 per_expert = m_tiles * n_tiles;
+  expert = static_cast<int32>(pid / per_expert);
+  grouped_tile(pid % per_expert, m_tiles, n_tiles, group_m, m, n);
+}
+
+}  // namespace moejit

@@ -1,0 +1,30 @@
+// SwiGLU forward and backward in fp32. Every kernel that produces or recomputes an activation
+// calls these, with explicitly rounded operations, so the forward, the backward and the
+// memory-efficient recompute agree bit for bit.
+#pragma once
+
+#include "common/types.cuh"
+
+namespace moejit {
+
+struct SwiGlu {
+  __device__ __forceinline__ static float sigmoid(float g) { return __frcp_rn(__fadd_rn(1.f, __expf(-g))); }
+
+  // silu(g) * u
+  __device__ __forceinline__ static float act(float g, float u) { return __fmul_rn(__fmul_rn(g, sigmoid(g)), u); }
+
+  // s * silu(g) * u: the weighted activation dW2 consumes.
+  __device__ __forceinline__ static float weighted_act(float g, float u, float s) { return __fmul_rn(s, act(g, u)); }
+
+  // Gradients of act(g, u) given d(act).
+  __device__ __forceinline__ static void backward(float g, float u, float d_act, float& dg, float& du) {
+    const float sg = sigmoid(g);
+    const float silu = __fmul_rn(g, sg);
+    du = __fmul_rn(d_act, silu);
+    // d silu/dg = sg * (1 + g * (1 - sg))
+    const float dsilu = __fmul_rn(sg, __fadd_rn(1.f, __fmul_rn(g, __fsub_rn(1.f, sg))));
+    dg = __fmul_rn(__fmul_rn(d_act, u), dsilu);
+  }
+};
+
+}  // namespace moejit

@@ -1,0 +1,63 @@
+// fwd_down: Y = act . W2[e]^T for each token tile and BN hidden columns. act is already in
+// sorted order (no gather); Y [TK, H] is unweighted: gather_sum applies the router scores.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+struct FwdDownParams {
+  const void* act;  // [TK, I]
+  const void* w2;   // [E, H, I]
+  void* y;          // [TK, H]
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+__global__ void __launch_bounds__(WARPS * 32) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, true>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+
+  int64 m, n;
+  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
+  TokenTile tile;
+  if (!token_tile<BM>(p.routing, m, tile)) return;
+
+  const T* act = static_cast<const T*>(p.act) + static_cast<int64>(tile.row0) * p.inter;
+  const int n0 = static_cast<int>(n) * BN;
+  const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(p.inter, BK),
+      [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        load_tile<T, BM, BK, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
+            p.inter - k0);
+        load_tile<T, BN, BK, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* {
+              return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr;
+            },
+            p.inter - k0);
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;
+  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) {
+    if (r < tile.rows) store_pair<T, ALIGNED>(y + static_cast<int64>(r) * p.hidden, c, p.hidden - n0, v0, v1);
+  });
+}
+
+}  // namespace moejit

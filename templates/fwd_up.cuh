@@ -1,0 +1,97 @@
+// fwd_up: for each token tile (one expert, up to BM sorted rows) and BN intermediate columns:
+// gather the tile's x rows, multiply by the expert's gate and up rows, and apply SwiGLU to the
+// fp32 accumulators. Writes act [TK, I] and, when training, pre_act [TK, 2I] = [g | u].
+//
+// The B tile holds 2*BN weight rows arranged so each warp's N range is its gate columns
+// followed by the up columns of the same outputs; the epilogue then pairs acc[.][ni] (gate)
+// with acc[.][ni + kNi/2] (up) inside one thread.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+#include "common/moe_tiles.cuh"
+#include "common/swiglu.cuh"
+
+namespace moejit {
+
+struct FwdUpParams {
+  const void* x;    // [T, H]
+  const void* w1;   // [E, 2I, H]
+  void* act;        // [TK, I] sorted rows
+  void* pre_act;    // [TK, 2I] sorted rows; null in inference
+  RoutingView routing;
+  int32 hidden;
+  int32 inter;
+};
+
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+__global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
+  constexpr int kThreads = WARPS * 32;
+  constexpr int kWN = WARPS / WM;
+  constexpr int kBN2 = 2 * BN;
+  using Mma = WarpMma<T, BM, kBN2, BK, WM, kWN, true, true>;
+  constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * Mma::ATile::kElems;
+  int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
+
+  int64 m, n;
+  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
+  TokenTile tile;
+  if (!token_tile<BM>(p.routing, m, tile)) return;
+  for (int r = threadIdx.x; r < BM; r += kThreads) {
+    s_rows[r] = r < tile.rows ? static_cast<int64>(token_of_row(p.routing, tile.row0 + r)) * p.hidden : -1;
+  }
+  __syncthreads();
+
+  const T* x = static_cast<const T*>(p.x);
+  const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * 2 * p.inter * p.hidden;
+  const int n0 = static_cast<int>(n) * BN;
+  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
+
+  Mma mma;
+  mma.zero();
+  pipelined_k_loop<STAGES>(
+      ceil_div(p.hidden, BK),
+      [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        load_tile<T, BM, BK, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : x + s_rows[r] + k0; }, p.hidden - k0);
+        load_tile<T, kBN2, BK, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* {
+              const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
+              const int j = n0 + wn * kHalf + within % kHalf;
+              if (j >= p.inter) return nullptr;
+              return w1 + static_cast<int64>(within < kHalf ? j : p.inter + j) * p.hidden + k0;
+            },
+            p.hidden - k0);
+      },
+      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+
+  T* act = static_cast<T*>(p.act);
+  T* pre = static_cast<T*>(p.pre_act);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
+      if (r >= tile.rows) continue;
+      const int64 row = tile.row0 + r;
+#pragma unroll
+      for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+        const int col = n0 + warp_n * kHalf + ni * 8 + 2 * (lane & 3);
+        const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
+        const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half], u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
+        store_pair<T, ALIGNED>(act + row * p.inter, col, p.inter, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
+        if (pre != nullptr) {
+          store_pair<T, ALIGNED>(pre + row * 2 * p.inter, col, p.inter, g0, g1);
+          store_pair<T, ALIGNED>(pre + row * 2 * p.inter + p.inter, col, p.inter, u0, u1);
+        }
+      }
+    }
+}
+
+}  // namespace moejit

@@ -1,0 +1,151 @@
+// Routing on the GPU against the host reference: sorted order, counts, offsets and the tile
+// table, for the routings that break MoE kernels. Outputs are poisoned before every run.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "jit/kernel_cache.hpp"
+#include "moe/reference/routing_reference.hpp"
+#include "moe/routing.hpp"
+#include "support/gpu.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
+
+using namespace moejit;
+
+namespace {
+
+reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<std::int32_t>& ids, long long tokens,
+                                        int topk, int experts, int block_m, const TileConfig& config) {
+  const RoutingLayout l = routing_layout(tokens * topk, experts, block_m);
+  cuda::DeviceBuffer d_ids(ids.size() * 4);
+  d_ids.upload(ids.data(), ids.size() * 4);
+  cuda::DeviceBuffer ws(l.total_bytes);
+  ws.fill_bytes(0xab);  // poison: any element the kernels fail to write shows up as 0xabababab
+  const auto& kernel = jit::KernelCache::instance().load({Role::kRouting, config, DType::kBF16, gpu.info.arch()});
+  cuda::Stream stream;
+  RoutingArgs args{d_ids.get(), tokens, topk, experts, block_m, ws.get(), ws.bytes(), stream.get()};
+  launch_routing(kernel, config, args);
+  stream.synchronize();
+
+  auto read = [&](std::size_t offset, std::size_t count) {
+    std::vector<std::int32_t> v(count);
+    ws.download(v.data(), count * 4, offset);
+    return v;
+  };
+  const auto pairs = static_cast<std::size_t>(tokens * topk);
+  reference::RoutingReference r;
+  r.expert_counts = read(l.expert_counts, experts + 1);
+  r.expert_offsets = read(l.expert_offsets, experts + 2);
+  r.expert_tile_offsets = read(l.expert_tile_offsets, experts + 1);
+  r.tile_expert = read(l.tile_expert, l.max_tiles);
+  r.tile_row_begin = read(l.tile_row_begin, l.max_tiles);
+  r.sorted_pairs = read(l.sorted_pairs, pairs);
+  r.pair_rows = read(l.pair_rows, pairs);
+  return r;
+}
+
+void check_against_reference(const test::Gpu& gpu, const std::vector<std::int32_t>& ids, long long tokens, int topk,
+                             int experts, int block_m, const TileConfig& config) {
+  INFO("T=" << tokens << " K=" << topk << " E=" << experts << " BM=" << block_m << " config " << config.name());
+  const auto want = reference::routing_reference(ids, experts, block_m);
+  const auto got = run_routing(gpu, ids, tokens, topk, experts, block_m, config);
+  CHECK(got.expert_counts == want.expert_counts);
+  CHECK(got.expert_offsets == want.expert_offsets);
+  CHECK(got.expert_tile_offsets == want.expert_tile_offsets);
+  CHECK(got.tile_expert == want.tile_expert);
+  CHECK(got.tile_row_begin == want.tile_row_begin);
+  CHECK(got.sorted_pairs == want.sorted_pairs);
+  CHECK(got.pair_rows == want.pair_rows);
+}
+
+// Distinct experts per token, uniformly at random (what a router's top-k produces).
+std::vector<std::int32_t> random_topk(long long tokens, int topk, int experts, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::int32_t> ids(tokens * topk);
+  std::vector<std::int32_t> perm(experts);
+  for (int e = 0; e < experts; ++e) perm[e] = e;
+  for (long long t = 0; t < tokens; ++t) {
+    for (int k = 0; k < topk; ++k) {
+      std::uniform_int_distribution<int> pick(k, experts - 1);
+      std::swap(perm[k], perm[pick(rng)]);
+      ids[t * topk + k] = perm[k];
+    }
+  }
+  return ids;
+}
+
+TileConfig default_routing(const test::Gpu& gpu, long long tokens, int topk, int experts) {
+  return default_config(Role::kRouting, {tokens, experts, 0, 0, topk, DType::kBF16}, gpu.info);
+}
+
+}  // namespace
+
+TEST_CASE("routing matches the reference on random top-k routings", "[gpu][routing]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  for (auto [tokens, topk, experts, block_m] :
+       {std::tuple{4096LL, 8, 128, 64}, {1000LL, 2, 8, 128}, {777LL, 6, 64, 16}, {8192LL, 8, 256, 128}}) {
+    auto ids = random_topk(tokens, topk, experts, static_cast<std::uint32_t>(tokens * 31 + experts));
+    check_against_reference(*gpu, ids, tokens, topk, experts, block_m, default_routing(*gpu, tokens, topk, experts));
+  }
+}
+
+TEST_CASE("routing edge cases: empty experts, one expert, T=1, K=E", "[gpu][routing]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  SECTION("experts with zero tokens") {
+    // Only even experts receive tokens.
+    auto ids = random_topk(2048, 4, 32, 7);
+    for (auto& e : ids) e = (e / 2) * 2;
+    check_against_reference(*gpu, ids, 2048, 4, 64, 64, default_routing(*gpu, 2048, 4, 64));
+  }
+  SECTION("all tokens on one expert") {
+    std::vector<std::int32_t> ids(5000, 13);
+    check_against_reference(*gpu, ids, 5000, 1, 128, 64, default_routing(*gpu, 5000, 1, 128));
+  }
+  SECTION("T = 1") {
+    check_against_reference(*gpu, {3}, 1, 1, 8, 64, default_routing(*gpu, 1, 1, 8));
+    auto ids = random_topk(1, 8, 128, 3);
+    check_against_reference(*gpu, ids, 1, 8, 128, 16, default_routing(*gpu, 1, 8, 128));
+  }
+  SECTION("K = E") {
+    auto ids = random_topk(999, 8, 8, 11);
+    check_against_reference(*gpu, ids, 999, 8, 8, 32, default_routing(*gpu, 999, 8, 8));
+  }
+  SECTION("E = 1") {
+    std::vector<std::int32_t> ids(300, 0);
+    check_against_reference(*gpu, ids, 300, 1, 1, 128, default_routing(*gpu, 300, 1, 1));
+  }
+}
+
+TEST_CASE("routing drops expert ids outside [0, E) without touching other rows", "[gpu][routing]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  auto ids = random_topk(3000, 4, 16, 5);
+  ids[0] = -1;
+  ids[17] = 16;
+  ids[2999] = 1 << 30;
+  ids[1234] = -2147483647 - 1;
+  const auto want = reference::routing_reference(ids, 16, 64);
+  CHECK(want.expert_counts[16] == 4);
+  check_against_reference(*gpu, ids, 3000, 4, 16, 64, default_routing(*gpu, 3000, 4, 16));
+}
+
+TEST_CASE("routing above 2^20 pairs", "[gpu][routing]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const long long tokens = 262144 + 3;  // T*K = 2,097,176 pairs
+  auto ids = random_topk(tokens, 8, 128, 99);
+  check_against_reference(*gpu, ids, tokens, 8, 128, 128, default_routing(*gpu, tokens, 8, 128));
+}
+
+TEST_CASE("every routing config in the space agrees with the reference", "[gpu][routing]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const long long tokens = 20000;
+  auto ids = random_topk(tokens, 8, 128, 1234);
+  const MoeShape shape{tokens, 128, 0, 0, 8, DType::kBF16};
+  int run = 0;
+  for (const PruneDecision& d : prune_space(Role::kRouting, shape, gpu->info)) {
+    if (d.reason) continue;
+    check_against_reference(*gpu, ids, tokens, 8, 128, 64, d.config);
+    ++run;
+  }
+  CHECK(run == 16);
+}

@@ -1,0 +1,48 @@
+// CLI smoke tests: the commands a user runs first, on a machine with or without a GPU.
+#include <catch2/catch.hpp>
+
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+
+using moejit::test::cli;
+using moejit::test::run_command;
+using moejit::test::TempDir;
+
+TEST_CASE("moejit info exits 0 and names the device or its absence", "[cli]") {
+  auto r = run_command(cli() + " info");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("nvrtc") && Catch::Contains("kernel cache") && Catch::Contains("device"));
+}
+
+TEST_CASE("moejit compile fills the cache, then serves the second run from it", "[cli]") {
+  TempDir dir("cli");
+  const std::string cmd = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                          " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2";
+  auto first = run_command(cmd);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK_THAT(first.output, Catch::Contains("compiled") && Catch::Contains("pruned") && Catch::Contains("plan"));
+  CHECK_THAT(first.output, Catch::Contains("0 from cache"));
+  auto second = run_command(cmd);
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK_THAT(second.output, Catch::Contains("0 compiled"));
+  CHECK_THAT(second.output, !Catch::Contains(" 0 from cache"));
+}
+
+TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]") {
+  auto r = run_command(cli() + " compile --arch sm_90a --shape 1,2,3");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--shape"));
+  r = run_command(cli() + " compile --arch hopper");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("arch"));
+  r = run_command(cli() + " compile --bogus");
+  CHECK(r.exit_code == 2);
+  r = run_command(cli() + " frobnicate");
+  CHECK(r.exit_code == 2);
+  r = run_command(cli());
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("usage"));
+}

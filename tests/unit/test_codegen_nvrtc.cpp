@@ -1,0 +1,128 @@
+// Codegen and NVRTC: every routing config compiles to a cubin for sm_90a and sm_80 on a
+// machine without a GPU, with ptxas figures parsed from the log.
+#include <catch2/catch.hpp>
+
+#include "jit/codegen.hpp"
+#include "jit/embedded_templates.hpp"
+#include "jit/nvrtc.hpp"
+#include "jit/ptxas_info.hpp"
+#include "moejit/error.hpp"
+#include "tuner/config_space.hpp"
+#include "core/parallel.hpp"
+#include "cuda/device.hpp"
+
+#include <mutex>
+
+using namespace moejit;
+using namespace moejit::jit;
+
+TEST_CASE("templates are embedded with a stable hash", "[codegen]") {
+  const auto& files = embedded_template_files();
+  REQUIRE(files.size() >= 4);
+  bool has_routing = false;
+  for (const auto& f : files) has_routing |= std::string(f.name) == "routing.cuh";
+  CHECK(has_routing);
+  CHECK(template_hash().size() == 16);
+  CHECK(template_hash() == template_hash());
+}
+
+TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
+  TileConfig c;
+  c.warps = 8;
+  c.items = 16;
+  GeneratedUnit u = generate_unit({Role::kRouting, c, DType::kBF16, "sm_90a"});
+  CHECK(u.file_name == "routing.w8_i16.cu");
+  CHECK(u.name_expressions.size() == 3);
+  CHECK(u.name_expressions[0] == "moejit::routing_kernel<0, 256, 16>");
+  CHECK(u.source.find("#include \"routing.cuh\"") != std::string::npos);
+  CHECK(u.source.size() < 512);
+  c.items = 0;
+  CHECK_THROWS_AS(generate_unit({Role::kRouting, c, DType::kBF16, "sm_90a"}), InvalidArgument);
+}
+
+TEST_CASE("every routing config compiles for sm_90a and sm_80", "[codegen][nvrtc]") {
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    for (const TileConfig& c : config_space(Role::kRouting, MoeShape{8192, 64, 2048, 768, 4, DType::kBF16})) {
+      if (arch == "sm_80" && c.items != 8) continue;  // a sample keeps the suite fast
+      GeneratedUnit u = generate_unit({Role::kRouting, c, DType::kBF16, arch});
+      NvrtcOutput out = nvrtc_compile(u, nvrtc_options(arch));
+      INFO(arch << " " << c.name() << "\n" << out.log);
+      CHECK(out.cubin.size() > 1000);
+      CHECK(out.cubin.compare(0, 4, "\x7f" "ELF") == 0);
+      REQUIRE(out.lowered_names.size() == 3);
+      REQUIRE(out.resources.size() == 3);
+      for (const auto& r : out.resources) {
+        CHECK(r.registers > 0);
+        CHECK(r.spill_store_bytes == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a compile error carries the NVRTC log and the source", "[nvrtc]") {
+  GeneratedUnit bad{"bad.cu", "#include \"routing.cuh\"\n__global__ void k() { undefined_symbol(); }\n", {}};
+  try {
+    nvrtc_compile(bad, nvrtc_options("sm_90a"));
+    FAIL("expected CompileError");
+  } catch (const CompileError& e) {
+    CHECK_THAT(e.log(), Catch::Contains("undefined_symbol"));
+    CHECK(e.source() == bad.source);
+    CHECK(e.code() == ErrorCode::kCompile);
+  }
+}
+
+TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
+  const std::string log =
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function '_Z1kILi1EEvv' for 'sm_90a'\n"
+      "ptxas info    : Function properties for _Z1kILi1EEvv\n"
+      "ptxas         .     24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem\n"
+      "ptxas info    : Compiling entry function '_Z1kILi2EEvv' for 'sm_90a'\n"
+      "ptxas info    : Function properties for _Z1kILi2EEvv\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 40 registers, used 0 barriers, 360 bytes cmem[0]\n";
+  auto r = parse_ptxas_info(log);
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].function == "_Z1kILi1EEvv");
+  CHECK(r[0].registers == 168);
+  CHECK(r[0].stack_bytes == 24);
+  CHECK(r[0].spill_store_bytes == 8);
+  CHECK(r[0].spill_load_bytes == 12);
+  CHECK(r[0].static_smem_bytes == 1024);
+  CHECK(r[1].registers == 40);
+  CHECK(r[1].static_smem_bytes == 0);
+}
+
+TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not", "[codegen][nvrtc]") {
+  const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
+  std::vector<KernelSpec> specs;
+  for (const std::string arch : {"sm_90a", "sm_80"}) {
+    for (Role r : kAllRoles) {
+      const TileConfig c = default_config(r, shape, cuda::fabricated::for_arch(arch));
+      specs.push_back({r, c, DType::kBF16, arch, true, false});
+      if (arch == "sm_90a") {
+        specs.push_back({r, c, DType::kFP16, arch, false, false});
+        if (r == Role::kBwdDw2) specs.push_back({r, c, DType::kBF16, arch, true, true});
+      }
+    }
+  }
+  std::vector<std::string> failures;
+  std::mutex mu;
+  parallel_for(specs.size(), 2, [&](std::size_t i) {
+    try {
+      NvrtcOutput out = nvrtc_compile(generate_unit(specs[i]), nvrtc_options(specs[i].arch));
+      for (const auto& res : out.resources) {
+        if (res.spill_store_bytes > 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          failures.push_back(specs[i].readable_name() + " spills " + std::to_string(res.spill_store_bytes) + " B");
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(specs[i].readable_name() + ": " + e.what());
+    }
+  });
+  for (const auto& f : failures) UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+}

@@ -1,0 +1,60 @@
+// Hashing and kernel-key stability: the same inputs always give the same key, and every input
+// that changes the cubin changes the key.
+#include <catch2/catch.hpp>
+
+#include "core/hash.hpp"
+#include "jit/codegen.hpp"
+#include "jit/kernel_key.hpp"
+
+using namespace moejit;
+
+TEST_CASE("FNV-1a 64 matches the published test vectors", "[hash]") {
+  CHECK(to_hex(hash64("")) == "cbf29ce484222325");
+  CHECK(to_hex(hash64("a")) == "af63dc4c8601ec8c");
+  CHECK(to_hex(hash64("foobar")) == "85944171f73967e8");
+}
+
+TEST_CASE("Hasher fields are length-delimited", "[hash]") {
+  CHECK(Hasher().field("ab").field("c").value() != Hasher().field("a").field("bc").value());
+  CHECK(Hasher().field("x").value() == Hasher().field("x").value());
+}
+
+namespace {
+
+jit::KernelSpec routing_spec() {
+  TileConfig c;
+  c.warps = 8;
+  c.items = 16;
+  return {Role::kRouting, c, DType::kBF16, "sm_90a"};
+}
+
+jit::KernelKey key_of(const jit::KernelSpec& s, const std::string& nvrtc = "13.0", const std::string& tpl = "t1",
+                      std::vector<std::string> opts = {"-arch=sm_90a"}) {
+  return jit::make_kernel_key(s, jit::generate_unit(s), opts, nvrtc, tpl);
+}
+
+}  // namespace
+
+TEST_CASE("kernel key is readable and deterministic", "[key]") {
+  auto k = key_of(routing_spec());
+  CHECK(k.readable == "routing.w8_i16.sm_90a");
+  CHECK(k.hash.size() == 16);
+  CHECK(k == key_of(routing_spec()));
+  CHECK(k.stem() == "routing.w8_i16.sm_90a." + k.hash);
+}
+
+TEST_CASE("kernel key changes with every input that changes the cubin", "[key]") {
+  const auto base = key_of(routing_spec());
+  auto spec = routing_spec();
+  spec.config.items = 32;
+  CHECK(key_of(spec).hash != base.hash);
+  spec = routing_spec();
+  spec.arch = "sm_80";
+  CHECK(key_of(spec, "13.0", "t1").hash != base.hash);
+  CHECK(key_of(routing_spec(), "13.1").hash != base.hash);
+  CHECK(key_of(routing_spec(), "13.0", "t2").hash != base.hash);
+  CHECK(key_of(routing_spec(), "13.0", "t1", {"-arch=sm_90a", "-lineinfo"}).hash != base.hash);
+  spec = routing_spec();
+  spec.config.arch_tag = ArchTag::kHopper;
+  CHECK(key_of(spec).hash != base.hash);
+}

@@ -1,0 +1,145 @@
+// The kernel cache: memory and disk hits, corrupt files rebuilt instead of loaded, and several
+// processes filling one cache directory at once.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <set>
+
+#include "core/fs.hpp"
+#include "jit/disk_cache.hpp"
+#include "jit/kernel_cache.hpp"
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+#include "tuner/config_space.hpp"
+
+using namespace moejit;
+using namespace moejit::jit;
+using moejit::test::ScopedEnv;
+using moejit::test::TempDir;
+
+namespace {
+
+KernelSpec spec(int warps, int items) {
+  TileConfig c;
+  c.warps = warps;
+  c.items = items;
+  return {Role::kRouting, c, DType::kBF16, "sm_90a"};
+}
+
+std::vector<std::filesystem::path> files_in(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") {
+  TempDir dir("cache");
+  ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
+  auto& cache = KernelCache::instance();
+  cache.forget_compiled();
+  Origin o1, o2, o3;
+  auto k1 = cache.get(spec(4, 8), &o1);
+  auto k2 = cache.get(spec(4, 8), &o2);
+  CHECK(o1 == Origin::kCompiled);
+  CHECK(o2 == Origin::kMemory);
+  CHECK(k1 == k2);
+  REQUIRE(files_in(dir.path()).size() == 1);
+  CHECK(files_in(dir.path())[0].filename() == k1->key.stem() + ".cubin");
+  cache.forget_compiled();
+  auto k3 = cache.get(spec(4, 8), &o3);
+  CHECK(o3 == Origin::kDisk);
+  CHECK(k3->cubin == k1->cubin);
+  CHECK(k3->lowered_names == k1->lowered_names);
+  CHECK(k3->resources.size() == k1->resources.size());
+}
+
+TEST_CASE("a corrupt or truncated cache file is detected, removed and rebuilt", "[cache]") {
+  TempDir dir("corrupt");
+  ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
+  auto& cache = KernelCache::instance();
+  cache.forget_compiled();
+  auto good = cache.get(spec(4, 16));
+  const auto path = DiskCache(dir.path()).path_of(good->key);
+  const std::string bytes = *fs::read_all(path);
+
+  SECTION("truncated") { fs::atomic_write(path, bytes.substr(0, bytes.size() / 2)); }
+  SECTION("one byte flipped in the cubin") {
+    std::string bad = bytes;
+    bad[bad.size() - 100] ^= 0x5a;
+    fs::atomic_write(path, bad);
+  }
+  SECTION("empty file") { fs::atomic_write(path, ""); }
+  SECTION("another kernel's file under this name") {
+    auto other = cache.get(spec(8, 16));
+    fs::atomic_write(path, DiskCache::encode(*other));
+  }
+
+  CompiledKernel out;
+  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);
+  CHECK_FALSE(std::filesystem::exists(path));
+  cache.forget_compiled();
+  Origin o;
+  auto rebuilt = cache.get(spec(4, 16), &o);
+  CHECK(o == Origin::kCompiled);
+  // NVRTC stamps a per-compilation id into the cubin, so compare what the loader uses.
+  CHECK(rebuilt->key == good->key);
+  CHECK(rebuilt->cubin.size() == good->cubin.size());
+  CHECK(rebuilt->lowered_names == good->lowered_names);
+  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kHit);
+  CHECK(out.cubin == rebuilt->cubin);
+}
+
+TEST_CASE("decode rejects every malformed header", "[cache]") {
+  CompiledKernel k;
+  k.key = {"routing.x.sm_90a", "0123456789abcdef"};
+  k.cubin = std::string(64, 'c');
+  k.name_expressions = {"a"};
+  k.lowered_names = {"_Z1a"};
+  const std::string good = DiskCache::encode(k);
+  REQUIRE(DiskCache::decode(good, k.key));
+  CHECK_FALSE(DiskCache::decode(good + "x", k.key));
+  CHECK_FALSE(DiskCache::decode(good.substr(0, 20), k.key));
+  CHECK_FALSE(DiskCache::decode("XOEJITK1" + good.substr(8), k.key));
+  CHECK_FALSE(DiskCache::decode(good, {"routing.x.sm_90a", "fedcba9876543210"}));
+}
+
+TEST_CASE("compile_all reports each config and never throws for one failure", "[cache]") {
+  TempDir dir("all");
+  ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
+  auto specs = std::vector<KernelSpec>{spec(4, 4), spec(8, 4), spec(4, 0)};
+  auto results = KernelCache::instance().compile_all(specs, 2);
+  REQUIRE(results.size() == 3);
+  CHECK(results[0].kernel);
+  CHECK(results[1].kernel);
+  CHECK_FALSE(results[2].kernel);
+  CHECK_THAT(results[2].error, Catch::Contains("lacks warps and items"));
+}
+
+TEST_CASE("several processes filling one cache directory lose nothing", "[cache][multiprocess]") {
+  TempDir dir("mp");
+  const std::string cmd = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + test::cli() +
+                          " compile --arch sm_90a --role routing --tokens 2048 --shape 64,2048,768,4 --jobs 1";
+  // Four CLI processes started together, each compiling the same configs into the same files.
+  std::string all;
+  for (int i = 0; i < 4; ++i) all += "(" + cmd + " > " + (dir / ("log" + std::to_string(i))).string() + " 2>&1; echo $? >> " + (dir / "codes").string() + ") & ";
+  all += "wait";
+  REQUIRE(test::run_command(all).exit_code == 0);
+  auto codes = *fs::read_all(dir / "codes");
+  CHECK(codes == "0\n0\n0\n0\n");
+  int cubins = 0;
+  for (const auto& p : files_in(dir.path())) {
+    if (p.extension() != ".cubin") continue;
+    ++cubins;
+    const std::string stem = p.stem().string();
+    const auto dot = stem.rfind('.');
+    CompiledKernel k;
+    CHECK(DiskCache(dir.path()).load({stem.substr(0, dot), stem.substr(dot + 1)}, k) == DiskLookup::kHit);
+  }
+  // TK = 8192: every config with a chunk <= 8192 pairs survives pruning.
+  int expected = 0;
+  for (const auto& c : config_space(Role::kRouting, MoeShape{8192, 64, 2048, 768, 4, DType::kBF16})) expected += c.threads() * c.items <= 8192;
+  CHECK(cubins == expected);
+  for (const auto& p : files_in(dir.path())) CHECK(p.filename().string().find(".tmp.") == std::string::npos);
+}

@@ -1,0 +1,109 @@
+// Pruning rules and arch gating, with fabricated devices: no GPU involved.
+#include <catch2/catch.hpp>
+
+#include "cuda/device.hpp"
+#include "moe/routing_layout.hpp"
+#include "moejit/error.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/gating.hpp"
+#include "tuner/prune.hpp"
+#include "tuner/role_traits.hpp"
+
+using namespace moejit;
+namespace fab = moejit::cuda::fabricated;
+
+namespace {
+
+TileConfig routing_cfg(int warps, int items) {
+  TileConfig c;
+  c.warps = warps;
+  c.items = items;
+  return c;
+}
+
+MoeShape shape(long long tokens, int experts, int topk) { return {tokens, experts, 2048, 768, topk, DType::kBF16}; }
+
+}  // namespace
+
+TEST_CASE("arch strings and compute capabilities", "[device]") {
+  CHECK(fab::h200().arch() == "sm_90a");
+  CHECK(fab::a100().arch() == "sm_80");
+  CHECK(fab::b200().arch() == "sm_100a");
+  CHECK(fab::rtx5090().arch() == "sm_120a");
+  CHECK(cuda::cc_from_arch("sm_90a") == 90);
+  CHECK(cuda::cc_from_arch("sm_80") == 80);
+  CHECK(cuda::cc_from_arch("100") == 100);
+  CHECK_THROWS_AS(cuda::cc_from_arch("hopper"), InvalidArgument);
+  CHECK(cuda::fabricated::for_arch("sm_90").arch() == "sm_90a");
+}
+
+TEST_CASE("Blackwell-datacenter configs reach only sm_100/sm_103", "[gating]") {
+  CHECK_FALSE(arch_gate_reason(ArchTag::kBlackwellDatacenter, 100));
+  CHECK_FALSE(arch_gate_reason(ArchTag::kBlackwellDatacenter, 103));
+  CHECK(arch_gate_reason(ArchTag::kBlackwellDatacenter, 90));   // H200
+  CHECK(arch_gate_reason(ArchTag::kBlackwellDatacenter, 120));  // consumer Blackwell
+  CHECK(arch_gate_reason(ArchTag::kBlackwellDatacenter, 80));
+  TileConfig c = routing_cfg(8, 8);
+  c.arch_tag = ArchTag::kBlackwellDatacenter;
+  CHECK(arch_gate_reason(c, fab::h200()));
+  CHECK(arch_gate_reason(c, fab::rtx5090()));
+  CHECK_FALSE(arch_gate_reason(c, fab::b200()));
+}
+
+TEST_CASE("Hopper configs reach only sm_90", "[gating]") {
+  CHECK_FALSE(arch_gate_reason(ArchTag::kHopper, 90));
+  CHECK(arch_gate_reason(ArchTag::kHopper, 80));
+  CHECK(arch_gate_reason(ArchTag::kHopper, 100));
+  CHECK(arch_gate_reason(ArchTag::kHopper, 120));
+  CHECK_FALSE(arch_gate_reason(ArchTag::kPortable, 80));
+  CHECK(arch_gate_reason(ArchTag::kPortable, 75));
+}
+
+TEST_CASE("prune: shared memory over the device's opt-in limit", "[prune]") {
+  // Scatter needs (warps+1)(E+1) ints: 32 warps x 4097 buckets = 540 KiB, over every device.
+  auto why = prune_reason(Role::kRouting, routing_cfg(32, 4), shape(65536, 4096, 8), fab::h200());
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Contains("shared memory"));
+  // 9 x 2049 ints = 73.8 KB: fits an H200 (227 KB) and a consumer Blackwell (99 KB).
+  CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(8, 4), shape(65536, 2048, 8), fab::h200()));
+  // 17 x 2049 ints = 139 KB: fits an H200, not a consumer Blackwell.
+  CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8), fab::h200()));
+  CHECK(prune_reason(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8), fab::rtx5090()));
+  CHECK(role_smem_bytes(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8)) ==
+        routing_smem_bytes(2, 512, 2048));
+}
+
+TEST_CASE("prune: chunk wider than the padded problem", "[prune]") {
+  // T=1, K=1: padded to 1024 pairs; 256x4 = 1024 survives, 256x8 does not.
+  CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(8, 4), shape(1, 8, 1), fab::h200()));
+  auto why = prune_reason(Role::kRouting, routing_cfg(8, 8), shape(1, 8, 1), fab::h200());
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Contains("wider than the padded problem"));
+  CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(32, 32), shape(8192, 128, 8), fab::h200()));
+}
+
+TEST_CASE("prune: instructions the arch lacks", "[prune]") {
+  TileConfig c = routing_cfg(8, 4);
+  c.arch_tag = ArchTag::kHopper;
+  auto why = prune_reason(Role::kRouting, c, shape(8192, 128, 8), fab::a100());
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Contains("sm_90a"));
+}
+
+TEST_CASE("the default config survives pruning for small and large problems", "[prune]") {
+  for (auto s : {shape(1, 1, 1), shape(1, 8, 8), shape(32768, 128, 8), shape(1 << 20, 256, 8)}) {
+    for (auto dev : {fab::h200(), fab::a100(), fab::rtx5090(), fab::b200()}) {
+      TileConfig c = default_config(Role::kRouting, s, dev);
+      CHECK_FALSE(prune_reason(Role::kRouting, c, s, dev));
+    }
+  }
+}
+
+TEST_CASE("routing config space covers every config once", "[prune]") {
+  auto space = config_space(Role::kRouting, shape(8192, 128, 8));
+  CHECK(space.size() == 16);
+  for (std::size_t i = 0; i < space.size(); ++i) {
+    CHECK(space[i].threads() * space[i].items >= kRoutingMinChunk);
+    for (std::size_t j = i + 1; j < space.size(); ++j) CHECK(space[i].name() != space[j].name());
+  }
+}

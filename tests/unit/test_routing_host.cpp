@@ -1,0 +1,54 @@
+// Routing's host side without a GPU: argument checks, workspace layout and the reference.
+#include <catch2/catch.hpp>
+
+#include "moe/reference/routing_reference.hpp"
+#include "moe/routing.hpp"
+#include "moejit/error.hpp"
+
+using namespace moejit;
+
+TEST_CASE("the routing reference on a hand-worked example", "[routing]") {
+  // Pairs 0..5 -> experts 2,0,2,1,9(dropped),0 with E=3, BM=2.
+  auto r = reference::routing_reference({2, 0, 2, 1, 9, 0}, 3, 2);
+  CHECK(r.sorted_pairs == std::vector<std::int32_t>{1, 5, 3, 0, 2, 4});
+  CHECK(r.pair_rows == std::vector<std::int32_t>{3, 0, 4, 2, 5, 1});
+  CHECK(r.expert_counts == std::vector<std::int32_t>{2, 1, 2, 1});
+  CHECK(r.expert_offsets == std::vector<std::int32_t>{0, 2, 3, 5, 6});
+  CHECK(r.expert_tile_offsets == std::vector<std::int32_t>{0, 1, 2, 3});
+  // max_tiles = 6/2 + min(3, 6) = 6
+  CHECK(r.tile_expert == std::vector<std::int32_t>{0, 1, 2, -1, -1, -1});
+  CHECK(r.tile_row_begin == std::vector<std::int32_t>{0, 2, 3, -1, -1, -1});
+}
+
+TEST_CASE("routing workspace layout is aligned and sized at the host bound", "[routing]") {
+  const RoutingLayout l = routing_layout(65536, 128, 64);
+  CHECK(l.max_tiles == 65536 / 64 + 128);
+  CHECK(l.max_chunks == 65536 / kRoutingMinChunk);
+  for (std::size_t off : {l.chunk_counts, l.expert_counts, l.expert_offsets, l.expert_tile_offsets, l.tile_expert,
+                          l.tile_row_begin, l.sorted_pairs, l.pair_rows}) {
+    CHECK(off % 256 == 0);
+  }
+  CHECK(l.pair_rows + 65536 * 4 <= l.total_bytes);
+  CHECK(routing_max_tiles(3, 128, 64) == 3);
+}
+
+TEST_CASE("routing rejects bad arguments before launching", "[routing]") {
+  RoutingArgs ok{0x1000, 16, 2, 8, 64, 0x2000, 1 << 20, nullptr};
+  CHECK_NOTHROW(validate_routing_args(ok));
+  auto bad = ok;
+  bad.topk = 9;
+  CHECK_THROWS_AS(validate_routing_args(bad), InvalidArgument);
+  bad = ok;
+  bad.experts = 0;
+  CHECK_THROWS_AS(validate_routing_args(bad), InvalidArgument);
+  bad = ok;
+  bad.workspace_bytes = 16;
+  CHECK_THROWS_WITH(validate_routing_args(bad), Catch::Contains("workspace_bytes"));
+  bad = ok;
+  bad.topk_ids = 0x1002;
+  CHECK_THROWS_WITH(validate_routing_args(bad), Catch::Contains("aligned"));
+  bad = ok;
+  bad.tokens = 1LL << 29;
+  bad.topk = 8;
+  CHECK_THROWS_WITH(validate_routing_args(bad), Catch::Contains("2^31"));
+}

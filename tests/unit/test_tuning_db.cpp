@@ -1,0 +1,603 @@
+// The tuning database: keys, SQLite storage, JSON export/import, merging, the lookup chain,
+// and several processes writing one file at once. No GPU needed.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/fs.hpp"
+#include "db/sqlite.hpp"
+#include "db/tuning_db.hpp"
+#include "db/tuning_lookup.hpp"
+#include "moejit/error.hpp"
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace moejit;
+using namespace moejit::db;
+using moejit::test::TempDir;
+
+namespace {
+
+const Provenance kFresh{"13.0", 13000, "templates-now", "0.1.0", "2025-06-01T12:00:00Z"};
+
+TuningKey key_at(int tpe, int hidden = 2048) {
+  TuningKey k;
+  k.device = "NVIDIA H200";
+  k.arch = "sm_90a";
+  k.role = Role::kFwdUp;
+  k.dtype = DType::kBF16;
+  k.hidden = hidden;
+  k.intermediate = 768;
+  k.experts = 128;
+  k.topk = 8;
+  k.block_m = 64;
+  k.use_tma = false;
+  k.tpe_bucket = tpe;
+  k.mode = "train";
+  return k;
+}
+
+TileConfig config(int block_n, int stages = 4) {
+  TileConfig c;
+  c.block_m = 64;
+  c.block_n = block_n;
+  c.block_k = 64;
+  c.stages = stages;
+  c.warps = 8;
+  c.group_m = 8;
+  c.arch_tag = ArchTag::kHopper;
+  c.use_tma = true;
+  return c;
+}
+
+CandidateResult timed(const TileConfig& c, double ms) { return CandidateResult{c, ms, ms / 50, false, ""}; }
+
+CandidateResult rejected(const TileConfig& c, const std::string& why) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  return CandidateResult{c, nan, nan, true, why};
+}
+
+TuningRow row_for(const TuningKey& key, int winner_n, double ms, Provenance prov = kFresh) {
+  TuningRow r;
+  r.key = key;
+  r.winner = config(winner_n);
+  r.median_ms = ms;
+  r.spread_ms = ms / 100;
+  r.candidates = {timed(config(winner_n), ms), timed(config(winner_n * 2), ms * 1.5)};
+  r.provenance = std::move(prov);
+  return r;
+}
+
+std::string as_json(const TuningRow& r) { return nlohmann::json(r).dump(); }
+
+std::vector<std::string> candidate_names(const TuningRow& r) {
+  std::vector<std::string> names;
+  for (const CandidateResult& c : r.candidates) names.push_back(c.config.name());
+  return names;
+}
+
+// Candidates come back from the database ordered by config name.
+TuningRow sorted(TuningRow r) {
+  std::sort(r.candidates.begin(), r.candidates.end(),
+            [](const CandidateResult& a, const CandidateResult& b) { return a.config.name() < b.config.name(); });
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tuning key ids are canonical and keys are validated", "[db]") {
+  CHECK(key_at(64).id() == "NVIDIA H200|sm_90a|fwd_up|bf16|H2048|I768|E128|K8|bm64|tma0|tpe64|train");
+  TuningKey k = key_at(4096);
+  k.role = Role::kBwdDw1;
+  k.dtype = DType::kFP16;
+  k.use_tma = true;
+  k.mode = "memeff";
+  CHECK(k.id() == "NVIDIA H200|sm_90a|bwd_dw1|fp16|H2048|I768|E128|K8|bm64|tma1|tpe4096|memeff");
+  CHECK(nlohmann::json(k).get<TuningKey>() == k);
+
+  CHECK_NOTHROW(key_at(16).validate());
+  TuningKey bad = key_at(64);
+  bad.device = "A|B";
+  CHECK_THROWS_AS(bad.validate(), InvalidArgument);
+  bad = key_at(48);
+  CHECK_THROWS_AS(bad.validate(), InvalidArgument);
+  bad = key_at(8192);
+  CHECK_THROWS_AS(bad.validate(), InvalidArgument);
+  bad = key_at(64);
+  bad.mode = "training";
+  CHECK_THROWS_AS(bad.validate(), InvalidArgument);
+  bad = key_at(64);
+  bad.experts = 0;
+  CHECK_THROWS_AS(bad.validate(), InvalidArgument);
+}
+
+TEST_CASE("tpe_bucket rounds TK/E up to a power of two within [16, 4096]", "[db]") {
+  // Exact powers of two stay: 8192 pairs over 128 experts is 64 per expert.
+  CHECK(tpe_bucket(8192, 128) == 64);
+  CHECK(tpe_bucket(65536, 128) == 512);
+  // Non-powers round up: ceil(8193/128) = 65 -> 128; ceil(3000/7) = 429 -> 512; 96/1 -> 128.
+  CHECK(tpe_bucket(8193, 128) == 128);
+  CHECK(tpe_bucket(3000, 7) == 512);
+  CHECK(tpe_bucket(96, 1) == 128);
+  CHECK(tpe_bucket(2049, 128) == 32);  // ceil(16.008) = 17 -> 32
+  // Low clamp: 0, 1 and ceil(1000/128) = 8 all land in 16.
+  CHECK(tpe_bucket(0, 128) == 16);
+  CHECK(tpe_bucket(1, 128) == 16);
+  CHECK(tpe_bucket(1000, 128) == 16);
+  CHECK(tpe_bucket(-5, 8) == 16);
+  CHECK(tpe_bucket(17, 1) == 32);
+  // High clamp: 4096 exactly, 4097 and 2^40/8 = 2^37 all land in 4096.
+  CHECK(tpe_bucket(4096LL * 128, 128) == 4096);
+  CHECK(tpe_bucket(4096LL * 128 + 1, 128) == 4096);
+  CHECK(tpe_bucket(1LL << 40, 8) == 4096);
+  CHECK_THROWS_AS(tpe_bucket(100, 0), InvalidArgument);
+}
+
+TEST_CASE("record then lookup returns the row exactly, across reopening", "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "nested" / "dir" / "tuning.sqlite";  // parent directories are created
+  TuningRow row = row_for(key_at(64), 128, 0.25);
+  row.candidates.push_back(rejected(config(256, 7), "shared memory 262144 B over the 232448 B limit"));
+  row.candidates.push_back(CandidateResult{config(32), 0.9, 0.01, true, "wrong result: max error 0.5"});
+  {
+    TuningDb db(path);
+    db.record(row);
+    auto got = db.lookup(key_at(64));
+    REQUIRE(got);
+    CHECK(as_json(*got) == as_json(sorted(row)));
+    CHECK_FALSE(db.lookup(key_at(128)));
+  }
+  TuningDb reopened(path);
+  auto got = reopened.lookup(key_at(64));
+  REQUIRE(got);
+  CHECK(got->winner == config(128));
+  CHECK(as_json(*got) == as_json(sorted(row)));
+  const auto nan_count = std::count_if(got->candidates.begin(), got->candidates.end(),
+                                       [](const CandidateResult& c) { return std::isnan(c.median_ms); });
+  CHECK(nan_count == 1);
+  CHECK_THROWS_AS(reopened.record(row_for(key_at(64), 128, std::numeric_limits<double>::infinity())), InvalidArgument);
+}
+
+TEST_CASE("recording a key again upserts candidates and never wipes earlier ones", "[db]") {
+  TempDir dir("db");
+  TuningDb db(dir / "tuning.sqlite");
+  TuningRow first = row_for(key_at(64), 128, 0.30);  // candidates n128, n256
+  db.record(first);
+
+  TuningRow second;
+  second.key = key_at(64);
+  second.winner = config(64);
+  second.median_ms = 0.20;
+  second.spread_ms = 0.01;
+  second.candidates = {timed(config(64), 0.20), timed(config(256), 0.41)};  // a new config and a re-measured one
+  second.provenance = kFresh;
+  db.record(second);
+
+  auto got = db.lookup(key_at(64));
+  REQUIRE(got);
+  CHECK(got->winner == config(64));
+  CHECK(got->median_ms == 0.20);
+  const auto names = candidate_names(*got);
+  CHECK(names.size() == 3);
+  CHECK(std::set<std::string>(names.begin(), names.end()) ==
+        std::set<std::string>{config(64).name(), config(128).name(), config(256).name()});
+  for (const CandidateResult& c : got->candidates) {
+    if (c.config == config(256)) CHECK(c.median_ms == 0.41);
+    if (c.config == config(128)) CHECK(c.median_ms == 0.30);
+  }
+}
+
+TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "tuning.sqlite";
+  CHECK(TuningDb(path).schema_version() == kSchemaVersion);
+  CHECK(Connection(path, OpenMode::kReadOnly).query_int("PRAGMA user_version") == kSchemaVersion);
+
+  Connection(path, OpenMode::kReadWrite).exec("PRAGMA user_version = 7");
+  CHECK_THROWS_AS(TuningDb(path), DatabaseError);
+  CHECK_THROWS_WITH(TuningDb(path, OpenMode::kReadOnly), Catch::Contains("newer moejit"));
+
+  // Read-only never creates a schema: an empty SQLite file is not a tuning database.
+  const auto empty = dir / "empty.sqlite";
+  Connection(empty, OpenMode::kReadWrite).exec("CREATE TABLE other (x INTEGER)");
+  CHECK_THROWS_WITH(TuningDb(empty, OpenMode::kReadOnly), Catch::Contains("not a moejit tuning database"));
+
+  // A file that is not SQLite at all names the file.
+  const auto junk = dir / "junk.sqlite";
+  fs::atomic_write(junk, std::string(4096, 'x'));
+  CHECK_THROWS_WITH(TuningDb(junk), Catch::Contains(junk.string()));
+}
+
+TEST_CASE("export then import into a fresh database reproduces the rows exactly", "[db]") {
+  TempDir dir("db");
+  TuningDb source(dir / "a.sqlite");
+  TuningRow with_rejects = row_for(key_at(16), 64, 0.011);
+  with_rejects.candidates.push_back(rejected(config(512), "tile wider than the padded problem"));
+  source.record(with_rejects);
+  source.record(row_for(key_at(1024), 256, 1.25));
+  TuningKey infer = key_at(64, 4096);
+  infer.mode = "infer";
+  infer.use_tma = true;
+  source.record(row_for(infer, 128, 0.5));
+
+  const std::string text = source.export_json();
+  CHECK(text.rfind("{\n  \"schema_version\": 1,\n  \"rows\": [", 0) == 0);
+  CHECK(text.back() == '\n');
+  const auto doc = nlohmann::json::parse(text);
+  REQUIRE(doc["rows"].size() == 3);
+  CHECK(doc["rows"][0]["id"].get<std::string>() < doc["rows"][1]["id"].get<std::string>());
+  CHECK(doc["rows"][1]["id"].get<std::string>() < doc["rows"][2]["id"].get<std::string>());
+
+  TuningDb copy(dir / "b.sqlite");
+  auto stats = copy.import_json(text);
+  CHECK(stats.added == 3);
+  CHECK(stats.replaced == 0);
+  CHECK(copy.export_json() == text);
+  for (const TuningRow& r : source.rows()) CHECK(as_json(*copy.lookup(r.key)) == as_json(r));
+
+  stats = copy.import_json(text);  // importing again changes nothing
+  CHECK(stats.added == 0);
+  CHECK(stats.kept == 3);
+  CHECK(copy.export_json() == text);
+}
+
+TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
+  TempDir dir("db");
+  TuningDb mine(dir / "mine.sqlite");
+  TuningDb theirs(dir / "theirs.sqlite");
+  mine.record(row_for(key_at(16), 64, 0.50));
+  mine.record(row_for(key_at(32), 64, 0.30));
+  theirs.record(row_for(key_at(16), 128, 0.40));  // faster: replaces
+  TuningRow slower = row_for(key_at(32), 32, 0.60);
+  slower.candidates.push_back(timed(config(512), 0.9));
+  theirs.record(slower);                          // slower: kept, candidates still merged
+  theirs.record(row_for(key_at(64), 64, 0.70));  // new: added
+  TuningRow tie = row_for(key_at(128), 64, 0.25);
+  mine.record(tie);
+  tie.winner = config(16);
+  theirs.record(tie);  // equal time: the existing winner stays
+
+  const auto stats = mine.merge(theirs);
+  CHECK(stats.added == 1);
+  CHECK(stats.replaced == 1);
+  CHECK(stats.kept == 2);
+  CHECK(mine.lookup(key_at(16))->winner == config(128));
+  CHECK(mine.lookup(key_at(16))->median_ms == 0.40);
+  const auto kept = *mine.lookup(key_at(32));
+  CHECK(kept.winner == config(64));
+  CHECK(kept.median_ms == 0.30);
+  // Both rows' candidates: n64, n128 (mine) + n32, n512 (theirs; n64 re-measured by theirs).
+  CHECK(kept.candidates.size() == 4);
+  CHECK(mine.lookup(key_at(64)));
+  CHECK(mine.lookup(key_at(128))->winner == config(64));
+  CHECK(mine.rows().size() == 4);
+}
+
+TEST_CASE("nearest_bucket picks the closest bucket in log2 distance, ties to the larger", "[db]") {
+  TempDir dir("db");
+  TuningDb db(dir / "tuning.sqlite");
+  for (int b : {16, 64, 1024}) db.record(row_for(key_at(b), b, 0.1));
+  db.record(row_for(key_at(128, 4096), 128, 0.1));  // another family (H=4096)
+
+  auto bucket_for = [&](int query) { return db.nearest_bucket(key_at(query))->key.tpe_bucket; };
+  CHECK(bucket_for(16) == 16);
+  CHECK(bucket_for(32) == 64);  // 16 and 64 are both one doubling away
+  CHECK(bucket_for(128) == 64);
+  CHECK(bucket_for(256) == 1024);  // 64 and 1024 both two doublings away
+  CHECK(bucket_for(512) == 1024);
+  CHECK(bucket_for(4096) == 1024);
+  CHECK(db.nearest_bucket(key_at(16, 4096))->key.tpe_bucket == 128);
+  CHECK_FALSE(db.nearest_bucket(key_at(64, 1024)));
+  TuningKey other_mode = key_at(64);
+  other_mode.mode = "infer";
+  CHECK_FALSE(db.nearest_bucket(other_mode));
+
+  auto not_64 = [](const TuningRow& r) { return r.key.tpe_bucket != 64; };
+  CHECK(db.nearest_bucket(key_at(32), not_64)->key.tpe_bucket == 16);
+  CHECK(db.nearest_bucket(key_at(32), not_64)->candidates.size() == 2);
+}
+
+namespace {
+
+// A shipped table for `device` in `dir`, written as the CLI's export writes it.
+void write_shipped(const std::filesystem::path& dir, const std::string& device, const std::vector<TuningRow>& rows) {
+  TuningDb db = TuningDb::in_memory();
+  for (const TuningRow& r : rows) db.record(r);
+  fs::atomic_write(dir / shipped_db_file_name(device), db.export_json());
+}
+
+TileConfig heuristic_config() {
+  TileConfig c;
+  c.block_m = 1;
+  c.block_n = 1;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the lookup chain tries memory, user DB, shipped DB, nearest bucket, heuristic in turn", "[db]") {
+  TempDir dir("db");
+  const auto user_path = dir / "user.sqlite";
+  const auto shipped_dir = dir / "shipped";
+  CHECK(shipped_db_file_name("NVIDIA H200") == "NVIDIA_H200.json");
+  CHECK(shipped_db_file_name("NVIDIA GeForce RTX 5090") == "NVIDIA_GeForce_RTX_5090.json");
+
+  {
+    TuningDb user(user_path);
+    user.record(row_for(key_at(64), 64, 0.1));            // exact hit for tpe64, and a neighbour
+    user.record(row_for(key_at(16, 1024), 16, 0.1));     // family H1024 known to the user DB only
+  }
+  write_shipped(shipped_dir, "NVIDIA H200",
+                {row_for(key_at(64), 512, 0.2),                 // shadowed by the user DB
+                 row_for(key_at(256), 256, 0.2),                // exact hit for tpe256
+                 row_for(key_at(2048), 2048, 0.2),              // nearer to tpe4096 than user's 64
+                 row_for(key_at(128, 4096), 128, 0.2)});        // family H4096: shipped only
+
+  int heuristic_calls = 0;
+  TuningLookup lookup(user_path, shipped_dir, kFresh, [&](const TuningKey& k) {
+    ++heuristic_calls;
+    CHECK(k.hidden == 7168);
+    return heuristic_config();
+  });
+
+  lookup.remember(row_for(key_at(512), 32, 0.05));
+  Resolved r = lookup.resolve(key_at(512));
+  CHECK(r.source == Resolved::Source::kMemory);
+  CHECK(std::string(r.source_name()) == "memory");
+  CHECK(r.config == config(32));
+
+  r = lookup.resolve(key_at(64));
+  CHECK(r.source == Resolved::Source::kUserDb);
+  CHECK(r.config == config(64));
+  REQUIRE(r.row);
+  CHECK(r.row->key == key_at(64));
+  CHECK(lookup.resolve(key_at(64)).source == Resolved::Source::kMemory);  // cached after the first hit
+
+  r = lookup.resolve(key_at(256));
+  CHECK(r.source == Resolved::Source::kShippedDb);
+  CHECK(std::string(r.source_name()) == "shipped_db");
+  CHECK(r.config == config(256));
+
+  // Nearest bucket: the user DB is asked first even though the shipped 2048 is nearer.
+  r = lookup.resolve(key_at(4096));
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.row->key.tpe_bucket == 64);
+  CHECK(r.config == config(64));
+  CHECK(lookup.resolve(key_at(1024, 1024)).row->key.tpe_bucket == 16);
+  // A family only the shipped table knows.
+  r = lookup.resolve(key_at(16, 4096));
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(128));
+
+  r = lookup.resolve(key_at(64, 7168));
+  CHECK(r.source == Resolved::Source::kHeuristic);
+  CHECK(std::string(r.source_name()) == "heuristic");
+  CHECK(r.config == heuristic_config());
+  CHECK_FALSE(r.row);
+  CHECK(heuristic_calls == 1);
+
+  // Memory comes before the user DB.
+  lookup.remember(row_for(key_at(64), 16, 0.01));
+  CHECK(lookup.resolve(key_at(64)).config == config(16));
+
+  // A device without a shipped table, and a lookup with no databases at all.
+  TuningKey other = key_at(64, 7168);
+  other.device = "NVIDIA B200";
+  CHECK(lookup.resolve(other).source == Resolved::Source::kHeuristic);
+  TuningLookup bare({}, {}, kFresh, [](const TuningKey&) { return heuristic_config(); });
+  CHECK(bare.resolve(key_at(64)).source == Resolved::Source::kHeuristic);
+  CHECK_THROWS_AS(TuningLookup({}, {}, kFresh, nullptr), InvalidArgument);
+}
+
+TEST_CASE("the lookup chain ignores stale rows at every level", "[db]") {
+  TempDir dir("db");
+  const auto user_path = dir / "user.sqlite";
+  const auto shipped_dir = dir / "shipped";
+  Provenance old_templates = kFresh;
+  old_templates.template_hash = "templates-before";
+  Provenance old_nvrtc = kFresh;
+  old_nvrtc.nvrtc_version = "12.8";
+  Provenance other_driver = kFresh;
+  other_driver.driver_version = 12080;  // the driver is not part of staleness
+  CHECK(is_stale(row_for(key_at(64), 64, 0.1, old_templates), kFresh));
+  CHECK(is_stale(row_for(key_at(64), 64, 0.1, old_nvrtc), kFresh));
+  CHECK_FALSE(is_stale(row_for(key_at(64), 64, 0.1, other_driver), kFresh));
+
+  {
+    TuningDb user(user_path);
+    user.record(row_for(key_at(64), 64, 0.1, old_templates));
+    user.record(row_for(key_at(128), 128, 0.1, old_nvrtc));
+    user.record(row_for(key_at(16, 4096), 16, 0.1, old_templates));
+  }
+  write_shipped(shipped_dir, "NVIDIA H200",
+                {row_for(key_at(64), 512, 0.2), row_for(key_at(32, 4096), 32, 0.2, old_nvrtc)});
+
+  TuningLookup lookup(user_path, shipped_dir, kFresh, [](const TuningKey&) { return heuristic_config(); });
+  // Exact user row stale -> the shipped row.
+  Resolved r = lookup.resolve(key_at(64));
+  CHECK(r.source == Resolved::Source::kShippedDb);
+  CHECK(r.config == config(512));
+  // Exact user row stale, no shipped row; the user's neighbours are stale too -> shipped neighbour.
+  r = lookup.resolve(key_at(128));
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(512));
+  // A stale remembered row is skipped as well.
+  lookup.remember(row_for(key_at(256), 16, 0.01, old_templates));
+  r = lookup.resolve(key_at(256));
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(512));
+  // Every row of the family stale, in both databases -> the heuristic.
+  CHECK(lookup.resolve(key_at(16, 4096)).source == Resolved::Source::kHeuristic);
+  CHECK(lookup.resolve(key_at(32, 4096)).source == Resolved::Source::kHeuristic);
+}
+
+TEST_CASE("an unreadable shipped table is skipped, not fatal", "[db]") {
+  TempDir dir("db");
+  fs::atomic_write(dir / "NVIDIA_H200.json", "{\"schema_version\": 1, \"rows\": [ {\"id\": 3} ]}");
+  TuningLookup lookup({}, dir.path(), kFresh, [](const TuningKey&) { return heuristic_config(); });
+  CHECK(lookup.resolve(key_at(64)).source == Resolved::Source::kHeuristic);
+}
+
+TEST_CASE("importing malformed JSON throws, names the problem and writes nothing", "[db]") {
+  TempDir dir("db");
+  TuningDb db(dir / "tuning.sqlite");
+  TuningDb good = TuningDb::in_memory();
+  good.record(row_for(key_at(64), 64, 0.1));
+  const auto valid = nlohmann::json::parse(good.export_json());
+
+  auto rejects = [&](const std::string& text, const std::string& expected) {
+    INFO(text);
+    CHECK_THROWS_AS(db.import_json(text), DatabaseError);
+    CHECK_THROWS_WITH(db.import_json(text), Catch::Contains(expected));
+  };
+  rejects("{\"schema_version\": 1, \"rows\": [", "not valid JSON");
+  rejects("[1, 2]", "expected a JSON object");
+  rejects("{\"rows\": []}", "schema_version");
+  rejects("{\"schema_version\": 99, \"rows\": []}", "schema_version 99");
+  rejects("{\"schema_version\": 1}", "\"rows\"");
+
+  auto with = [&](auto edit) {
+    auto doc = valid;
+    doc["rows"].push_back(valid["rows"][0]);
+    doc["rows"][1]["key"]["tpe_bucket"] = 128;
+    doc["rows"][1]["id"] = "NVIDIA H200|sm_90a|fwd_up|bf16|H2048|I768|E128|K8|bm64|tma0|tpe128|train";
+    edit(doc["rows"][1]);
+    return doc.dump();
+  };
+  CHECK_NOTHROW(nlohmann::json::parse(with([](nlohmann::json&) {})));
+  rejects(with([](nlohmann::json& r) { r["key"].erase("hidden"); }), "rows[1]");
+  rejects(with([](nlohmann::json& r) { r["key"].erase("hidden"); }), "hidden");
+  rejects(with([](nlohmann::json& r) { r["key"]["role"] = "fwd_sideways"; }), "fwd_sideways");
+  rejects(with([](nlohmann::json& r) { r["key"]["mode"] = "training"; }), "mode");
+  rejects(with([](nlohmann::json& r) { r["median_ms"] = "fast"; }), "rows[1]");
+  rejects(with([](nlohmann::json& r) { r["median_ms"] = -1.0; }), "median_ms");
+  rejects(with([](nlohmann::json& r) { r["id"] = "something else"; }), "does not match");
+  rejects(with([](nlohmann::json& r) { r["winner"]["arch_tag"] = "volta"; }), "volta");
+  rejects(with([](nlohmann::json& r) { r["candidates"] = 3; }), "rows[1]");
+  // The valid first row of each document was not written either: import is all or nothing.
+  CHECK(db.rows().empty());
+  CHECK(db.import_json(with([](nlohmann::json&) {})).added == 2);
+}
+
+namespace {
+
+// One child process: 50 rows of its own, each in its own transaction, and one candidate for
+// the shared key half-way through. Returns the exit code; never throws.
+int write_rows_as_child(const std::filesystem::path& path, int child) noexcept {
+  try {
+    TuningDb db(path);
+    for (int n = 0; n < 50; ++n) {
+      TuningKey k = key_at(64, 1000 + child);
+      k.intermediate = 1 + n;
+      db.record(row_for(k, 64, 0.1 + n));
+      if (n == 25) {
+        TuningRow shared = row_for(key_at(16), 16 * (child + 1), 1.0 + child);
+        shared.candidates = {timed(config(16 * (child + 1)), 1.0 + child)};
+        db.record(shared);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child %d: %s\n", child, e.what());
+    return 1;
+  } catch (...) {
+    return 1;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("eight processes writing one database lose no rows and leave it intact", "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "ranks" / "tuning.sqlite";  // nobody has created it yet: the schema races too
+  constexpr int kChildren = 8;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) ::_exit(write_rows_as_child(path, c));
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  TuningDb db(path);
+  std::set<std::string> ids;
+  for (const TuningRow& r : db.rows()) ids.insert(r.key.id());
+  CHECK(ids.size() == kChildren * 50 + 1);
+  for (int c = 0; c < kChildren; ++c) {
+    for (int n = 0; n < 50; ++n) {
+      TuningKey k = key_at(64, 1000 + c);
+      k.intermediate = 1 + n;
+      CHECK(ids.count(k.id()) == 1);
+    }
+  }
+  const auto shared = db.lookup(key_at(16));
+  REQUIRE(shared);
+  CHECK(shared->candidates.size() == kChildren);
+  for (int c = 0; c < kChildren; ++c) {
+    const auto names = candidate_names(*shared);
+    CHECK(std::count(names.begin(), names.end(), config(16 * (c + 1)).name()) == 1);
+  }
+  CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA integrity_check") == "ok");
+}
+
+TEST_CASE("moejit db lists, exports, imports and merges", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("db");
+  const std::string a = (dir / "a.sqlite").string(), b = (dir / "b.sqlite").string();
+  {
+    TuningDb db(a);
+    db.record(row_for(key_at(64), 128, 0.25));
+    db.record(row_for(key_at(128), 64, 0.5));
+  }
+
+  auto r = run_command(cli() + " db list --db " + (dir / "none.sqlite").string());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("(empty)"));
+  CHECK_FALSE(std::filesystem::exists(dir / "none.sqlite"));
+
+  r = run_command(cli() + " db list --db " + a);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains(key_at(64).id()) && Catch::Contains(config(128).name()) &&
+                           Catch::Contains("0.2500") && Catch::Contains(kFresh.created_at));
+
+  const std::string json = (dir / "out" / "a.json").string();
+  r = run_command(cli() + " db export --db " + a + " --out " + json);
+  CHECK(r.exit_code == 0);
+  CHECK(fs::read_all(json) == TuningDb(a).export_json());
+  r = run_command(cli() + " db export --db " + a + " --out -");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output == TuningDb(a).export_json());
+
+  r = run_command(cli() + " db import " + json + " --db " + b);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("added 2, replaced 0, kept 0"));
+  r = run_command(cli() + " db merge " + a + " --db " + b);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("added 0, replaced 0, kept 2"));
+  CHECK(TuningDb(b).export_json() == TuningDb(a).export_json());
+
+  CHECK(run_command(cli() + " db frobnicate").exit_code == 2);
+  CHECK(run_command(cli() + " db").exit_code == 2);
+  r = run_command(cli() + " db export --db " + a);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--out"));
+  CHECK(run_command(cli() + " db import --db " + b).exit_code == 2);
+  CHECK(run_command(cli() + " db merge " + (dir / "missing.sqlite").string() + " --db " + b).exit_code == 1);
+}

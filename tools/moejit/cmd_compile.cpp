@@ -1,0 +1,125 @@
+// moejit compile: prune each role's config space for a target and shape, compile every survivor
+// in parallel into the kernel cache, and print the plan. Needs no GPU.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <vector>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "core/env.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "jit/kernel_cache.hpp"
+#include "moejit/error.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
+
+namespace moejit::cli {
+namespace {
+
+// The device to plan for: the visible GPU when it matches (or no --arch was given), otherwise a
+// fabricated descriptor of the requested architecture.
+cuda::DeviceInfo target_device(const Args& a) {
+  std::string why;
+  const bool gpu = cuda::device_available(&why);
+  if (!a.has("arch")) {
+    if (!gpu) throw InvalidArgument("--arch", "no GPU here (" + why + "); name a target, e.g. --arch sm_90a");
+    return cuda::query_device(0);
+  }
+  const std::string arch = cuda::arch_for_cc(cuda::cc_from_arch(a.get("arch")));
+  if (gpu) {
+    cuda::DeviceInfo d = cuda::query_device(0);
+    if (d.arch() == arch) return d;
+  }
+  return cuda::fabricated::for_arch(arch);
+}
+
+MoeShape parse_shape(const Args& a) {
+  MoeShape s{8192, 128, 2048, 768, 8, DType::kBF16};  // Qwen3-30B-A3B at T=8192
+  if (a.has("shape")) {
+    auto v = a.get_ints("shape");
+    if (v.size() != 4) throw InvalidArgument("--shape", "expected E,H,I,K");
+    s.experts = static_cast<int>(v[0]);
+    s.hidden = static_cast<int>(v[1]);
+    s.intermediate = static_cast<int>(v[2]);
+    s.topk = static_cast<int>(v[3]);
+  }
+  if (a.has("tokens")) {
+    auto v = a.get_ints("tokens");
+    if (v.size() != 1) throw InvalidArgument("--tokens", "expected one token count");
+    s.tokens = v[0];
+  }
+  if (a.has("dtype")) s.dtype = parse_dtype(a.get("dtype"));
+  if (s.experts < 1 || s.hidden < 1 || s.intermediate < 1 || s.topk < 1 || s.topk > s.experts || s.tokens < 1) {
+    throw InvalidArgument("--shape", fmt::format("E={} H={} I={} K={} T={} is not a valid problem", s.experts,
+                                                 s.hidden, s.intermediate, s.topk, s.tokens));
+  }
+  return s;
+}
+
+}  // namespace
+
+int run_compile(int argc, char** argv, int start) {
+  Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "jobs"});
+  const cuda::DeviceInfo device = target_device(a);
+  const MoeShape shape = parse_shape(a);
+  std::vector<Role> roles;
+  if (a.has("role")) {
+    roles.push_back(parse_role(a.get("role")));
+  } else {
+    roles.assign(kAllRoles.begin(), kAllRoles.end());
+  }
+  unsigned jobs = env::compile_jobs();
+  if (a.has("jobs")) jobs = static_cast<unsigned>(std::max(1LL, a.get_ints("jobs").at(0)));
+
+  fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\ncache   {}\n\n", device.arch(), device.name,
+             shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens, dtype_name(shape.dtype),
+             env::disk_cache_enabled() ? env::kernel_cache_dir().string() : "(disk cache disabled)");
+
+  std::vector<jit::KernelSpec> specs;
+  int pruned = 0;
+  fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7}  {}\n", "role", "config", "status", "ms", "regs", "spills",
+             "note");
+  for (Role r : roles) {
+    for (const PruneDecision& d : prune_space(r, shape, device)) {
+      if (d.reason) {
+        ++pruned;
+        fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7}  {}\n", role_name(r), d.config.name(), "pruned", "-", "-",
+                   "-", *d.reason);
+      } else {
+        specs.push_back({r, d.config, shape.dtype, device.arch()});
+      }
+    }
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto results = jit::KernelCache::instance().compile_all(specs, jobs);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int compiled = 0, cached = 0, failed = 0;
+  for (const jit::CompileResult& r : results) {
+    if (!r.kernel) {
+      ++failed;
+      std::string first_line = r.error.substr(0, r.error.find('\n'));
+      fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
+                 "FAILED", r.wall_ms, "-", "-", first_line);
+      continue;
+    }
+    const bool from_cache = r.origin != jit::Origin::kCompiled;
+    (from_cache ? cached : compiled) += 1;
+    fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
+               from_cache ? "cached" : "compiled", r.wall_ms, r.kernel->max_registers(), r.kernel->max_spill_bytes(),
+               r.kernel->key.stem());
+  }
+  fmt::print("\nplan (heuristic default per role):\n");
+  for (Role r : roles) {
+    TileConfig c = default_config(r, shape, device);
+    auto why = prune_reason(r, c, shape, device);
+    fmt::print("  {:<12} {}{}\n", role_name(r), c.name(), why ? " (pruned: " + *why + ")" : "");
+  }
+  fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} threads\n", compiled, cached, pruned,
+             failed, wall, jobs);
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace moejit::cli

@@ -1,0 +1,134 @@
+// moejit db: inspect tuning databases and move rows between them (JSON exports, other files).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "core/env.hpp"
+#include "core/fs.hpp"
+#include "db/tuning_db.hpp"
+#include "moejit/error.hpp"
+
+namespace moejit::cli {
+namespace {
+
+const char* kDbUsage =
+    "usage: moejit db <subcommand> [--db PATH]\n"
+    "  list                 one line per tuned key: winner, median, candidates, time stamp\n"
+    "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
+    "  import F             merge a JSON export in; per key the faster winner stays\n"
+    "  merge OTHER          merge another tuning database file in; per key the faster winner stays\n"
+    "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n";
+
+std::filesystem::path db_path(const Args& a) { return a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path(); }
+
+// The subcommand's positional arguments, which must number exactly `count`.
+void expect_positionals(const Args& a, const char* sub, std::size_t count, const char* what) {
+  if (a.positional.size() < count) throw InvalidArgument(fmt::format("db {}", sub), fmt::format("needs {}", what));
+  if (a.positional.size() > count) {
+    throw InvalidArgument(fmt::format("db {}", sub), fmt::format("unexpected argument '{}'", a.positional[count]));
+  }
+}
+
+// Opens an existing database read-only, so inspecting a file never creates or changes it.
+db::TuningDb open_existing(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) throw IoError(fmt::format("no tuning database at {}", path.string()));
+  return db::TuningDb(path, db::OpenMode::kReadOnly);
+}
+
+void print_stats(const std::string& what, const db::TuningDb::MergeStats& s) {
+  fmt::print("{}: added {}, replaced {}, kept {}\n", what, s.added, s.replaced, s.kept);
+}
+
+int list(const Args& a) {
+  expect_positionals(a, "list", 0, "no arguments");
+  const std::filesystem::path path = db_path(a);
+  fmt::print("database: {}\n", path.string());
+  if (!std::filesystem::exists(path)) {
+    fmt::print("(empty)\n");
+    return 0;
+  }
+  const std::vector<db::TuningRow> rows = open_existing(path).rows();
+  if (rows.empty()) {
+    fmt::print("(empty)\n");
+    return 0;
+  }
+  std::size_t key_w = 3, winner_w = 6;
+  for (const db::TuningRow& r : rows) {
+    key_w = std::max(key_w, r.key.id().size());
+    winner_w = std::max(winner_w, r.winner.name().size());
+  }
+  fmt::print("{:<{}}  {:<{}}  {:>10}  {:>10}  {}\n", "KEY", key_w, "WINNER", winner_w, "MEDIAN_MS", "CANDIDATES",
+             "CREATED_AT");
+  for (const db::TuningRow& r : rows) {
+    fmt::print("{:<{}}  {:<{}}  {:>10.4f}  {:>10}  {}\n", r.key.id(), key_w, r.winner.name(), winner_w, r.median_ms,
+               r.candidates.size(), r.provenance.created_at);
+  }
+  fmt::print("{} row{}\n", rows.size(), rows.size() == 1 ? "" : "s");
+  return 0;
+}
+
+int export_rows(const Args& a) {
+  expect_positionals(a, "export", 0, "no arguments");
+  if (!a.has("out") || a.get("out").empty()) throw InvalidArgument("--out", "db export needs --out FILE (or '-')");
+  const std::filesystem::path path = db_path(a);
+  const std::string text = open_existing(path).export_json();
+  const std::string out = a.get("out");
+  if (out == "-") {
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
+      throw IoError("cannot write the export to stdout");
+    }
+    return 0;
+  }
+  fs::atomic_write(out, text);
+  fmt::print("exported {} to {}\n", path.string(), out);
+  return 0;
+}
+
+int import_rows(const Args& a) {
+  expect_positionals(a, "import", 1, "the JSON file to import");
+  const std::string file = a.positional[0];
+  std::optional<std::string> text = fs::read_all(file);
+  if (!text) throw IoError(fmt::format("cannot read {}", file));
+  db::TuningDb target(db_path(a));
+  print_stats(fmt::format("imported {} into {}", file, target.path()), target.import_json(*text));
+  return 0;
+}
+
+int merge(const Args& a) {
+  expect_positionals(a, "merge", 1, "the database file to merge in");
+  const db::TuningDb other = open_existing(a.positional[0]);
+  db::TuningDb target(db_path(a));
+  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge(other));
+  return 0;
+}
+
+}  // namespace
+
+int run_db(int argc, char** argv, int start) {
+  const std::string sub = start < argc ? argv[start] : "";
+  const std::set<std::string> flags;
+  if (sub == "list") return list(parse_args(argc, argv, start + 1, flags, {"db"}));
+  if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}));
+  if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}));
+  if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}));
+  if (sub == "-h" || sub == "--help" || sub == "help") {
+    std::fputs(kDbUsage, stdout);
+    return 0;
+  }
+  if (sub.empty()) {
+    std::fputs(kDbUsage, stderr);
+  } else {
+    std::fprintf(stderr, "moejit db: unknown subcommand '%s'\n%s", sub.c_str(), kDbUsage);
+  }
+  return 2;
+}
+
+}  // namespace moejit::cli

@@ -1,0 +1,36 @@
+// moejit info: what this machine offers moejit. Works (and exits 0) without a GPU.
+#include <fmt/format.h>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "core/env.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "jit/embedded_templates.hpp"
+#include "jit/nvrtc.hpp"
+#include "moejit/version.hpp"
+
+namespace moejit::cli {
+
+int run_info(int argc, char** argv, int start) {
+  parse_args(argc, argv, start, {}, {});
+  fmt::print("moejit        {}\n", kLibraryVersion);
+  fmt::print("nvrtc         {}\n", jit::nvrtc_version());
+  fmt::print("templates     {} files, hash {}\n", jit::embedded_template_files().size(), jit::template_hash());
+  fmt::print("kernel cache  {}{}\n", env::kernel_cache_dir().string(),
+             env::disk_cache_enabled() ? "" : " (disabled by MOEJIT_DISK_CACHE=0)");
+  fmt::print("tuning db     {}\n", env::user_db_path().string());
+  fmt::print("shipped dbs   {}\n", env::shipped_db_dir().string());
+  std::string why;
+  if (!cuda::device_available(&why)) {
+    fmt::print("device        no GPU ({})\n", why);
+    return 0;
+  }
+  const cuda::DeviceInfo d = cuda::query_device(0);
+  fmt::print("driver        {}.{}\n", d.driver_version / 1000, (d.driver_version % 1000) / 10);
+  fmt::print("device        {} ({}, {} SMs, {} KiB smem/block opt-in, {} MiB L2, {} MiB memory)\n", d.name, d.arch(),
+             d.sm_count, d.smem_optin_per_block / 1024, d.l2_bytes >> 20, d.total_memory >> 20);
+  return 0;
+}
+
+}  // namespace moejit::cli

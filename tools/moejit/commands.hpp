@@ -1,0 +1,11 @@
+// The CLI's subcommands. Each parses its own options from argv[start..) and returns the exit
+// code; errors propagate as moejit::Error and main() prints them.
+#pragma once
+
+namespace moejit::cli {
+
+int run_info(int argc, char** argv, int start);
+int run_compile(int argc, char** argv, int start);
+int run_db(int argc, char** argv, int start);
+
+}  // namespace moejit::cli

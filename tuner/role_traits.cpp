@@ -1,0 +1,75 @@
+#include "tuner/role_traits.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "moe/routing_layout.hpp"
+
+namespace moejit {
+
+RoleKind role_kind(Role r) {
+  switch (r) {
+    case Role::kRouting: return RoleKind::kRouting;
+    case Role::kGatherSum: return RoleKind::kGather;
+    case Role::kBwdDw1:
+    case Role::kBwdDw2: return RoleKind::kExpertGemm;
+    default: return RoleKind::kTokenGemm;
+  }
+}
+
+int token_block_m(const MoeShape& s) {
+  const long long per_expert = (s.pairs() + s.experts - 1) / std::max(1, s.experts);
+  int bm = 16;
+  while (bm < per_expert && bm < 128) bm *= 2;
+  return bm;
+}
+
+GemmDims gemm_dims(Role r, const MoeShape& s) {
+  const long long tk = s.pairs(), h = s.hidden, i = s.intermediate;
+  switch (r) {
+    case Role::kFwdUp: return {tk, i, h};
+    case Role::kFwdDown: return {tk, h, i};
+    case Role::kBwdDown: return {tk, i, h};
+    case Role::kBwdDx: return {tk, h, 2 * i};
+    case Role::kBwdDw2: return {h, i, tk};
+    case Role::kBwdDw1: return {2 * i, h, tk};
+    default: return {};
+  }
+}
+
+int gemm_tile_n(Role r, const TileConfig& c) { return r == Role::kFwdUp ? 2 * c.block_n : c.block_n; }
+
+int gemm_warp_rows(Role r, const TileConfig& c) {
+  const int bm = c.block_m, bn = gemm_tile_n(r, c);
+  int best = 0, best_gap = 1 << 30;
+  for (int wm = 1; wm <= c.warps; wm *= 2) {
+    if (c.warps % wm != 0) continue;
+    const int wn = c.warps / wm;
+    if (bm % (16 * wm) != 0 || bn % (16 * wn) != 0) continue;
+    const int gap = std::abs(bm / wm - bn / wn);
+    if (gap <= best_gap) best = wm, best_gap = gap;
+  }
+  return best;
+}
+
+int gemm_accumulators(Role r, const TileConfig& c) {
+  return c.block_m * gemm_tile_n(r, c) / std::max(1, c.threads());
+}
+
+long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
+  switch (role_kind(r)) {
+    case RoleKind::kRouting: {
+      long long worst = 0;
+      for (int phase = 0; phase < 3; ++phase) worst = std::max(worst, routing_smem_bytes(phase, c.threads(), shape.experts));
+      return worst;
+    }
+    case RoleKind::kTokenGemm:
+      // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64).
+      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m;
+    case RoleKind::kExpertGemm: return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k;
+    case RoleKind::kGather: return 0;
+  }
+  return 0;
+}
+
+}  // namespace moejit

@@ -1,0 +1,44 @@
+// Static facts about each kernel role that codegen, pruning and the launchers share: what kind
+// of grid it runs, its GEMM dimensions for a problem, its warp layout and shared memory.
+#pragma once
+
+#include "jit/role.hpp"
+#include "moe/shape.hpp"
+#include "tuner/tile_config.hpp"
+
+namespace moejit {
+
+enum class RoleKind {
+  kRouting,     // histogram / scan / scatter
+  kTokenGemm,   // rows = token tiles of one expert (fwd_up, fwd_down, bwd_down, bwd_dx)
+  kExpertGemm,  // tiles of one expert's weight gradient, K = its tokens (bwd_dw1, bwd_dw2)
+  kGather,      // gather_sum
+};
+
+RoleKind role_kind(Role r);
+
+// Tile rows shared by routing and every token GEMM of a problem: the expected tokens per
+// expert rounded up to a power of two, clamped to [16, 128].
+int token_block_m(const MoeShape& shape);
+
+struct GemmDims {
+  long long m = 0;  // token GEMMs: T*K rows; expert GEMMs: weight-gradient rows
+  long long n = 0;  // output columns
+  long long k = 0;  // reduction length (expert GEMMs: tokens of an expert, T*K at most)
+};
+GemmDims gemm_dims(Role r, const MoeShape& shape);
+
+// Columns of the B tile: BLOCK_N, doubled for fwd_up (gate and up rows together).
+int gemm_tile_n(Role r, const TileConfig& c);
+
+// Warps along M of a legal warp layout (warp tiles are multiples of 16x16 and as square as the
+// warp count allows), or 0 when the tile cannot be split over c.warps warps.
+int gemm_warp_rows(Role r, const TileConfig& c);
+
+// fp32 accumulator registers per thread.
+int gemm_accumulators(Role r, const TileConfig& c);
+
+// Dynamic shared memory of one launch of the role at this config, bytes.
+long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);
+
+}  // namespace moejit
