@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -18,7 +17,13 @@ struct LoadResult {
   std::string error;  // empty when loaded
 };
 
-using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+// Two-level stringizing expands cuda.h's versioning macros first: MOEJIT_SYMBOL(cuMemAlloc) is
+// "cuMemAlloc_v2", the exact function cuda.h declares. cuGetProcAddress is not used because it
+// maps a base name to the newest variant for the requested CUDA version, whose signature can
+// differ from the header's (CUDA 13 returns cuCtxGetDevice_v2(CUdevice*, CUcontext) for
+// "cuCtxGetDevice").
+#define MOEJIT_SYMBOL_TEXT(name) #name
+#define MOEJIT_SYMBOL(name) MOEJIT_SYMBOL_TEXT(name)
 
 LoadResult load() {
   LoadResult r;
@@ -29,36 +34,22 @@ LoadResult load() {
     r.error = fmt::format("no CUDA driver: cannot load {} ({})", lib, why ? why : "unknown reason");
     return r;
   }
-  auto get_proc = reinterpret_cast<GetProcAddressFn>(::dlsym(handle, "cuGetProcAddress_v2"));
-  auto get_version = reinterpret_cast<decltype(&::cuDriverGetVersion)>(::dlsym(handle, "cuDriverGetVersion"));
-  if (get_proc == nullptr || get_version == nullptr) {
-    r.error = fmt::format("CUDA driver {} is too old: moejit needs a CUDA 12 or newer driver", lib);
+  std::string missing;
+#define MOEJIT_LOAD_FN(name)                                                                   \
+  r.driver.name = reinterpret_cast<decltype(r.driver.name)>(::dlsym(handle, MOEJIT_SYMBOL(name))); \
+  if (r.driver.name == nullptr) missing += std::string(missing.empty() ? "" : ", ") + MOEJIT_SYMBOL(name);
+  MOEJIT_DRIVER_FUNCTIONS(MOEJIT_LOAD_FN)
+#undef MOEJIT_LOAD_FN
+  if (!missing.empty()) {
+    r.error = fmt::format("CUDA driver {} lacks {}", lib, missing);
     return r;
   }
   int version = 0;
-  if (get_version(&version) != CUDA_SUCCESS || version < 12000) {
+  if (r.driver.cuDriverGetVersion(&version) != CUDA_SUCCESS || version < 12000) {
     r.error = fmt::format("CUDA driver {} reports version {}; moejit needs 12000 or newer", lib, version);
     return r;
   }
   r.driver.version = version;
-  const int request = std::min(version, CUDA_VERSION);
-  std::string missing;
-#define MOEJIT_LOAD_FN(name)                                                                     \
-  {                                                                                              \
-    void* fn = nullptr;                                                                          \
-    CUdriverProcAddressQueryResult status{};                                                     \
-    if (get_proc(#name, &fn, request, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||   \
-        fn == nullptr) {                                                                         \
-      missing += std::string(missing.empty() ? "" : ", ") + #name;                               \
-    }                                                                                            \
-    r.driver.name = reinterpret_cast<decltype(r.driver.name)>(fn);                               \
-  }
-  MOEJIT_DRIVER_FUNCTIONS(MOEJIT_LOAD_FN)
-#undef MOEJIT_LOAD_FN
-  if (!missing.empty()) {
-    r.error = fmt::format("CUDA driver {} (version {}) lacks {}", lib, version, missing);
-    return r;
-  }
   CUresult init = r.driver.cuInit(0);
   if (init != CUDA_SUCCESS) {
     const char* name = nullptr;

@@ -1,6 +1,6 @@
-// The CUDA driver, loaded lazily on first GPU use with dlopen + cuGetProcAddress and never
-// linked, so moejit loads (and forks) on machines without a driver and never initialises CUDA
-// at load time. cuda.h is used for types only.
+// The CUDA driver, loaded lazily on first GPU use with dlopen + dlsym and never linked, so
+// moejit loads (and forks) on machines without a driver and never initialises CUDA at load
+// time. cuda.h is used for types only.
 #pragma once
 
 #include <cuda.h>
@@ -15,7 +15,7 @@ namespace moejit::cuda {
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                    \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)             \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)              \
-  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize)               \
+  X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                             \
   X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                \

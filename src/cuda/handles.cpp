@@ -49,6 +49,12 @@ CUcontext current_context() {
   return ctx;
 }
 
+unsigned long long current_context_id() {
+  unsigned long long id = 0;
+  MOEJIT_CU(driver().cuCtxGetId(current_context(), &id));
+  return id;
+}
+
 Module::Module(std::string_view image) {
   // cuModuleLoadData reads a cubin whose size is in its ELF header; the string keeps the bytes.
   MOEJIT_CU(driver().cuModuleLoadData(&mod_, image.data()));

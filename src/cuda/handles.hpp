@@ -28,6 +28,11 @@ class PrimaryContext {
 // The context current on this thread; throws NoDeviceError when there is none.
 CUcontext current_context();
 
+// A process-unique id of the current context. Unlike the CUcontext pointer it is never reused
+// when a context is destroyed and another created (e.g. a primary context released and retained
+// again), so it can key per-context state such as loaded modules.
+unsigned long long current_context_id();
+
 class Module {
  public:
   Module() = default;

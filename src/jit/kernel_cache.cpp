@@ -122,7 +122,7 @@ std::vector<CompileResult> KernelCache::compile_all(const std::vector<KernelSpec
 }
 
 const LoadedKernel& KernelCache::load(const KernelSpec& spec) {
-  CUcontext ctx = cuda::current_context();
+  const unsigned long long ctx = cuda::current_context_id();
   int cc = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -65,8 +65,9 @@ class KernelCache {
   KernelCache() = default;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CompiledKernel>>> compiled_;
-  std::map<std::pair<CUcontext, std::string>, std::unique_ptr<LoadedKernel>> loaded_;
-  std::map<CUcontext, int> context_cc_;
+  // Keyed by context id (cuda::current_context_id), never by the reusable CUcontext pointer.
+  std::map<std::pair<unsigned long long, std::string>, std::unique_ptr<LoadedKernel>> loaded_;
+  std::map<unsigned long long, int> context_cc_;
 };
 
 }  // namespace moejit::jit

@@ -55,7 +55,7 @@ struct FusedMoe::Impl {
   MemoryPlan memory;
   MemoryLayout layout;
   cuda::DeviceInfo device;
-  CUcontext context = nullptr;
+  unsigned long long context = 0;  // cuda::current_context_id() of the context kernels are loaded in
   int block_m = 0;
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   std::map<Role, RoleKernel> kernels;
@@ -64,9 +64,7 @@ struct FusedMoe::Impl {
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
   void check_context() const {
-    CUcontext current = nullptr;
-    MOEJIT_CU(cuda::driver().cuCtxGetCurrent(&current));
-    if (current != context) {
+    if (cuda::current_context_id() != context) {
       throw StateError("the current CUDA context is not the one this FusedMoe was built in");
     }
   }
@@ -120,7 +118,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.problem = problem;
   s.options = options;
   s.shape = {problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.dtype};
-  s.context = cuda::current_context();
+  s.context = cuda::current_context_id();
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);
   s.aligned = problem.hidden % 8 == 0 && problem.intermediate % 8 == 0;

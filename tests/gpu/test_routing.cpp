@@ -149,3 +149,19 @@ TEST_CASE("every routing config in the space agrees with the reference", "[gpu][
   }
   CHECK(run == 16);
 }
+
+TEST_CASE("kernels load again after the primary context is destroyed and re-created", "[gpu][routing]") {
+  std::string why;
+  if (!cuda::device_available(&why)) {
+    WARN("SKIPPED (no GPU): " << why);
+    return;
+  }
+  auto ids = random_topk(512, 2, 8, 2);
+  for (int round = 0; round < 3; ++round) {
+    // Each Gpu retains and releases the primary context; with nothing else holding it, the
+    // context is destroyed in between and its successor may reuse the same address.
+    INFO("round " << round);
+    test::Gpu gpu;
+    check_against_reference(gpu, ids, 512, 2, 8, 64, default_routing(gpu, 512, 2, 8));
+  }
+}

@@ -46,3 +46,20 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("usage"));
 }
+
+TEST_CASE("every driver entry point resolves by name in the toolkit's stub driver", "[cli][driver]") {
+  // The stub exports the driver's symbols but is no driver: loading must get past symbol
+  // resolution and stop at the version query.
+  auto r = run_command("MOEJIT_CUDA_DRIVER=" MOEJIT_CUDA_STUB " " + cli() + " info");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("no GPU") && Catch::Contains("reports version"));
+  CHECK_THAT(r.output, !Catch::Contains("lacks"));
+}
+
+TEST_CASE("a missing driver library is reported, not fatal", "[cli][driver]") {
+  auto r = run_command("MOEJIT_CUDA_DRIVER=/nonexistent/libcuda.so.1 " + cli() + " info");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("no GPU") && Catch::Contains("cannot load /nonexistent/libcuda.so.1"));
+}
