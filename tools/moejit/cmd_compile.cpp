@@ -2,6 +2,7 @@
 // in parallel into the kernel cache, and print the plan. Needs no GPU.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -56,6 +57,32 @@ MoeShape parse_shape(const Args& a) {
                                                  s.hidden, s.intermediate, s.topk, s.tokens));
   }
   return s;
+}
+
+// Median NVRTC time of what this run compiled, and the cost of an in-process cache hit (what
+// every plan construction pays per kernel once the cache is warm).
+void print_cache_costs(const std::vector<jit::CompileResult>& results) {
+  std::vector<double> nvrtc_ms;
+  std::vector<jit::KernelSpec> ok;
+  for (const auto& r : results) {
+    if (!r.kernel) continue;
+    ok.push_back(r.spec);
+    if (r.origin == jit::Origin::kCompiled) nvrtc_ms.push_back(r.kernel->compile_ms);
+  }
+  if (!nvrtc_ms.empty()) {
+    std::sort(nvrtc_ms.begin(), nvrtc_ms.end());
+    fmt::print("median NVRTC compile: {:.1f} ms per kernel ({} kernels)\n", nvrtc_ms[nvrtc_ms.size() / 2],
+               nvrtc_ms.size());
+  }
+  if (ok.empty()) return;
+  auto& cache = jit::KernelCache::instance();
+  constexpr int kRounds = 20;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    for (const auto& spec : ok) cache.get(spec);
+  }
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("in-process cache hit: {:.2f} us per kernel\n", us / (kRounds * ok.size()));
 }
 
 }  // namespace
@@ -119,6 +146,7 @@ int run_compile(int argc, char** argv, int start) {
   }
   fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} threads\n", compiled, cached, pruned,
              failed, wall, jobs);
+  print_cache_costs(results);
   return failed == 0 ? 0 : 1;
 }
 
