@@ -1,0 +1,128 @@
+#include "moe_steps.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace moejit::bench {
+namespace {
+
+// Builds the plans (config choice, NVRTC compiles or cache loads, module loads), timing them.
+std::map<Mode, FusedMoe> build_plans(MoeProblem p, const Options& options, bool with_inference, double& seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<Mode, FusedMoe> plans;
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient, Mode::kInference}) {
+    if (mode == Mode::kInference && !with_inference) continue;
+    p.mode = mode;
+    plans.emplace(mode, FusedMoe(p, options));
+  }
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return plans;
+}
+
+Mode plan_mode(StepKind kind) {
+  if (kind == StepKind::kMemEff) return Mode::kMemoryEfficient;
+  if (kind == StepKind::kInference) return Mode::kInference;
+  return Mode::kTraining;
+}
+
+// Scratch of one plan, allocated for the steps that use it and freed after them.
+struct PlanBuffers {
+  cuda::DeviceBuffer saved, forward_ws, backward_ws;
+  explicit PlanBuffers(const MemoryPlan& m)
+      : saved(m.saved_bytes), forward_ws(m.forward_workspace_bytes), backward_ws(m.backward_workspace_bytes) {}
+};
+
+}  // namespace
+
+Weights::Weights(const MoeProblem& p, std::uint64_t seed) {
+  const std::size_t e = p.experts, h = p.hidden, i = p.intermediate, elt = 2;
+  w1 = cuda::DeviceBuffer(e * 2 * i * h * elt);
+  w2 = cuda::DeviceBuffer(e * h * i * elt);
+  fill_uniform(w1, p.dtype, -1.0 / std::sqrt(double(h)), 1.0 / std::sqrt(double(h)), seed);
+  fill_uniform(w2, p.dtype, -1.0 / std::sqrt(double(i)), 1.0 / std::sqrt(double(i)), seed + 1);
+  dw1 = cuda::DeviceBuffer(w1.bytes());
+  dw2 = cuda::DeviceBuffer(w2.bytes());
+}
+
+Footprint footprint(const MoeProblem& p, const MemoryPlan& m) {
+  const std::size_t elt = 2, rows = static_cast<std::size_t>(p.tokens) * p.hidden * elt;
+  const std::size_t scores = static_cast<std::size_t>(p.tokens) * p.topk * elt;
+  const std::size_t dw1 = std::size_t{2} * p.experts * p.intermediate * p.hidden * elt;
+  const std::size_t dw2 = std::size_t{1} * p.experts * p.hidden * p.intermediate * elt;
+  return {m, m.saved_bytes + std::max(m.forward_workspace_bytes + rows,
+                                      m.backward_workspace_bytes + rows + dw1 + dw2 + scores)};
+}
+
+MoeSteps::MoeSteps(const MoeProblem& p, const Options& options, bool with_inference, const RoutingSpec& routing,
+                   long long l2_bytes, std::uint64_t seed, const Weights& weights, CUstream stream)
+    : problem_(p),
+      weights_(weights),
+      stream_(stream),
+      plans_(build_plans(p, options, with_inference, plan_seconds_)),
+      inputs_(p, routing, l2_bytes, seed),
+      out_(static_cast<std::size_t>(p.tokens) * p.hidden * 2),
+      dx_(out_.bytes()),
+      d_topk_weights_(static_cast<std::size_t>(p.tokens) * p.topk * 2) {}
+
+std::map<std::string, std::map<std::string, std::string>> MoeSteps::configs() const {
+  std::map<std::string, std::map<std::string, std::string>> out;
+  for (const auto& [mode, plan] : plans_) out[mode_name(mode)] = plan.configs();
+  return out;
+}
+
+Footprint MoeSteps::memory(Mode mode) const { return footprint(problem_, plans_.at(mode).memory()); }
+
+Stats MoeSteps::measure(StepKind kind, StreamTimer& timer, int warmup, int iters) {
+  FusedMoe& plan = plans_.at(plan_mode(kind));
+  const PlanBuffers scratch(plan.memory());
+  auto forward = [&](int step) {
+    const int c = step % inputs_.copies();
+    ForwardArgs a;
+    a.x = inputs_.x[c].as<void>();
+    a.w1 = weights_.w1.as<void>();
+    a.w2 = weights_.w2.as<void>();
+    a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
+    a.topk_weights = inputs_.topk_weights[c].as<void>();
+    a.out = out_.as<void>();
+    a.saved = scratch.saved.as<void>();
+    a.saved_bytes = scratch.saved.bytes();
+    a.workspace = scratch.forward_ws.as<void>();
+    a.workspace_bytes = scratch.forward_ws.bytes();
+    a.stream = stream_;
+    plan.forward(a);
+  };
+  auto backward = [&](int step) {
+    const int c = step % inputs_.copies();
+    BackwardArgs a;
+    a.d_out = inputs_.d_out[c].as<void>();
+    a.x = inputs_.x[c].as<void>();
+    a.w1 = weights_.w1.as<void>();
+    a.w2 = weights_.w2.as<void>();
+    a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
+    a.topk_weights = inputs_.topk_weights[c].as<void>();
+    a.saved = scratch.saved.as<void>();
+    a.saved_bytes = scratch.saved.bytes();
+    a.dx = dx_.as<void>();
+    a.dw1 = weights_.dw1.as<void>();
+    a.dw2 = weights_.dw2.as<void>();
+    a.d_topk_weights = d_topk_weights_.as<void>();
+    a.workspace = scratch.backward_ws.as<void>();
+    a.workspace_bytes = scratch.backward_ws.bytes();
+    a.stream = stream_;
+    plan.backward(a);
+  };
+  switch (kind) {
+    case StepKind::kForward:
+    case StepKind::kInference: return timer.measure(warmup, iters, {}, forward);
+    case StepKind::kBackward: return timer.measure(warmup, iters, forward, backward);
+    case StepKind::kFull:
+    case StepKind::kMemEff: break;
+  }
+  return timer.measure(warmup, iters, {}, [&](int step) {
+    forward(step);
+    backward(step);
+  });
+}
+
+}  // namespace moejit::bench

@@ -1,0 +1,33 @@
+#include "steps.hpp"
+
+#include "moejit/error.hpp"
+
+namespace moejit::bench {
+
+const char* step_name(StepKind kind) {
+  switch (kind) {
+    case StepKind::kForward: return "forward";
+    case StepKind::kBackward: return "backward";
+    case StepKind::kFull: return "full";
+    case StepKind::kInference: return "inference";
+    case StepKind::kMemEff: return "memeff";
+  }
+  return "?";
+}
+
+StepKind parse_step(const std::string& name) {
+  for (StepKind k : {StepKind::kForward, StepKind::kBackward, StepKind::kFull, StepKind::kInference,
+                     StepKind::kMemEff}) {
+    if (name == step_name(k)) return k;
+  }
+  throw InvalidArgument("--modes", "unknown mode '" + name + "' (forward, backward, full, inference, memeff)");
+}
+
+double step_flops(StepKind kind, const MoeProblem& p) {
+  const double per_pair_hi = kind == StepKind::kBackward                             ? 12.0
+                             : kind == StepKind::kFull || kind == StepKind::kMemEff ? 18.0
+                                                                                    : 6.0;
+  return per_pair_hi * double(p.hidden) * p.intermediate * double(p.tokens) * p.topk;
+}
+
+}  // namespace moejit::bench

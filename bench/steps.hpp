@@ -1,0 +1,24 @@
+// The steps the benchmark times, their names on the command line and their FLOPs.
+#pragma once
+
+#include <string>
+
+#include "moejit/moejit.hpp"
+
+namespace moejit::bench {
+
+enum class StepKind {
+  kForward,    // training-mode forward (saves state for backward)
+  kBackward,   // backward alone, after an untimed forward
+  kFull,       // forward + backward
+  kInference,  // an inference plan's forward
+  kMemEff,     // forward + backward of a memory-efficient plan
+};
+
+const char* step_name(StepKind kind);      // "forward", "backward", "full", "inference", "memeff"
+StepKind parse_step(const std::string& name);  // throws InvalidArgument naming --modes
+
+// DESIGN.md's FLOP model: per (token, slot) pair, forward 6·H·I, backward 12·H·I, full 18·H·I.
+double step_flops(StepKind kind, const MoeProblem& problem);
+
+}  // namespace moejit::bench

@@ -1,0 +1,46 @@
+// GPU timing on one stream: every timed iteration sits between its own pair of CUDA events, and
+// the statistics are over those per-iteration times. A run of untimed memsets ahead of the timed
+// iterations lets the host enqueue them all before the GPU gets there, so the events measure GPU
+// time rather than the host's launch rate.
+#pragma once
+
+#include <cuda.h>
+
+#include <functional>
+#include <vector>
+
+#include "cuda/handles.hpp"
+
+namespace moejit::bench {
+
+struct Stats {
+  double median_ms = 0, min_ms = 0, p90_ms = 0;
+  std::vector<float> samples_ms;  // in the order they ran
+  double host_us_per_iter = 0;    // host wall time to enqueue one timed iteration
+  // The host took longer to enqueue the timed iterations than the GPU's head start lasted, so the
+  // GPU may have idled between launches and the times may include that idling.
+  bool host_bound = false;
+};
+
+// Median (mean of the middle two for an even count), min and nearest-rank 90th percentile.
+Stats summarize(std::vector<float> samples_ms);
+
+// Enqueues the work of iteration i on the timer's stream. i counts warm-up and timed iterations
+// together, so inputs keep rotating across the two.
+using Step = std::function<void(int i)>;
+
+class StreamTimer {
+ public:
+  explicit StreamTimer(CUstream stream);
+
+  // Runs `warmup` iterations (>= 1) untimed, then `iters` timed ones. Each iteration enqueues
+  // untimed(i) (may be empty) and then timed(i) between its events.
+  Stats measure(int warmup, int iters, const Step& untimed, const Step& timed);
+
+ private:
+  CUstream stream_;
+  cuda::DeviceBuffer lead_;  // memset target that keeps the GPU busy while the host enqueues
+  float memset_ms_ = 0;      // GPU time of one memset of lead_
+};
+
+}  // namespace moejit::bench
