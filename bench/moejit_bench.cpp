@@ -1,0 +1,285 @@
+// moejit_bench: times the fused MoE steps against a dense cuBLAS ceiling of equal FLOPs on the
+// same GPU, per token count, and prints a compact table (plus, optionally, a JSON file).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/handles.hpp"
+#include "dense_ceiling.hpp"
+#include "inputs.hpp"
+#include "moe_steps.hpp"
+#include "moejit/error.hpp"
+#include "moejit/moejit.hpp"
+#include "report.hpp"
+#include "steps.hpp"
+#include "timing.hpp"
+
+namespace moejit::bench {
+namespace {
+
+const char* kUsage =
+    "usage: moejit_bench [options]\n"
+    "  --shape E,H,I,K          experts, hidden, intermediate, top-k (default 128,2048,768,8: Qwen3-30B-A3B)\n"
+    "  --tokens T,...           token counts (default 128,1024,8192,32768)\n"
+    "  --modes M,...            forward, backward, full, inference, memeff (default forward,backward,full,inference)\n"
+    "  --dtype bf16|fp16        storage type (default bf16)\n"
+    "  --routing uniform|zipf:S expert choice per token: uniform, or Zipf with exponent S (default uniform)\n"
+    "  --warmup N               untimed iterations per step before timing (default 5, at least 1)\n"
+    "  --iters N                timed iterations per step (default 20)\n"
+    "  --json FILE              write every number, device, driver, date and command line to FILE\n"
+    "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
+    "  -h, --help               this text\n"
+    "Prints, per token count and mode: median/min/p90 ms, TFLOP/s, the dense cuBLAS ceiling of equal\n"
+    "FLOPs and ratio = dense_ms / ms. Needs an NVIDIA GPU.\n";
+
+constexpr std::uint64_t kSeed = 20240611;
+
+struct Args {
+  MoeProblem problem{0, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  std::vector<long long> tokens{128, 1024, 8192, 32768};
+  std::vector<StepKind> steps{StepKind::kForward, StepKind::kBackward, StepKind::kFull, StepKind::kInference};
+  RoutingSpec routing;
+  int warmup = 5, iters = 20;
+  std::string json;
+  Options options;
+  bool help = false;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+long long positive(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < 1) {
+    throw InvalidArgument(option, "expected positive integers, got '" + text + "'");
+  }
+  return v;
+}
+
+void add_override(Args& a, const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) {
+    throw InvalidArgument("--override", "expected ROLE=CONFIG, got '" + text + "'");
+  }
+  a.options.config_overrides[text.substr(0, eq)] = text.substr(eq + 1);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i], value;
+    if (name == "-h" || name == "--help") {
+      a.help = true;
+      continue;
+    }
+    if (name.rfind("--", 0) != 0) throw InvalidArgument(name, "unexpected argument");
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= argc) throw InvalidArgument(name, "needs a value");
+      value = argv[++i];
+    }
+    if (name == "--shape") {
+      const auto parts = split(value);
+      if (parts.size() != 4) throw InvalidArgument(name, "expected E,H,I,K, got '" + value + "'");
+      std::vector<int> v;
+      for (const auto& s : parts) v.push_back(static_cast<int>(std::min<long long>(positive(name, s), 1 << 30)));
+      a.problem.experts = v[0];
+      a.problem.hidden = v[1];
+      a.problem.intermediate = v[2];
+      a.problem.topk = v[3];
+    } else if (name == "--tokens") {
+      a.tokens.clear();
+      for (const auto& s : split(value)) a.tokens.push_back(positive(name, s));
+    } else if (name == "--modes") {
+      a.steps.clear();
+      for (const auto& s : split(value)) a.steps.push_back(parse_step(s));
+    } else if (name == "--dtype") {
+      a.problem.dtype = parse_dtype(value);
+    } else if (name == "--routing") {
+      a.routing = parse_routing(value);
+    } else if (name == "--warmup") {
+      a.warmup = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
+    } else if (name == "--iters") {
+      a.iters = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
+    } else if (name == "--json") {
+      a.json = value;
+    } else if (name == "--override") {
+      add_override(a, value);
+      // More ROLE=CONFIG words may follow one --override.
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("-", 0) != 0) add_override(a, argv[++i]);
+    } else {
+      throw InvalidArgument(name, "unknown option");
+    }
+  }
+  if (a.tokens.empty()) throw InvalidArgument("--tokens", "needs at least one token count");
+  if (a.steps.empty()) throw InvalidArgument("--modes", "needs at least one mode");
+  if (a.problem.topk > a.problem.experts) throw InvalidArgument("--shape", "K must not exceed E");
+  return a;
+}
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(fmt::format("{} failed: {} ({})", what, cudaGetErrorName(status),
+                                         cudaGetErrorString(status)));
+  }
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string command_line(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
+  return out;
+}
+
+// The dense sequence a step compares with: inference is a forward, memeff a full step.
+StepKind dense_kind(StepKind kind) {
+  if (kind == StepKind::kInference) return StepKind::kForward;
+  if (kind == StepKind::kMemEff) return StepKind::kFull;
+  return kind;
+}
+
+// Everything for one token count. The per-T device memory (inputs, plan scratch, dense operands)
+// lives in this function's scopes, so it is freed before the next token count.
+TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInfo& device, const Weights& weights,
+                       const Cublas& blas, CUstream stream, StreamTimer& timer) {
+  MoeProblem p = args.problem;
+  p.tokens = tokens;
+  TokenResult r;
+  r.tokens = tokens;
+  for (StepKind k : args.steps) r.steps.push_back({k, step_flops(k, p), {}, {}, {}, {}});
+  const std::uint64_t seed = kSeed + 0x9e3779b9ull * static_cast<std::uint64_t>(tokens);
+
+  try {
+    const bool with_inference = std::count(args.steps.begin(), args.steps.end(), StepKind::kInference) > 0;
+    MoeSteps moe(p, args.options, with_inference, args.routing, device.l2_bytes, seed, weights, stream);
+    r.plan_seconds = moe.plan_seconds();
+    r.copies = moe.copies();
+    r.configs = moe.configs();
+    r.train_memory = moe.memory(Mode::kTraining);
+    r.memeff_memory = moe.memory(Mode::kMemoryEfficient);
+    for (StepResult& s : r.steps) {
+      try {
+        s.ours = moe.measure(s.kind, timer, args.warmup, args.iters);
+      } catch (const std::exception& e) {
+        s.ours_error = e.what();
+      }
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+
+  try {
+    const DenseCeiling dense(p, blas, device.l2_bytes, seed + 1);
+    r.dense_copies = dense.copies();
+    std::map<StepKind, Stats> measured;
+    for (StepResult& s : r.steps) {
+      try {
+        const StepKind k = dense_kind(s.kind);
+        if (!measured.count(k)) measured[k] = dense.measure(k, timer, args.warmup, args.iters);
+        s.dense = measured[k];
+      } catch (const std::exception& e) {
+        s.dense_error = e.what();
+      }
+    }
+  } catch (const std::exception& e) {
+    for (StepResult& s : r.steps) s.dense_error = e.what();
+  }
+  return r;
+}
+
+int run(const Args& args, const std::string& command) {
+  // cuBLAS works in the runtime's context for device 0, which is the device's primary context;
+  // FusedMoe uses the context current on this thread: retaining the primary context makes both
+  // the same, and one stream carries both.
+  check_cuda(cudaSetDevice(0), "cudaSetDevice(0)");
+  cuda::PrimaryContext context(0);
+  RunInfo info;
+  info.command = command;
+  info.date_utc = utc_now();
+  info.device = cuda::query_device(0);
+  info.problem = args.problem;
+  info.routing = args.routing;
+  info.warmup = args.warmup;
+  info.iters = args.iters;
+  info.overrides = args.options.config_overrides;
+
+  cuda::Stream stream;
+  const Cublas blas(stream.get());
+  check_cublas(cublasGetVersion(blas.get(), &info.cublas_version), "cublasGetVersion");
+  StreamTimer timer(stream.get());
+  const Weights weights(args.problem, kSeed);
+
+  std::vector<TokenResult> results;
+  for (long long tokens : args.tokens) {
+    results.push_back(run_tokens(args, tokens, info.device, weights, blas, stream.get(), timer));
+    const TokenResult& r = results.back();
+    fmt::print("T={} done: plans {:.1f} s, input copies {}, dense copies {}{}\n", tokens, r.plan_seconds, r.copies,
+               r.dense_copies, r.error.empty() ? "" : " (setup failed)");
+    std::fflush(stdout);
+  }
+  print_report(info, results);
+  if (!args.json.empty()) {
+    write_json(args.json, info, results);
+    fmt::print("wrote {}\n", args.json);
+  }
+  return any_error(results) ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace moejit::bench
+
+int main(int argc, char** argv) {
+  using namespace moejit::bench;
+  Args args;
+  try {
+    args = parse_args(argc, argv);
+  } catch (const moejit::InvalidArgument& e) {
+    std::fprintf(stderr, "moejit_bench: %s\n%s", e.what(), kUsage);
+    return 2;
+  }
+  std::string why;
+  const bool gpu = moejit::cuda::device_available(&why);
+  if (args.help) {
+    std::fputs(kUsage, stdout);
+    if (!gpu) std::printf("no GPU here (%s): a run needs one\n", why.c_str());
+    return 0;
+  }
+  if (!gpu) {
+    std::fprintf(stderr, "moejit_bench: no GPU (%s); nothing measured\n", why.c_str());
+    return 1;
+  }
+  try {
+    return run(args, command_line(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moejit_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,189 @@
+#include "report.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "moejit/error.hpp"
+#include "moejit/version.hpp"
+
+namespace moejit::bench {
+namespace {
+
+double mib(std::size_t bytes) { return double(bytes) / (1 << 20); }
+
+double tflops(double flops, double ms) { return ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0; }
+
+std::string driver_string(int version) { return fmt::format("{}.{}", version / 1000, (version % 1000) / 10); }
+
+// The first line of an error, cut to fit a table row; the JSON keeps the whole message.
+std::string first_line(const std::string& message, std::size_t width = 160) {
+  std::string line = message.substr(0, message.find('\n'));
+  return line.size() > width ? line.substr(0, width - 3) + "..." : line;
+}
+
+std::string join_configs(const std::map<std::string, std::string>& configs) {
+  std::string out;
+  for (const auto& [role, config] : configs) out += fmt::format(" {}={}", role, config);
+  return out;
+}
+
+// Roles whose config differs from the training plan's, so each T prints the training configs once
+// and the other plans only where they chose differently.
+std::map<std::string, std::string> differing(const std::map<std::string, std::string>& configs,
+                                             const std::map<std::string, std::string>& train) {
+  std::map<std::string, std::string> out;
+  for (const auto& [role, config] : configs) {
+    auto it = train.find(role);
+    if (it == train.end() || it->second != config) out[role] = config;
+  }
+  return out;
+}
+
+void print_token_block(const TokenResult& r) {
+  std::string memory;
+  if (r.train_memory && r.memeff_memory) {
+    const double train = mib(r.train_memory->full_step_bytes), memeff = mib(r.memeff_memory->full_step_bytes);
+    memory = fmt::format("  full-step MiB: train {:.1f} memeff {:.1f} ({:+.1f})", train, memeff, memeff - train);
+  }
+  fmt::print("T={}  plans {:.1f} s  input copies {} (dense {}){}\n", r.tokens, r.plan_seconds, r.copies,
+             r.dense_copies, memory);
+  const auto train = r.configs.find(mode_name(Mode::kTraining));
+  if (train != r.configs.end()) {
+    fmt::print("  {}:{}\n", train->first, join_configs(train->second));
+    for (const auto& [mode, configs] : r.configs) {
+      if (mode == train->first) continue;
+      const auto diff = differing(configs, train->second);
+      fmt::print("  {}:{}\n", mode, diff.empty() ? " as train" : join_configs(diff));
+    }
+  }
+  if (!r.error.empty()) fmt::print("  error: {}\n", first_line(r.error));
+  for (const StepResult& s : r.steps) {
+    if (!s.ours_error.empty()) fmt::print("  {} error: {}\n", step_name(s.kind), first_line(s.ours_error));
+    if (!s.dense_error.empty()) fmt::print("  {} dense error: {}\n", step_name(s.kind), first_line(s.dense_error));
+  }
+}
+
+std::string ms_cell(const std::optional<Stats>& s, double Stats::*field) {
+  if (!s) return "-";
+  return fmt::format("{:.4f}{}", (*s).*field, s->host_bound ? "*" : "");
+}
+
+nlohmann::json stats_json(const Stats& s, double flops) {
+  return {{"median_ms", s.median_ms},
+          {"min_ms", s.min_ms},
+          {"p90_ms", s.p90_ms},
+          {"tflops", tflops(flops, s.median_ms)},
+          {"host_us_per_iter", s.host_us_per_iter},
+          {"host_bound", s.host_bound},
+          {"samples_ms", s.samples_ms}};
+}
+
+nlohmann::json memory_json(const Footprint& f) {
+  return {{"saved_bytes", f.plan.saved_bytes},
+          {"forward_workspace_bytes", f.plan.forward_workspace_bytes},
+          {"backward_workspace_bytes", f.plan.backward_workspace_bytes},
+          {"full_step_bytes", f.full_step_bytes},
+          {"full_step_mib", mib(f.full_step_bytes)}};
+}
+
+}  // namespace
+
+bool any_error(const std::vector<TokenResult>& results) {
+  for (const TokenResult& r : results) {
+    if (!r.error.empty()) return true;
+    for (const StepResult& s : r.steps) {
+      if (!s.ours_error.empty() || !s.dense_error.empty()) return true;
+    }
+  }
+  return false;
+}
+
+void print_report(const RunInfo& info, const std::vector<TokenResult>& results) {
+  const cuda::DeviceInfo& d = info.device;
+  const MoeProblem& p = info.problem;
+  fmt::print("\n== moejit_bench {} | {} ({}, {} SMs, {} MiB L2) | driver {} | cuBLAS {} | {}\n", kLibraryVersion,
+             d.name, d.arch(), d.sm_count, d.l2_bytes >> 20, driver_string(d.driver_version), info.cublas_version,
+             info.date_utc);
+  fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} | ms: CUDA-event median, min, p90{}\n",
+             p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), routing_name(info.routing),
+             info.warmup, info.iters, info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides));
+  for (const TokenResult& r : results) print_token_block(r);
+
+  bool host_bound = false;
+  fmt::print("{:>6} {:<9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6}\n", "T", "mode", "ms", "min", "p90",
+             "TFLOP/s", "dense_ms", "dense_TF", "ratio");
+  for (const TokenResult& r : results) {
+    for (const StepResult& s : r.steps) {
+      host_bound |= (s.ours && s.ours->host_bound) || (s.dense && s.dense->host_bound);
+      const std::string ours_tf = s.ours ? fmt::format("{:.1f}", tflops(s.flops, s.ours->median_ms)) : "-";
+      const std::string dense_tf = s.dense ? fmt::format("{:.1f}", tflops(s.flops, s.dense->median_ms)) : "-";
+      const std::string ratio =
+          s.ours && s.dense && s.ours->median_ms > 0 ? fmt::format("{:.3f}", s.dense->median_ms / s.ours->median_ms)
+                                                     : "-";
+      fmt::print("{:>6} {:<9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6}\n", r.tokens, step_name(s.kind),
+                 ms_cell(s.ours, &Stats::median_ms), ms_cell(s.ours, &Stats::min_ms), ms_cell(s.ours, &Stats::p90_ms),
+                 ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio);
+    }
+  }
+  fmt::print("ratio = dense_ms / ms (fraction of the dense cuBLAS ceiling reached); TFLOP/s from the median{}\n",
+             host_bound ? "\n* host-bound: enqueuing outlasted the GPU's head start, so times may include launch gaps"
+                        : "");
+  std::fflush(stdout);
+}
+
+void write_json(const std::string& path, const RunInfo& info, const std::vector<TokenResult>& results) {
+  const cuda::DeviceInfo& d = info.device;
+  const MoeProblem& p = info.problem;
+  nlohmann::json j;
+  j["command"] = info.command;
+  j["date_utc"] = info.date_utc;
+  j["moejit_version"] = kLibraryVersion;
+  j["device"] = {{"name", d.name},
+                 {"arch", d.arch()},
+                 {"sm_count", d.sm_count},
+                 {"l2_bytes", d.l2_bytes},
+                 {"memory_bytes", d.total_memory},
+                 {"driver_version", driver_string(d.driver_version)}};
+  j["cublas_version"] = info.cublas_version;
+  j["problem"] = {{"experts", p.experts},       {"hidden", p.hidden},
+                  {"intermediate", p.intermediate}, {"topk", p.topk},
+                  {"dtype", dtype_name(p.dtype)},   {"routing", routing_name(info.routing)}};
+  j["warmup"] = info.warmup;
+  j["iters"] = info.iters;
+  j["config_overrides"] = info.overrides;
+  j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward 12*H*I, full and memeff 18*H*I";
+  nlohmann::json rows = nlohmann::json::array();
+  for (const TokenResult& r : results) {
+    nlohmann::json t = {{"tokens", r.tokens},
+                        {"pairs", r.tokens * p.topk},
+                        {"rotation_copies", r.copies},
+                        {"dense_rotation_copies", r.dense_copies},
+                        {"plan_seconds", r.plan_seconds},
+                        {"configs", r.configs}};
+    if (r.train_memory) t["memory"]["train"] = memory_json(*r.train_memory);
+    if (r.memeff_memory) t["memory"]["memeff"] = memory_json(*r.memeff_memory);
+    if (!r.error.empty()) t["error"] = r.error;
+    nlohmann::json steps = nlohmann::json::array();
+    for (const StepResult& s : r.steps) {
+      nlohmann::json e = {{"mode", step_name(s.kind)}, {"flops", s.flops}};
+      if (s.ours) e["ours"] = stats_json(*s.ours, s.flops);
+      if (s.dense) e["dense"] = stats_json(*s.dense, s.flops);
+      if (s.ours && s.dense && s.ours->median_ms > 0) e["ratio"] = s.dense->median_ms / s.ours->median_ms;
+      if (!s.ours_error.empty()) e["ours_error"] = s.ours_error;
+      if (!s.dense_error.empty()) e["dense_error"] = s.dense_error;
+      steps.push_back(std::move(e));
+    }
+    t["steps"] = std::move(steps);
+    rows.push_back(std::move(t));
+  }
+  j["results"] = std::move(rows);
+
+  std::ofstream out(path);
+  out << j.dump(2) << '\n';
+  if (!out) throw IoError("cannot write " + path);
+}
+
+}  // namespace moejit::bench

@@ -1,0 +1,52 @@
+// What one benchmark run measured, and its two renderings: a compact table on stdout (the GPU
+// machine returns only the tail of the output, so the table comes last) and a JSON file with
+// every number, the samples included.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "inputs.hpp"
+#include "moe_steps.hpp"
+#include "moejit/moejit.hpp"
+#include "steps.hpp"
+#include "timing.hpp"
+
+namespace moejit::bench {
+
+struct StepResult {
+  StepKind kind = StepKind::kForward;
+  double flops = 0;
+  std::optional<Stats> ours, dense;    // empty when that side failed
+  std::string ours_error, dense_error;
+};
+
+struct TokenResult {
+  long long tokens = 0;
+  int copies = 0, dense_copies = 0;  // rotation copies of the per-step inputs
+  double plan_seconds = 0;
+  std::map<std::string, std::map<std::string, std::string>> configs;  // plan mode -> role -> config
+  std::optional<Footprint> train_memory, memeff_memory;
+  std::vector<StepResult> steps;
+  std::string error;  // the plans or inputs could not be set up, so no fused step ran
+};
+
+struct RunInfo {
+  std::string command, date_utc;
+  cuda::DeviceInfo device;
+  int cublas_version = 0;
+  MoeProblem problem;  // tokens vary per TokenResult
+  RoutingSpec routing;
+  int warmup = 0, iters = 0;
+  std::map<std::string, std::string> overrides;
+};
+
+bool any_error(const std::vector<TokenResult>& results);
+void print_report(const RunInfo& info, const std::vector<TokenResult>& results);
+// Throws IoError when the file cannot be written.
+void write_json(const std::string& path, const RunInfo& info, const std::vector<TokenResult>& results);
+
+}  // namespace moejit::bench

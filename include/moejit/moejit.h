@@ -1,0 +1,75 @@
+/* moejit C ABI: the fused MoE block over raw device pointers, for Python (ctypes) and other
+ * FFIs. Same semantics as include/moejit/moejit.hpp; every call returns a status and never
+ * throws or aborts; moejit_last_error() gives the message of the last failure on this thread.
+ * A CUDA context must be current on the calling thread (the CUDA runtime's primary context,
+ * e.g. PyTorch's, works). Streams are CUstream / cudaStream_t passed as void*, NULL for the
+ * legacy default stream. */
+#ifndef MOEJIT_MOEJIT_H_
+#define MOEJIT_MOEJIT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum moejit_status {
+  MOEJIT_OK = 0,
+  MOEJIT_ERROR_INVALID_ARGUMENT = 1,
+  MOEJIT_ERROR_NO_DEVICE = 2,
+  MOEJIT_ERROR_CUDA = 3,
+  MOEJIT_ERROR_COMPILE = 4,
+  MOEJIT_ERROR_DATABASE = 5,
+  MOEJIT_ERROR_IO = 6,
+  MOEJIT_ERROR_UNSUPPORTED = 7,
+  MOEJIT_ERROR_STATE = 8,
+  MOEJIT_ERROR_INTERNAL = 9
+} moejit_status;
+
+enum { MOEJIT_DTYPE_BF16 = 0, MOEJIT_DTYPE_FP16 = 1 };
+enum { MOEJIT_MODE_TRAINING = 0, MOEJIT_MODE_INFERENCE = 1, MOEJIT_MODE_MEMORY_EFFICIENT = 2 };
+
+typedef struct moejit_problem {
+  int64_t tokens;
+  int32_t experts;
+  int32_t hidden;
+  int32_t intermediate;
+  int32_t topk;
+  int32_t dtype;             /* MOEJIT_DTYPE_* */
+  int32_t mode;              /* MOEJIT_MODE_* */
+  int32_t check_expert_ids;  /* nonzero: ids outside [0, E) are an error instead of dropped */
+} moejit_problem;
+
+typedef struct moejit_memory_plan {
+  size_t saved_bytes;
+  size_t forward_workspace_bytes;
+  size_t backward_workspace_bytes;
+} moejit_memory_plan;
+
+typedef struct moejit_plan moejit_plan;
+
+/* Validates the problem, chooses configs, compiles and loads kernels into the current context. */
+moejit_status moejit_plan_create(const moejit_problem* problem, moejit_plan** out);
+void moejit_plan_destroy(moejit_plan* plan);
+moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out);
+
+moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2,
+                             const int32_t* topk_ids, const void* topk_weights, void* out, void* saved,
+                             size_t saved_bytes, void* workspace, size_t workspace_bytes, void* stream);
+
+moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
+                              const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
+                              void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
+                              size_t workspace_bytes, void* stream);
+
+/* Message of the last failed call on this thread ("" when none); valid until the next call. */
+const char* moejit_last_error(void);
+const char* moejit_status_name(moejit_status status);
+const char* moejit_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEJIT_MOEJIT_H_ */

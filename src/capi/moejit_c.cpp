@@ -1,0 +1,130 @@
+// The C ABI over FusedMoe: exceptions become status codes plus a thread-local message.
+#include "moejit/moejit.h"
+
+#include <new>
+#include <string>
+
+#include "moejit/moejit.hpp"
+#include "moejit/version.hpp"
+
+struct moejit_plan {
+  moejit::FusedMoe plan;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename F>
+moejit_status guarded(F&& f) noexcept {
+  try {
+    last_error.clear();
+    f();
+    return MOEJIT_OK;
+  } catch (const moejit::Error& e) {
+    last_error = e.what();
+    return static_cast<moejit_status>(e.code());
+  } catch (const std::bad_alloc&) {
+    last_error = "out of host memory";
+    return MOEJIT_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return MOEJIT_ERROR_INTERNAL;
+  } catch (...) {
+    last_error = "unknown error";
+    return MOEJIT_ERROR_INTERNAL;
+  }
+}
+
+moejit_plan* require_plan(moejit_plan* plan) {
+  if (plan == nullptr) throw moejit::InvalidArgument("plan", "null plan");
+  return plan;
+}
+
+}  // namespace
+
+extern "C" {
+
+moejit_status moejit_plan_create(const moejit_problem* p, moejit_plan** out) {
+  return guarded([&] {
+    if (p == nullptr) throw moejit::InvalidArgument("problem", "null pointer");
+    if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
+    *out = nullptr;
+    moejit::MoeProblem problem{p->tokens,
+                               p->experts,
+                               p->hidden,
+                               p->intermediate,
+                               p->topk,
+                               static_cast<moejit::DType>(p->dtype),
+                               static_cast<moejit::Mode>(p->mode)};
+    moejit::Options options;
+    options.check_expert_ids = p->check_expert_ids != 0;
+    *out = new moejit_plan{moejit::FusedMoe(problem, options)};
+  });
+}
+
+void moejit_plan_destroy(moejit_plan* plan) { delete plan; }
+
+moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out) {
+  return guarded([&] {
+    if (plan == nullptr) throw moejit::InvalidArgument("plan", "null plan");
+    if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
+    const moejit::MemoryPlan& m = plan->plan.memory();
+    *out = {m.saved_bytes, m.forward_workspace_bytes, m.backward_workspace_bytes};
+  });
+}
+
+moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2, const int32_t* topk_ids,
+                             const void* topk_weights, void* out, void* saved, size_t saved_bytes, void* workspace,
+                             size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    moejit::ForwardArgs a;
+    a.x = x;
+    a.w1 = w1;
+    a.w2 = w2;
+    a.topk_ids = topk_ids;
+    a.topk_weights = topk_weights;
+    a.out = out;
+    a.saved = saved;
+    a.saved_bytes = saved_bytes;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    a.stream = static_cast<CUstream_st*>(stream);
+    require_plan(plan)->plan.forward(a);
+  });
+}
+
+moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
+                              const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
+                              void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
+                              size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    moejit::BackwardArgs a;
+    a.d_out = d_out;
+    a.x = x;
+    a.w1 = w1;
+    a.w2 = w2;
+    a.topk_ids = topk_ids;
+    a.topk_weights = topk_weights;
+    a.saved = saved;
+    a.saved_bytes = saved_bytes;
+    a.dx = dx;
+    a.dw1 = dw1;
+    a.dw2 = dw2;
+    a.d_topk_weights = d_topk_weights;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    a.stream = static_cast<CUstream_st*>(stream);
+    require_plan(plan)->plan.backward(a);
+  });
+}
+
+const char* moejit_last_error(void) { return last_error.c_str(); }
+
+const char* moejit_status_name(moejit_status status) {
+  return moejit::error_code_name(static_cast<moejit::ErrorCode>(status));
+}
+
+const char* moejit_version(void) { return moejit::kLibraryVersion; }
+
+}  // extern "C"

@@ -1,0 +1,8 @@
+/* Compiled as C: the public C header must be valid C and link against the library. */
+#include "moejit/moejit.h"
+
+const char* moejit_c_abi_version_from_c(void) {
+  moejit_memory_plan m = {0, 0, 0};
+  (void)m;
+  return moejit_version();
+}
