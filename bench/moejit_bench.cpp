@@ -155,7 +155,10 @@ std::string utc_now() {
 
 std::string command_line(int argc, char** argv) {
   std::string out;
-  for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0) out += ' ';
+    out += argv[i];
+  }
   return out;
 }
 

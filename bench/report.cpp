@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "moejit/error.hpp"
@@ -66,9 +67,10 @@ void print_token_block(const TokenResult& r) {
   }
 }
 
+// A time with one trailing mark column: '*' when the host could not stay ahead of the GPU.
 std::string ms_cell(const std::optional<Stats>& s, double Stats::*field) {
-  if (!s) return "-";
-  return fmt::format("{:.4f}{}", (*s).*field, s->host_bound ? "*" : "");
+  if (!s) return "- ";
+  return fmt::format("{:.4f}{}", (*s).*field, s->host_bound ? '*' : ' ');
 }
 
 nlohmann::json stats_json(const Stats& s, double flops) {
@@ -113,8 +115,8 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
   for (const TokenResult& r : results) print_token_block(r);
 
   bool host_bound = false;
-  fmt::print("{:>6} {:<9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6}\n", "T", "mode", "ms", "min", "p90",
-             "TFLOP/s", "dense_ms", "dense_TF", "ratio");
+  fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6}\n", "T", "mode", "ms ", "min ", "p90 ",
+             "TFLOP/s", "dense_ms ", "dense_TF", "ratio");
   for (const TokenResult& r : results) {
     for (const StepResult& s : r.steps) {
       host_bound |= (s.ours && s.ours->host_bound) || (s.dense && s.dense->host_bound);
@@ -123,7 +125,7 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
       const std::string ratio =
           s.ours && s.dense && s.ours->median_ms > 0 ? fmt::format("{:.3f}", s.dense->median_ms / s.ours->median_ms)
                                                      : "-";
-      fmt::print("{:>6} {:<9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6}\n", r.tokens, step_name(s.kind),
+      fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6}\n", r.tokens, step_name(s.kind),
                  ms_cell(s.ours, &Stats::median_ms), ms_cell(s.ours, &Stats::min_ms), ms_cell(s.ours, &Stats::p90_ms),
                  ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio);
     }

@@ -80,6 +80,9 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
         out.push_back(c);
       }
       break;
+    case RoleKind::kUtility:
+      out.push_back(TileConfig{});  // one module, nothing to tune
+      break;
   }
   return out;
 }
@@ -106,6 +109,8 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kGather:
       // About 256 hidden columns per warp (8 per thread), up to 4 warps.
       c.warps = static_cast<int>(std::min<long long>(4, next_pow2((shape.hidden + 255) / 256)));
+      return c;
+    case RoleKind::kUtility:
       return c;
   }
   return c;

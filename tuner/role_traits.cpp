@@ -11,6 +11,7 @@ RoleKind role_kind(Role r) {
   switch (r) {
     case Role::kRouting: return RoleKind::kRouting;
     case Role::kGatherSum: return RoleKind::kGather;
+    case Role::kUtility: return RoleKind::kUtility;
     case Role::kBwdDw1:
     case Role::kBwdDw2: return RoleKind::kExpertGemm;
     default: return RoleKind::kTokenGemm;
@@ -67,7 +68,8 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64).
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m;
     case RoleKind::kExpertGemm: return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k;
-    case RoleKind::kGather: return 0;
+    case RoleKind::kGather:
+    case RoleKind::kUtility: return 0;
   }
   return 0;
 }

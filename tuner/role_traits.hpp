@@ -13,6 +13,7 @@ enum class RoleKind {
   kTokenGemm,   // rows = token tiles of one expert (fwd_up, fwd_down, bwd_down, bwd_dx)
   kExpertGemm,  // tiles of one expert's weight gradient, K = its tokens (bwd_dw1, bwd_dw2)
   kGather,      // gather_sum
+  kUtility,     // autotuner helpers (templates/util.cuh)
 };
 
 RoleKind role_kind(Role r);

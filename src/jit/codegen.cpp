@@ -24,6 +24,7 @@ RoleTemplate role_template(Role r) {
     case Role::kBwdDw2: return {"bwd_dw2.cuh", "moejit::bwd_dw2_kernel", "moejit::BwdDw2Params"};
     case Role::kBwdDx: return {"bwd_dx.cuh", "moejit::bwd_dx_kernel", "moejit::BwdDxParams"};
     case Role::kBwdDw1: return {"bwd_dw1.cuh", "moejit::bwd_dw1_kernel", "moejit::BwdDw1Params"};
+    case Role::kUtility: break;  // several kernels: utility_unit()
   }
   throw InternalError("unknown role");
 }
@@ -62,13 +63,34 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }
+    case RoleKind::kUtility: break;
   }
-  throw InternalError("unknown role kind");
+  throw InternalError("no template arguments for this role");
+}
+
+// The utility module: fill, top-k ids and relative difference, in that launch order.
+GeneratedUnit utility_unit(const KernelSpec& spec) {
+  GeneratedUnit unit;
+  unit.file_name = fmt::format("utility.{}.cu", dtype_name(spec.dtype));
+  unit.source = fmt::format("// moejit: {}\n#include \"util.cuh\"\n", spec.readable_name());
+  const char* t = element_type(spec.dtype);
+  const std::pair<std::string, const char*> kernels[] = {
+      {fmt::format("moejit::fill_uniform_kernel<{}>", t), "moejit::FillParams"},
+      {"moejit::fill_topk_ids_kernel", "moejit::TopkIdsParams"},
+      {fmt::format("moejit::rel_diff_kernel<{}>", t), "moejit::RelDiffParams"}};
+  for (const auto& [kernel, params] : kernels) {
+    if (kernel.find('<') != std::string::npos) {
+      unit.source += fmt::format("template __global__ void {}(const __grid_constant__ {});\n", kernel, params);
+    }
+    unit.name_expressions.push_back(kernel);
+  }
+  return unit;
 }
 
 }  // namespace
 
 GeneratedUnit generate_unit(const KernelSpec& spec) {
+  if (spec.role == Role::kUtility) return utility_unit(spec);
   const RoleTemplate t = role_template(spec.role);
   GeneratedUnit unit;
   unit.file_name = fmt::format("{}.{}.cu", role_name(spec.role), spec.config.name());

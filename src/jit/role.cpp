@@ -14,6 +14,7 @@ const char* role_name(Role r) noexcept {
     case Role::kBwdDw2: return "bwd_dw2";
     case Role::kBwdDx: return "bwd_dx";
     case Role::kBwdDw1: return "bwd_dw1";
+    case Role::kUtility: return "utility";
   }
   return "unknown";
 }

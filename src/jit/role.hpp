@@ -16,12 +16,14 @@ enum class Role : int {
   kBwdDw2,
   kBwdDx,
   kBwdDw1,
+  kUtility,  // not a MoE role: random fills and output comparison for the autotuner
 };
 
 inline constexpr std::array<Role, 8> kAllRoles = {Role::kRouting, Role::kFwdUp,  Role::kFwdDown, Role::kGatherSum,
                                                  Role::kBwdDown, Role::kBwdDw2, Role::kBwdDx,   Role::kBwdDw1};
 
-const char* role_name(Role r) noexcept;  // "routing", "fwd_up", ...
+// The kernel roles of the MoE block, in pipeline order (kUtility is not one of them).
+const char* role_name(Role r) noexcept;  // "routing", "fwd_up", ..., "utility"
 Role parse_role(std::string_view name);   // throws InvalidArgument
 
 }  // namespace moejit

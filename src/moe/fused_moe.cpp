@@ -11,10 +11,10 @@
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
 #include "jit/kernel_cache.hpp"
-#include "moe/kernel_params.hpp"
 #include "moe/launch.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
+#include "moe/steps.hpp"
 #include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
 #include "tuner/config_space.hpp"
@@ -44,8 +44,6 @@ TileConfig choose_config(Role role, const MoeShape& shape, const cuda::DeviceInf
                         fmt::format("{} has no config named '{}' for this problem", role_name(role), it->second));
 }
 
-char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
-
 }  // namespace
 
 struct FusedMoe::Impl {
@@ -69,28 +67,14 @@ struct FusedMoe::Impl {
     }
   }
 
-  params::RoutingView routing_view(void* routing_base) const {
-    const RoutingBuffers b = routing_buffers(reinterpret_cast<CUdeviceptr>(routing_base), layout.routing);
-    return {b.sorted_pairs,
-            b.expert_offsets,
-            b.expert_tile_offsets,
-            b.tile_expert,
-            b.tile_row_begin,
-            problem.experts,
-            problem.topk,
-            static_cast<std::int32_t>(layout.routing.max_tiles)};
-  }
-
-  void run_routing(const std::int32_t* topk_ids, void* routing_base, CUstream stream) const {
-    RoutingArgs args{reinterpret_cast<CUdeviceptr>(topk_ids), problem.tokens, problem.topk, problem.experts, block_m,
-                     reinterpret_cast<CUdeviceptr>(routing_base), layout.routing.total_bytes, stream};
+  void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count) const {
     const RoleKernel& k = role(Role::kRouting);
     launch_routing(*k.kernel, k.config, args);
-    if (options.check_expert_ids) check_expert_ids(routing_base, stream);
+    if (options.check_expert_ids) check_expert_ids(dropped_count, args.stream);
   }
 
   // Reads the dropped-pair count back: the one synchronising path, opt-in.
-  void check_expert_ids(void* routing_base, CUstream stream) const {
+  void check_expert_ids(const std::int32_t* dropped_count, CUstream stream) const {
     const cuda::Driver& d = cuda::driver();
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
@@ -99,8 +83,7 @@ struct FusedMoe::Impl {
     }
     MOEJIT_CU(d.cuStreamSynchronize(stream));
     std::int32_t dropped = 0;
-    const RoutingBuffers b = routing_buffers(reinterpret_cast<CUdeviceptr>(routing_base), layout.routing);
-    MOEJIT_CU(d.cuMemcpyDtoH(&dropped, reinterpret_cast<CUdeviceptr>(b.expert_counts + problem.experts), 4));
+    MOEJIT_CU(d.cuMemcpyDtoH(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4));
     if (dropped > 0) {
       throw InvalidArgument("topk_ids", fmt::format("{} expert id(s) outside [0, {})", dropped, problem.experts));
     }
@@ -169,64 +152,32 @@ void FusedMoe::forward(const ForwardArgs& a) {
   Impl& s = *impl_;
   validate_forward(a, s.problem, s.memory, s.aligned);
   s.check_context();
-  const MemoryLayout& l = s.layout;
+  ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  void* routing_base = l.routing_in_saved ? at(a.saved, l.routing_offset) : at(a.workspace, l.routing_offset);
-  s.run_routing(a.topk_ids, routing_base, stream);
-  const params::RoutingView view = s.routing_view(routing_base);
-  const std::int32_t h = s.problem.hidden, i = s.problem.intermediate;
-
-  params::FwdUp up{a.x, a.w1, at(a.workspace, l.act), l.pre_act == MemoryLayout::kNone ? nullptr : at(a.saved, l.pre_act),
-                   view, h, i};
-  s.launch(Role::kFwdUp, &up, stream);
-  params::FwdDown down{at(a.workspace, l.act), a.w2, at(a.workspace, l.y), view, h, i};
-  s.launch(Role::kFwdDown, &down, stream);
-  const RoutingBuffers rb = routing_buffers(reinterpret_cast<CUdeviceptr>(routing_base), l.routing);
-  params::GatherSum sum{at(a.workspace, l.y), a.topk_weights, rb.pair_rows, view.expert_offsets, a.out,
-                        nullptr, nullptr, h, s.problem.topk, s.problem.experts};
-  s.launch(Role::kGatherSum, &sum, stream);
+  s.run_routing(f.routing, f.dropped_count);
+  s.launch(Role::kFwdUp, &f.fwd_up, stream);
+  s.launch(Role::kFwdDown, &f.fwd_down, stream);
+  s.launch(Role::kGatherSum, &f.gather_out, stream);
   s.consumed.erase(a.saved);
 }
 
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = *impl_;
   validate_backward(a, s.problem, s.memory, s.aligned);
-  const bool memeff = s.problem.mode == Mode::kMemoryEfficient;
-  if (memeff && s.consumed.count(a.saved)) {
+  if (s.problem.mode == Mode::kMemoryEfficient && s.consumed.count(a.saved)) {
     throw StateError("memory-efficient backward already consumed this saved state; run forward() again first");
   }
   s.check_context();
-  const MemoryLayout& l = s.layout;
+  BackwardSteps b = backward_steps(a, s.problem, s.layout);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  void* routing_base = at(a.saved, l.routing_offset);
-  const params::RoutingView view = s.routing_view(routing_base);
-  const std::int32_t h = s.problem.hidden, i = s.problem.intermediate;
-  void* pre_act = at(a.saved, l.pre_act);
-  float* ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));
-  MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(ds_acc), 0,
-                                             static_cast<std::size_t>(s.shape.pairs()), stream));
-
-  void* d_pre_act = memeff ? pre_act : at(a.workspace, l.d_pre_act);
-  void* weighted_act = memeff ? nullptr : at(a.workspace, l.weighted_act);
-  params::BwdDown down{a.d_out, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, ds_acc, view, h, i};
-  params::BwdDw2 dw2{a.d_out, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
-  if (memeff) {
-    // dW2 recomputes s * act from pre_act, so it must run before bwd_down overwrites pre_act.
-    s.launch(Role::kBwdDw2, &dw2, stream);
-    s.launch(Role::kBwdDown, &down, stream);
-  } else {
-    s.launch(Role::kBwdDown, &down, stream);
-    s.launch(Role::kBwdDw2, &dw2, stream);
-  }
-  params::BwdDx dx{d_pre_act, a.w1, at(a.workspace, l.dx_rows), view, h, i};
-  s.launch(Role::kBwdDx, &dx, stream);
-  const RoutingBuffers rb = routing_buffers(reinterpret_cast<CUdeviceptr>(routing_base), l.routing);
-  params::GatherSum sum{at(a.workspace, l.dx_rows), nullptr, rb.pair_rows, view.expert_offsets, a.dx,
-                        ds_acc, a.d_topk_weights, h, s.problem.topk, s.problem.experts};
-  s.launch(Role::kGatherSum, &sum, stream);
-  params::BwdDw1 dw1{d_pre_act, a.x, a.dw1, view, h, i};
-  s.launch(Role::kBwdDw1, &dw1, stream);
-  if (memeff) s.consumed.insert(a.saved);
+  MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
+  if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+  s.launch(Role::kBwdDown, &b.bwd_down, stream);
+  if (!b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+  s.launch(Role::kBwdDx, &b.bwd_dx, stream);
+  s.launch(Role::kGatherSum, &b.gather_dx, stream);
+  s.launch(Role::kBwdDw1, &b.bwd_dw1, stream);
+  if (s.problem.mode == Mode::kMemoryEfficient) s.consumed.insert(a.saved);
 }
 
 }  // namespace moejit

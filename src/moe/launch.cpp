@@ -40,7 +40,8 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
       break;
     }
     case RoleKind::kRouting:
-      throw InternalError("routing has its own launcher (moe/routing.hpp)");
+    case RoleKind::kUtility:
+      throw InternalError(fmt::format("{} has its own launcher", role_name(role)));
   }
   return g;
 }

@@ -1,0 +1,56 @@
+#include "moe/steps.hpp"
+
+namespace moejit {
+namespace {
+
+char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
+
+params::RoutingView routing_view(const RoutingBuffers& b, const MoeProblem& p, const MemoryLayout& l) {
+  return {b.sorted_pairs, b.expert_offsets,    b.expert_tile_offsets, b.tile_expert, b.tile_row_begin,
+          p.experts,      p.topk,              static_cast<std::int32_t>(l.routing.max_tiles)};
+}
+
+}  // namespace
+
+ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const MemoryLayout& l, int block_m) {
+  void* routing_base = l.routing_in_saved ? at(a.saved, l.routing_offset) : at(a.workspace, l.routing_offset);
+  const RoutingBuffers rb = routing_buffers(reinterpret_cast<CUdeviceptr>(routing_base), l.routing);
+  const params::RoutingView view = routing_view(rb, p, l);
+  const std::int32_t h = p.hidden, i = p.intermediate;
+  void* act = at(a.workspace, l.act);
+  void* y = at(a.workspace, l.y);
+  void* pre_act = l.pre_act == MemoryLayout::kNone ? nullptr : at(a.saved, l.pre_act);
+  ForwardSteps s{};
+  s.routing = {reinterpret_cast<CUdeviceptr>(a.topk_ids), p.tokens, p.topk, p.experts, block_m,
+               reinterpret_cast<CUdeviceptr>(routing_base), l.routing.total_bytes,
+               reinterpret_cast<CUstream>(a.stream)};
+  s.dropped_count = rb.expert_counts + p.experts;
+  s.fwd_up = {a.x, a.w1, act, pre_act, view, h, i};
+  s.fwd_down = {act, a.w2, y, view, h, i};
+  s.gather_out = {y, a.topk_weights, rb.pair_rows, rb.expert_offsets, a.out, nullptr, nullptr, h, p.topk, p.experts};
+  return s;
+}
+
+BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const MemoryLayout& l) {
+  const RoutingBuffers rb = routing_buffers(reinterpret_cast<CUdeviceptr>(at(a.saved, l.routing_offset)), l.routing);
+  const params::RoutingView view = routing_view(rb, p, l);
+  const std::int32_t h = p.hidden, i = p.intermediate;
+  const bool memeff = p.mode == Mode::kMemoryEfficient;
+  void* pre_act = at(a.saved, l.pre_act);
+  void* d_pre_act = memeff ? pre_act : at(a.workspace, l.d_pre_act);
+  void* weighted_act = memeff ? nullptr : at(a.workspace, l.weighted_act);
+  void* dx_rows = at(a.workspace, l.dx_rows);
+  BackwardSteps s{};
+  s.ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));
+  s.ds_count = static_cast<std::size_t>(p.tokens * p.topk);
+  s.bwd_down = {a.d_out, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, s.ds_acc, view, h, i};
+  s.bwd_dw2 = {a.d_out, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
+  s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
+  s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
+                 h,       p.topk,  p.experts};
+  s.bwd_dw1 = {d_pre_act, a.x, a.dw1, view, h, i};
+  s.dw2_first = memeff;
+  return s;
+}
+
+}  // namespace moejit

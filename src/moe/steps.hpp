@@ -1,0 +1,37 @@
+// The launch parameters of every role for one forward or backward call, derived from the
+// caller's pointers and the memory layout. FusedMoe launches them in order; the autotuner
+// launches one role at a time with candidate kernels over the same parameters.
+#pragma once
+
+#include "moe/kernel_params.hpp"
+#include "moe/memory_layout.hpp"
+#include "moe/routing.hpp"
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+struct ForwardSteps {
+  RoutingArgs routing;
+  std::int32_t* dropped_count;  // device counter of expert ids outside [0, E)
+  params::FwdUp fwd_up;
+  params::FwdDown fwd_down;
+  params::GatherSum gather_out;  // weighted by the router scores
+};
+
+struct BackwardSteps {
+  float* ds_acc;  // zeroed before bwd_down, which accumulates into it
+  std::size_t ds_count;
+  params::BwdDown bwd_down;
+  params::BwdDw2 bwd_dw2;
+  params::BwdDx bwd_dx;
+  params::GatherSum gather_dx;  // unweighted; also writes d_topk_weights
+  params::BwdDw1 bwd_dw1;
+  // Memory-efficient mode: bwd_dw2 reads pre_act, which bwd_down then overwrites, so dW2 runs
+  // first.
+  bool dw2_first;
+};
+
+ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const MemoryLayout& l, int block_m);
+BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const MemoryLayout& l);
+
+}  // namespace moejit
