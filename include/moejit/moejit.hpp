@@ -88,6 +88,9 @@ struct BackwardArgs {
 
 struct Options {
   bool check_expert_ids = false;
+  // The stream the plan will run on. While it is being captured into a CUDA graph the plan
+  // never tunes: it takes the nearest tuned row or the heuristic default.
+  CUstream_st* stream = nullptr;
   // Per-role config overrides by role name ("fwd_up", ...) and config name as printed by
   // `moejit compile` ("bm64_bn128_bk32_s3_w4_g8"); for tests and experiments.
   std::map<std::string, std::string> config_overrides;
@@ -108,6 +111,9 @@ class FusedMoe {
   const MemoryPlan& memory() const;
   // The config each kernel role runs with, by role name ("fwd_up" -> "bm64_bn64_bk32_s4_w4_g8").
   std::map<std::string, std::string> configs() const;
+  // Where each role's config came from: "override", "memory", "user_db", "shipped_db", "tuned",
+  // "nearest_bucket" or "heuristic".
+  std::map<std::string, std::string> config_sources() const;
 
   // Throws InvalidArgument (naming the argument) before enqueuing anything.
   void forward(const ForwardArgs& args);

@@ -74,4 +74,20 @@ LogLevel log_level() {
 
 std::string cuda_driver_library() { return get("MOEJIT_CUDA_DRIVER").value_or("libcuda.so.1"); }
 
+bool autotune_enabled() {
+  auto v = get_int("MOEJIT_AUTOTUNE");
+  return !v || *v != 0;
+}
+
+double tune_budget_s() {
+  auto v = get("MOEJIT_TUNE_BUDGET_S");
+  if (!v) return 60.0;
+  char* end = nullptr;
+  const double s = std::strtod(v->c_str(), &end);
+  if (end == v->c_str() || *end != '\0' || !(s > 0)) {
+    throw InvalidArgument("MOEJIT_TUNE_BUDGET_S", "expected a positive number of seconds, got '" + *v + "'");
+  }
+  return s;
+}
+
 }  // namespace moejit::env

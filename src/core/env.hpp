@@ -24,6 +24,10 @@ unsigned compile_jobs();
 LogLevel log_level();
 // MOEJIT_CUDA_DRIVER: path of the driver library to dlopen instead of libcuda.so.1.
 std::string cuda_driver_library();
+// MOEJIT_AUTOTUNE=0 turns self-tuning off (the tuning database is still read).
+bool autotune_enabled();
+// MOEJIT_TUNE_BUDGET_S: wall-clock seconds one self-tuning run may take; default 60.
+double tune_budget_s();
 
 // Parses an integer variable; nullopt when unset or empty. Throws InvalidArgument naming the
 // variable when it is set to something that is not an integer.

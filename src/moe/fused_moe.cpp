@@ -11,14 +11,14 @@
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
 #include "jit/kernel_cache.hpp"
+#include "moe/kernel_specs.hpp"
 #include "moe/launch.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
 #include "moe/steps.hpp"
 #include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
-#include "tuner/config_space.hpp"
-#include "tuner/prune.hpp"
+#include "tuner/config_resolver.hpp"
 #include "tuner/role_traits.hpp"
 
 namespace moejit {
@@ -26,23 +26,10 @@ namespace {
 
 struct RoleKernel {
   TileConfig config;
+  std::string source;  // where the config came from (tuner/config_resolver.hpp)
   const jit::LoadedKernel* kernel = nullptr;
   LaunchGeometry geometry;
 };
-
-TileConfig choose_config(Role role, const MoeShape& shape, const cuda::DeviceInfo& device, const Options& options) {
-  auto it = options.config_overrides.find(role_name(role));
-  if (it == options.config_overrides.end()) return default_config(role, shape, device);
-  for (const TileConfig& c : config_space(role, shape)) {
-    if (c.name() != it->second) continue;
-    if (auto why = prune_reason(role, c, shape, device)) {
-      throw InvalidArgument("config_overrides", fmt::format("{} config {} is pruned: {}", role_name(role), c.name(), *why));
-    }
-    return c;
-  }
-  throw InvalidArgument("config_overrides",
-                        fmt::format("{} has no config named '{}' for this problem", role_name(role), it->second));
-}
 
 }  // namespace
 
@@ -104,22 +91,13 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.context = cuda::current_context_id();
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);
-  s.aligned = problem.hidden % 8 == 0 && problem.intermediate % 8 == 0;
+  s.aligned = vector_aligned(problem);
   s.layout = memory_layout(s.shape, problem.mode, s.block_m);
   s.memory = {s.layout.saved_bytes, s.layout.forward_bytes, s.layout.backward_bytes};
 
-  std::vector<Role> roles = {Role::kRouting, Role::kFwdUp, Role::kFwdDown, Role::kGatherSum};
-  if (problem.mode != Mode::kInference) {
-    roles.insert(roles.end(), {Role::kBwdDown, Role::kBwdDw2, Role::kBwdDx, Role::kBwdDw1});
-  }
+  const std::map<Role, ResolvedConfig> chosen = resolve_configs(problem, s.device, options);
   std::vector<jit::KernelSpec> specs;
-  for (Role r : roles) {
-    const TileConfig c = choose_config(r, s.shape, s.device, options);
-    jit::KernelSpec spec{r, c, problem.dtype, s.device.arch()};
-    spec.aligned = r == Role::kRouting || s.aligned;
-    spec.fused_act = r == Role::kBwdDw2 && problem.mode == Mode::kMemoryEfficient;
-    specs.push_back(spec);
-  }
+  for (const auto& [r, c] : chosen) specs.push_back(role_kernel_spec(r, c.config, problem, s.device.arch()));
   // Compile every missing kernel in parallel first; load() then finds them in memory (and
   // rethrows a compile error with its log).
   auto& cache = jit::KernelCache::instance();
@@ -127,6 +105,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   for (const jit::KernelSpec& spec : specs) {
     RoleKernel k;
     k.config = spec.config;
+    k.source = chosen.at(spec.role).source;
     k.kernel = &cache.load(spec);
     if (spec.role != Role::kRouting) {
       k.geometry = launch_geometry(spec.role, spec.config, s.shape, s.layout.routing.max_tiles, s.aligned);
@@ -145,6 +124,12 @@ const MemoryPlan& FusedMoe::memory() const { return impl_->memory; }
 std::map<std::string, std::string> FusedMoe::configs() const {
   std::map<std::string, std::string> out;
   for (const auto& [r, k] : impl_->kernels) out[role_name(r)] = k.config.name();
+  return out;
+}
+
+std::map<std::string, std::string> FusedMoe::config_sources() const {
+  std::map<std::string, std::string> out;
+  for (const auto& [r, k] : impl_->kernels) out[role_name(r)] = k.source;
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace moejit::test {
@@ -25,6 +26,11 @@ inline ProcessResult run_command(const std::string& command) {
   return r;
 }
 
-inline std::string cli() { return MOEJIT_CLI_PATH; }
+// The moejit CLI of this build tree (tests/<binary> -> tools/moejit/moejit), found relative to
+// the running test binary so a build tree copied elsewhere still works.
+inline std::string cli() {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "moejit" / "moejit")
+      .string();
+}
 
 }  // namespace moejit::test

@@ -25,6 +25,16 @@ std::vector<long long> Args::get_ints(const std::string& name) const {
   return out;
 }
 
+std::vector<std::string> split(const std::string& list, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 Args parse_args(int argc, char** argv, int start, const std::set<std::string>& flags,
                 const std::set<std::string>& valued) {
   Args a;

@@ -18,6 +18,9 @@ struct Args {
   std::vector<long long> get_ints(const std::string& name) const;
 };
 
+// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split(const std::string& list, char sep = ',');
+
 // Parses argv[start..argc). Names in `flags` take no value. Throws InvalidArgument for an
 // option not in `flags` or `valued`, or a valued option without its value.
 Args parse_args(int argc, char** argv, int start, const std::set<std::string>& flags,

@@ -8,6 +8,7 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "problem_args.hpp"
 #include "core/env.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
@@ -34,29 +35,6 @@ cuda::DeviceInfo target_device(const Args& a) {
     if (d.arch() == arch) return d;
   }
   return cuda::fabricated::for_arch(arch);
-}
-
-MoeShape parse_shape(const Args& a) {
-  MoeShape s{8192, 128, 2048, 768, 8, DType::kBF16};  // Qwen3-30B-A3B at T=8192
-  if (a.has("shape")) {
-    auto v = a.get_ints("shape");
-    if (v.size() != 4) throw InvalidArgument("--shape", "expected E,H,I,K");
-    s.experts = static_cast<int>(v[0]);
-    s.hidden = static_cast<int>(v[1]);
-    s.intermediate = static_cast<int>(v[2]);
-    s.topk = static_cast<int>(v[3]);
-  }
-  if (a.has("tokens")) {
-    auto v = a.get_ints("tokens");
-    if (v.size() != 1) throw InvalidArgument("--tokens", "expected one token count");
-    s.tokens = v[0];
-  }
-  if (a.has("dtype")) s.dtype = parse_dtype(a.get("dtype"));
-  if (s.experts < 1 || s.hidden < 1 || s.intermediate < 1 || s.topk < 1 || s.topk > s.experts || s.tokens < 1) {
-    throw InvalidArgument("--shape", fmt::format("E={} H={} I={} K={} T={} is not a valid problem", s.experts,
-                                                 s.hidden, s.intermediate, s.topk, s.tokens));
-  }
-  return s;
 }
 
 // Median NVRTC time of what this run compiled, and the cost of an in-process cache hit (what
@@ -90,7 +68,9 @@ void print_cache_costs(const std::vector<jit::CompileResult>& results) {
 int run_compile(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "jobs"});
   const cuda::DeviceInfo device = target_device(a);
-  const MoeShape shape = parse_shape(a);
+  MoeProblem p = parse_dims(a);
+  p.tokens = parse_tokens(a, {8192}).at(0);
+  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
   std::vector<Role> roles;
   if (a.has("role")) {
     roles.push_back(parse_role(a.get("role")));

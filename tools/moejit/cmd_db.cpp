@@ -21,7 +21,8 @@ namespace {
 
 const char* kDbUsage =
     "usage: moejit db <subcommand> [--db PATH]\n"
-    "  list                 one line per tuned key: winner, median, candidates, time stamp\n"
+    "  list [--stale]       one line per tuned key: winner, median, candidates, time stamp;\n"
+    "                       --stale: only rows tuned by other templates or another NVRTC\n"
     "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
     "  import F             merge a JSON export in; per key the faster winner stays\n"
     "  merge OTHER          merge another tuning database file in; per key the faster winner stays\n"
@@ -55,7 +56,13 @@ int list(const Args& a) {
     fmt::print("(empty)\n");
     return 0;
   }
-  const std::vector<db::TuningRow> rows = open_existing(path).rows();
+  std::vector<db::TuningRow> rows = open_existing(path).rows();
+  if (a.has("stale")) {
+    // Stale: tuned with other templates or another NVRTC; ignored by lookups until retuned.
+    const db::Provenance current = db::current_provenance(0);
+    std::erase_if(rows, [&](const db::TuningRow& r) { return !db::is_stale(r, current); });
+    fmt::print("stale rows (this build: templates {}, NVRTC {}):\n", current.template_hash, current.nvrtc_version);
+  }
   if (rows.empty()) {
     fmt::print("(empty)\n");
     return 0;
@@ -115,7 +122,7 @@ int merge(const Args& a) {
 int run_db(int argc, char** argv, int start) {
   const std::string sub = start < argc ? argv[start] : "";
   const std::set<std::string> flags;
-  if (sub == "list") return list(parse_args(argc, argv, start + 1, flags, {"db"}));
+  if (sub == "list") return list(parse_args(argc, argv, start + 1, {"stale"}, {"db"}));
   if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}));
   if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}));
   if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}));

@@ -1,0 +1,149 @@
+// Tuning on the GPU: the first plan of a problem tunes and stores its rows, a second process
+// reads them without tuning, graph capture never tunes, a wrong candidate is rejected, and the
+// offline CLI resumes.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <regex>
+
+#include "db/tuning_db.hpp"
+#include "support/gpu.hpp"
+#include "support/moe_case.hpp"
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+#include "tuner/autotuner.hpp"
+#include "tuner/config_space.hpp"
+
+using namespace moejit;
+using namespace moejit::test;
+
+namespace {
+
+const CaseSpec kSpec{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 41};
+const MoeProblem kProblem{512, 8, 256, 128, 2};
+
+int count(const std::string& text, const std::string& word) {
+  int n = 0;
+  for (std::size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) ++n;
+  return n;
+}
+
+void check_against_reference(FusedMoe& plan, const CaseData& data) {
+  reference::ReferenceOptions opt;
+  opt.round_stored = [](double v) { return round_to(DType::kBF16, v); };
+  const auto fwd = reference::moe_forward(data.tensors, opt);
+  const auto bwd = reference::moe_backward(data.tensors, data.d_out, opt);
+  DeviceRun run(data, plan.memory());
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  const std::size_t th = static_cast<std::size_t>(data.spec.tokens) * data.spec.hidden;
+  CHECK(rel_l2(download(run.out, DType::kBF16, th), fwd.out) < 1e-2);
+  CHECK(rel_l2(download(run.dx, DType::kBF16, th), bwd.dx) < 1e-2);
+  CHECK(rel_l2(download(run.dw1, DType::kBF16, bwd.dw1.size()), bwd.dw1) < 1e-2);
+  CHECK(rel_l2(download(run.dw2, DType::kBF16, bwd.dw2.size()), bwd.dw2) < 1e-2);
+}
+
+}  // namespace
+
+TEST_CASE("the first plan tunes and stores; a second process reads the rows", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("selftune");
+  const std::string db_path = (dir / "tuning.sqlite").string();
+  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", db_path);
+  const auto t0 = std::chrono::steady_clock::now();
+  FusedMoe plan(kProblem);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  WARN("first plan with self-tuning: " << s << " s");
+  for (const auto& [role, source] : plan.config_sources()) {
+    INFO(role);
+    CHECK(source == "tuned");
+  }
+  CHECK(db::TuningDb(db_path).rows().size() == 8);
+  check_against_reference(plan, make_case(kSpec));
+
+  FusedMoe again(kProblem);  // same process: the in-process map
+  for (const auto& [role, source] : again.config_sources()) CHECK(source == "memory");
+  CHECK(again.configs() == plan.configs());
+
+  auto r = run_command("MOEJIT_AUTOTUNE=1 MOEJIT_DB=" + db_path + " " + cli() + " plan --shape 8,256,128,2 --tokens 512");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count(r.output, "user_db") == 8);
+  CHECK(count(r.output, "tuned") == 0);
+}
+
+TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("capture");
+  const std::string db_path = (dir / "tuning.sqlite").string();
+  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", db_path);
+  const CaseData data = make_case(kSpec);
+  cuda::Stream stream;
+  const cuda::Driver& d = cuda::driver();
+  Options options;
+  options.stream = stream.get();
+  // Relaxed capture lets the plan load its modules while the stream is captured.
+  MOEJIT_CU(d.cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_RELAXED));
+  FusedMoe plan(kProblem, options);
+  auto run = std::make_unique<DeviceRun>(data, plan.memory());
+  plan.forward(run->forward_args(stream.get()));
+  plan.backward(run->backward_args(stream.get()));
+  CUgraph graph = nullptr;
+  MOEJIT_CU(d.cuStreamEndCapture(stream.get(), &graph));
+  for (const auto& [role, source] : plan.config_sources()) {
+    INFO(role);
+    CHECK(source == "heuristic");
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "tuning.sqlite.locks"));
+  CUgraphExec exec = nullptr;
+  MOEJIT_CU(d.cuGraphInstantiate(&exec, graph, 0));
+  MOEJIT_CU(d.cuGraphLaunch(exec, stream.get()));
+  stream.synchronize();
+  MOEJIT_CU(d.cuGraphExecDestroy(exec));
+  MOEJIT_CU(d.cuGraphDestroy(graph));
+  check_against_reference(plan, data);
+}
+
+TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TuneOptions options;
+  std::string victim;
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  const std::string reference = default_config(Role::kFwdDown, shape, gpu->info).name();
+  options.inspect = [&](Role, const TileConfig& c, CUdeviceptr out, std::size_t bytes) {
+    // Corrupt the first candidate after the reference: half its output becomes 0x3f3f (~0.75).
+    if (victim.empty() && c.name() != reference) victim = c.name();
+    if (c.name() == victim) MOEJIT_CU(cuda::driver().cuMemsetD8Async(out, 0x3f, bytes / 2, nullptr));
+  };
+  const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
+  REQUIRE(rows.size() == 1);
+  REQUIRE_FALSE(victim.empty());
+  CHECK(rows[0].winner.name() != victim);
+  bool found = false;
+  for (const auto& c : rows[0].candidates) {
+    if (c.config.name() != victim) continue;
+    found = true;
+    CHECK(c.rejected);
+    CHECK_THAT(c.reason, Catch::Contains("differs from the reference"));
+  }
+  CHECK(found);
+}
+
+TEST_CASE("moejit tune resumes: a second run skips every tuned key", "[gpu][tune][cli]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("cli-tune");
+  const std::string base = cli() + " tune --shape 8,256,128,2 --tokens 64,256 --modes train,infer --db " +
+                           (dir / "t.sqlite").string();
+  auto first = run_command(base);
+  INFO(first.output);
+  CHECK(first.exit_code == 0);
+  CHECK_THAT(first.output, Catch::Contains("tuning 4 item(s)"));
+  CHECK(db::TuningDb(dir / "t.sqlite").rows().size() == 18);
+  auto second = run_command(base);
+  INFO(second.output);
+  CHECK(second.exit_code == 0);
+  CHECK_THAT(second.output, Catch::Contains("tuning 0 item(s)"));
+}

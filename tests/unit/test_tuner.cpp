@@ -1,0 +1,194 @@
+// The autotuner's pure parts without a GPU: winner tie-break, tuning keys, the offline work
+// list (resume, dedupe, shards), and tuning shared across processes with fabricated timings.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "core/fs.hpp"
+#include "db/tuning_db.hpp"
+#include "support/process.hpp"
+#include "support/temp_dir.hpp"
+#include "tuner/shared_tuning.hpp"
+#include "tuner/tune_plan.hpp"
+#include "tuner/tuning_keys.hpp"
+#include "tuner/winner.hpp"
+
+using namespace moejit;
+using moejit::test::ScopedEnv;
+using moejit::test::TempDir;
+
+namespace {
+
+TileConfig gemm(int bm, int bn, int bk) {
+  TileConfig c;
+  c.block_m = bm;
+  c.block_n = bn;
+  c.block_k = bk;
+  c.stages = 3;
+  c.warps = 4;
+  c.group_m = 8;
+  return c;
+}
+
+db::CandidateResult timed(const TileConfig& c, double ms) { return {c, ms, 0.01, false, ""}; }
+
+const MoeProblem kProblem{8192, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+
+}  // namespace
+
+TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
+  std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
+                                        timed(gemm(128, 128, 32), 0.90)};
+  CHECK(choose_winner(c, std::nullopt) == 1u);
+  CHECK(choose_winner(c, gemm(64, 64, 32)) == 1u);  // the incumbent is 25% slower: not a tie
+}
+
+TEST_CASE("within the noise band the incumbent stays, then the smaller config", "[tuner]") {
+  std::vector<db::CandidateResult> c = {timed(gemm(128, 128, 32), 1.000), timed(gemm(64, 128, 32), 1.010),
+                                        timed(gemm(128, 64, 64), 1.015), timed(gemm(64, 64, 32), 1.5)};
+  CHECK(choose_winner(c, gemm(128, 64, 64)) == 2u);      // incumbent among the ties
+  CHECK(choose_winner(c, std::nullopt) == 1u);           // 64x128x32 is the smallest tie
+  CHECK(choose_winner(c, gemm(64, 64, 32)) == 1u);       // incumbent too slow to be a tie
+}
+
+TEST_CASE("rejected and untimed candidates never win", "[tuner]") {
+  const double nan = std::nan("");
+  std::vector<db::CandidateResult> c = {{gemm(64, 64, 32), 0.1, 0.0, true, "output differs"},
+                                        {gemm(64, 128, 32), nan, nan, true, "skipped"},
+                                        timed(gemm(128, 128, 32), 2.0)};
+  CHECK(choose_winner(c, std::nullopt) == 2u);
+  c.pop_back();
+  CHECK_FALSE(choose_winner(c, std::nullopt));
+}
+
+TEST_CASE("tuning keys name the kernel variant, not the caller's mode", "[tuner]") {
+  CHECK(key_mode(Role::kFwdUp, Mode::kInference) == "infer");
+  CHECK(key_mode(Role::kFwdDown, Mode::kInference) == "train");
+  CHECK(key_mode(Role::kBwdDw2, Mode::kMemoryEfficient) == "memeff");
+  CHECK(key_mode(Role::kBwdDown, Mode::kMemoryEfficient) == "memeff");
+  CHECK(key_mode(Role::kBwdDx, Mode::kMemoryEfficient) == "train");
+  const db::TuningKey k = tuning_key(Role::kFwdUp, kProblem, cuda::fabricated::h200());
+  CHECK(k.id() == "NVIDIA H200|sm_90a|fwd_up|bf16|H2048|I768|E128|K8|bm128|tma0|tpe512|train");
+  CHECK(roles_of(Mode::kInference).size() == 4);
+  CHECK(roles_of(Mode::kMemoryEfficient).size() == 8);
+}
+
+TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  TunePlanRequest r;
+  r.experts = 128;
+  r.hidden = 2048;
+  r.intermediate = 768;
+  r.topk = 8;
+  r.tokens = {8192, 1024};
+  r.modes = {Mode::kTraining, Mode::kInference};
+  auto all = plan_tuning(r, h200, {});
+  REQUIRE(all.size() == 4);  // (1024, train), (1024, infer), (8192, train), (8192, infer)
+  CHECK(all[0].problem.tokens == 1024);
+  CHECK(all[0].roles.size() == 8);
+  REQUIRE(all[1].roles.size() == 1);  // only fwd_up has its own inference key
+  CHECK(all[1].roles[0] == Role::kFwdUp);
+
+  // Resume: keys already in the database are skipped.
+  std::set<std::string> done;
+  for (Role role : all[0].roles) done.insert(tuning_key(role, all[0].problem, h200).id());
+  auto rest = plan_tuning(r, h200, done);
+  CHECK(rest.size() == 3);
+  CHECK(rest[0].problem.mode == Mode::kInference);
+  r.force = true;
+  CHECK(plan_tuning(r, h200, done).size() == 4);
+  r.force = false;
+
+  // Shards are disjoint and together cover the whole list.
+  std::set<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    r.shard = i;
+    r.shards = 3;
+    for (const TuneItem& item : plan_tuning(r, h200, {})) {
+      for (Role role : item.roles) CHECK(seen.insert(tuning_key(role, item.problem, h200).id()).second);
+    }
+  }
+  CHECK(seen.size() == 18);  // per token count: 8 training keys and fwd_up's inference key
+  r.shard = 3;
+  CHECK_THROWS_AS(plan_tuning(r, h200, {}), InvalidArgument);
+}
+
+TEST_CASE("processes starting together tune a problem once and share its rows", "[tuner][multiprocess]") {
+  TempDir dir("shared");
+  ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  const auto h200 = cuda::fabricated::h200();
+  const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown};
+  const std::string marker = (dir / "tuned_by").string();
+  constexpr int kChildren = 4;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        db::TuningLookup lookup(dir / "tuning.sqlite", "", db::current_provenance(0),
+                                [](const db::TuningKey&) { return TileConfig{}; });
+        const TuneFn fake = [&](const std::vector<Role>& missing) {
+          std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // others pile up on the lock
+          std::vector<db::TuningRow> rows;
+          for (Role role : missing) {
+            db::TuningRow row;
+            row.key = tuning_key(role, kProblem, h200);
+            row.winner = gemm(128, 64, 32);
+            row.median_ms = 0.5;
+            row.candidates = {timed(row.winner, 0.5), timed(gemm(128, 128, 32), 0.7)};
+            row.provenance = db::current_provenance(0);
+            rows.push_back(row);
+          }
+          return rows;
+        };
+        const auto rows = tune_shared(kProblem, h200, roles, lookup, fake);
+        rc = rows.size() == roles.size() && rows[0].winner == gemm(128, 64, 32) ? 0 : 2;
+      } catch (...) {
+        rc = 3;
+      }
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const std::string tuned_by = fs::read_all(marker).value_or("");
+  CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
+  CHECK(db::TuningDb(dir / "tuning.sqlite").rows().size() == roles.size());
+}
+
+TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][cli]") {
+  TempDir dir("stale");
+  const auto path = dir / "t.sqlite";
+  {
+    db::TuningDb db(path);
+    for (const char* hash : {"0123456789abcdef", ""}) {
+      db::TuningRow row;
+      row.key = tuning_key(hash[0] ? Role::kFwdUp : Role::kFwdDown, kProblem, cuda::fabricated::h200());
+      row.winner = gemm(128, 64, 32);
+      row.median_ms = 0.5;
+      row.provenance = db::current_provenance(0);
+      if (hash[0]) row.provenance.template_hash = hash;
+      db.record(row);
+    }
+  }
+  auto r = test::run_command(test::cli() + " db list --stale --db " + path.string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("fwd_up") && Catch::Contains("1 row"));
+  CHECK_THAT(r.output, !Catch::Contains("fwd_down"));
+}

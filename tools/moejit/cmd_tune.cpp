@@ -1,0 +1,141 @@
+// moejit tune: offline tuning of a list of token counts and modes into a database, one worker
+// per visible GPU, resumable (keys already tuned are skipped unless --force) and shardable
+// across machines (--shard i/n; combine the databases with `moejit db merge`).
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "core/env.hpp"
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/handles.hpp"
+#include "db/tuning_db.hpp"
+#include "problem_args.hpp"
+#include "tuner/autotuner.hpp"
+#include "tuner/tune_plan.hpp"
+#include "tuner/tuning_keys.hpp"
+
+namespace moejit::cli {
+namespace {
+
+std::vector<int> parse_devices(const Args& a) {
+  int count = 0;
+  MOEJIT_CU(cuda::driver().cuDeviceGetCount(&count));
+  std::vector<int> out;
+  if (!a.has("devices") || a.get("devices") == "all") {
+    for (int d = 0; d < count; ++d) out.push_back(d);
+  } else {
+    for (long long d : a.get_ints("devices")) {
+      if (d < 0 || d >= count) throw InvalidArgument("--devices", fmt::format("device {} of {} visible", d, count));
+      out.push_back(static_cast<int>(d));
+    }
+  }
+  if (out.empty()) throw NoDeviceError("no GPU to tune on");
+  return out;
+}
+
+void parse_shard(const Args& a, TunePlanRequest& r) {
+  if (!a.has("shard")) return;
+  const std::string s = a.get("shard");
+  const auto slash = s.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument(s);
+    r.shard = std::stoi(s.substr(0, slash));
+    r.shards = std::stoi(s.substr(slash + 1));
+  } catch (const std::exception&) {
+    throw InvalidArgument("--shard", "expected i/n, e.g. 0/4");
+  }
+}
+
+}  // namespace
+
+int run_tune(int argc, char** argv, int start) {
+  Args a = parse_args(argc, argv, start, {"force"},
+                      {"shape", "tokens", "dtype", "modes", "roles", "db", "devices", "shard", "budget"});
+  const MoeProblem dims = parse_dims(a);
+  TunePlanRequest req;
+  req.experts = dims.experts;
+  req.hidden = dims.hidden;
+  req.intermediate = dims.intermediate;
+  req.topk = dims.topk;
+  req.dtype = dims.dtype;
+  req.tokens = parse_tokens(a, {128, 512, 1024, 2048, 4096, 8192, 16384, 32768});
+  for (const std::string& m : split(a.get("modes", "train,infer"))) req.modes.push_back(parse_mode(m));
+  if (a.has("roles")) {
+    for (const std::string& r : split(a.get("roles"))) req.roles.push_back(parse_role(r));
+  }
+  req.force = a.has("force");
+  parse_shard(a, req);
+  const double budget = a.has("budget") ? std::stod(a.get("budget")) : env::tune_budget_s();
+  const std::filesystem::path db_path = a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path();
+
+  const std::vector<int> devices = parse_devices(a);
+  const cuda::DeviceInfo first = cuda::query_device(devices.front());
+  for (int d : devices) {
+    if (cuda::query_device(d).name != first.name) {
+      throw InvalidArgument("--devices", "tune one GPU model per run (keys are per SKU)");
+    }
+  }
+  std::set<std::string> done;
+  std::map<std::string, TileConfig> existing;
+  const db::Provenance current = db::current_provenance(first.driver_version);
+  for (const auto& row : db::TuningDb(db_path).rows()) {
+    if (db::is_stale(row, current)) continue;
+    done.insert(row.key.id());
+    existing[row.key.id()] = row.winner;
+  }
+  const std::vector<TuneItem> items = plan_tuning(req, first, done);
+  fmt::print("tuning {} item(s) on {} GPU(s) ({}) into {}\n", items.size(), devices.size(), first.name,
+             db_path.string());
+
+  std::atomic<std::size_t> next{0};
+  std::atomic<int> failures{0};
+  std::mutex print_mu;
+  auto worker = [&](int device) {
+    try {
+      cuda::PrimaryContext context(device);
+      const cuda::DeviceInfo info = cuda::query_device(device);
+      db::TuningDb db(db_path);
+      for (std::size_t i = next++; i < items.size(); i = next++) {
+        const TuneItem& item = items[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        TuneOptions opt;
+        opt.budget_s = budget;
+        for (Role r : item.roles) {
+          auto it = existing.find(tuning_key(r, item.problem, info).id());
+          if (it != existing.end()) opt.incumbents[r] = it->second;
+        }
+        std::vector<std::string> lines;
+        opt.progress = [&](const std::string& line) { lines.push_back(line); };
+        try {
+          for (const auto& row : autotune(item.problem, info, item.roles, opt)) db.record(row);
+        } catch (const Error& e) {
+          ++failures;
+          lines.push_back(fmt::format("FAILED: {}", e.what()));
+        }
+        std::lock_guard<std::mutex> lock(print_mu);
+        fmt::print("[{}/{}] gpu{} T={} {} ({:.1f} s)\n", i + 1, items.size(), device, item.problem.tokens,
+                   mode_name(item.problem.mode),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        for (const auto& l : lines) fmt::print("    {}\n", l);
+        std::fflush(stdout);
+      }
+    } catch (const std::exception& e) {
+      ++failures;
+      std::lock_guard<std::mutex> lock(print_mu);
+      fmt::print("gpu{}: {}\n", device, e.what());
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int d : devices) threads.emplace_back(worker, d);
+  for (auto& t : threads) t.join();
+  fmt::print("done: {} item(s), {} failure(s)\n", items.size(), failures.load());
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace moejit::cli

@@ -1,0 +1,42 @@
+#include "problem_args.hpp"
+
+#include <fmt/format.h>
+
+namespace moejit::cli {
+
+MoeProblem parse_dims(const Args& a) {
+  MoeProblem p{1, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  if (a.has("shape")) {
+    auto v = a.get_ints("shape");
+    if (v.size() != 4) throw InvalidArgument("--shape", "expected E,H,I,K");
+    p.experts = static_cast<int>(v[0]);
+    p.hidden = static_cast<int>(v[1]);
+    p.intermediate = static_cast<int>(v[2]);
+    p.topk = static_cast<int>(v[3]);
+  }
+  if (a.has("dtype")) p.dtype = parse_dtype(a.get("dtype"));
+  if (p.experts < 1 || p.hidden < 1 || p.intermediate < 1 || p.topk < 1 || p.topk > p.experts) {
+    throw InvalidArgument("--shape", fmt::format("E={} H={} I={} K={} is not a valid problem", p.experts, p.hidden,
+                                                 p.intermediate, p.topk));
+  }
+  return p;
+}
+
+std::vector<long long> parse_tokens(const Args& a, const std::vector<long long>& fallback) {
+  if (!a.has("tokens")) return fallback;
+  auto v = a.get_ints("tokens");
+  for (long long t : v) {
+    if (t < 1) throw InvalidArgument("--tokens", fmt::format("token counts must be at least 1, got {}", t));
+  }
+  if (v.empty()) throw InvalidArgument("--tokens", "expected at least one token count");
+  return v;
+}
+
+Mode parse_mode(const std::string& name) {
+  if (name == "train") return Mode::kTraining;
+  if (name == "infer") return Mode::kInference;
+  if (name == "memeff") return Mode::kMemoryEfficient;
+  throw InvalidArgument("--mode", fmt::format("unknown mode '{}' (train, infer, memeff)", name));
+}
+
+}  // namespace moejit::cli

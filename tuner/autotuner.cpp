@@ -1,0 +1,149 @@
+#include "tuner/autotuner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+#include "core/env.hpp"
+#include "jit/kernel_cache.hpp"
+#include "moe/kernel_specs.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
+#include "tuner/tuning_keys.hpp"
+#include "tuner/tuning_session.hpp"
+#include "tuner/winner.hpp"
+
+namespace moejit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kLongKernelMs = 2.0;
+
+struct RoleCandidates {
+  Role role;
+  TileConfig reference;                 // the heuristic default, timed first
+  std::vector<TileConfig> survivors;    // reference first
+  std::vector<db::CandidateResult> results;  // survivors in order, then the pruned
+  std::vector<db::CandidateResult> pruned;
+};
+
+db::CandidateResult rejected(const TileConfig& c, std::string reason) { return {c, kNaN, kNaN, true, std::move(reason)}; }
+
+}  // namespace
+
+std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::DeviceInfo& device,
+                                    const std::vector<Role>& roles, const TuneOptions& options) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.budget_s));
+  auto say = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  const MoeShape shape{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
+                       problem.dtype};
+  const std::string arch = device.arch();
+
+  // Prune every role's space; collect what to compile (every pipeline role's default too: the
+  // scratch problem is primed with them).
+  std::vector<RoleCandidates> work;
+  std::vector<jit::KernelSpec> specs = {{Role::kUtility, TileConfig{}, problem.dtype, arch}};
+  std::map<Role, TileConfig> defaults;
+  for (Role r : roles_of(problem.mode)) {
+    defaults[r] = default_config(r, shape, device);
+    specs.push_back(role_kernel_spec(r, defaults[r], problem, arch));
+  }
+  for (Role r : roles) {
+    if (!defaults.count(r)) {
+      throw InvalidArgument("roles", fmt::format("{} does not run in {} mode", role_name(r), mode_name(problem.mode)));
+    }
+    RoleCandidates rc{r, defaults.at(r), {}, {}, {}};
+    rc.survivors.push_back(rc.reference);
+    for (const PruneDecision& d : prune_space(r, shape, device)) {
+      if (d.reason) {
+        rc.pruned.push_back(rejected(d.config, "pruned: " + *d.reason));
+      } else if (!(d.config == rc.reference)) {
+        rc.survivors.push_back(d.config);
+        specs.push_back(role_kernel_spec(r, d.config, problem, arch));
+      }
+    }
+    work.push_back(std::move(rc));
+  }
+  auto& cache = jit::KernelCache::instance();
+  cache.compile_all(specs, env::compile_jobs());
+  say(fmt::format("compiled {} kernels in {:.1f} s", specs.size(),
+                  std::chrono::duration<double>(Clock::now() - start).count()));
+
+  TuningSession session(problem, device);
+  std::map<Role, TuningSession::RoleKernel> primed;
+  for (const auto& [r, c] : defaults) primed[r] = {c, &cache.load(role_kernel_spec(r, c, problem, arch))};
+  session.prime(primed);
+
+  std::vector<db::TuningRow> rows;
+  for (RoleCandidates& rc : work) {
+    const auto role_start = Clock::now();
+    int reps = options.reps;
+    for (std::size_t i = 0; i < rc.survivors.size(); ++i) {
+      const TileConfig& c = rc.survivors[i];
+      if (i > 0 && Clock::now() > deadline) {
+        rc.results.push_back(rejected(c, fmt::format("skipped: tuning budget of {:.0f} s spent", options.budget_s)));
+        continue;
+      }
+      const jit::LoadedKernel* kernel = nullptr;
+      try {
+        kernel = &cache.load(role_kernel_spec(rc.role, c, problem, arch));
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        rc.results.push_back(rejected(c, "compile/load failed: " + what.substr(0, what.find('\n'))));
+        if (i == 0) break;  // without the reference nothing can be checked
+        continue;
+      }
+      const TuningSession::RoleKernel k{c, kernel};
+      session.run(rc.role, k);
+      if (options.inspect) {
+        const TuningSession::Span out = session.output_of(rc.role);
+        options.inspect(rc.role, c, out.ptr, out.bytes);
+      }
+      if (i == 0) {
+        session.snapshot(rc.role);
+      } else if (const double diff = session.diff(rc.role); !(diff <= kTuneTolerance)) {
+        rc.results.push_back(rejected(c, fmt::format("output differs from the reference config by {:.3g}", diff)));
+        continue;
+      }
+      const Timing t = session.time(rc.role, k, reps);
+      rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
+      // Long kernels vary little: fewer repetitions keep tuning of large problems short.
+      if (i == 0 && t.median_ms > kLongKernelMs) reps = std::min(reps, 3);
+    }
+    if (rc.results.empty() || rc.results.front().rejected) {
+      say(fmt::format("{}: the heuristic default failed; not tuned", role_name(rc.role)));
+      continue;
+    }
+    // Later roles read this role's output: leave the reference's there.
+    session.run(rc.role, primed.at(rc.role));
+    const double ref_ms = rc.results.front().median_ms;  // the reference is timed first
+    rc.results.insert(rc.results.end(), rc.pruned.begin(), rc.pruned.end());
+    std::optional<TileConfig> incumbent;
+    if (auto it = options.incumbents.find(rc.role); it != options.incumbents.end()) incumbent = it->second;
+    const auto w = choose_winner(rc.results, incumbent);
+    if (!w) {
+      say(fmt::format("{}: no correct candidate", role_name(rc.role)));
+      continue;
+    }
+    db::TuningRow row;
+    row.key = tuning_key(rc.role, problem, device);
+    row.winner = rc.results[*w].config;
+    row.median_ms = rc.results[*w].median_ms;
+    row.spread_ms = rc.results[*w].spread_ms;
+    row.candidates = rc.results;
+    row.provenance = db::current_provenance(device.driver_version);
+    say(fmt::format("{:<10} {:<28} {:8.4f} ms (heuristic {:8.4f} ms, x{:.2f}) {} candidates, {:.1f} s",
+                    role_name(rc.role), row.winner.name(), row.median_ms, ref_ms, ref_ms / row.median_ms,
+                    rc.results.size(), std::chrono::duration<double>(Clock::now() - role_start).count()));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace moejit

@@ -1,0 +1,41 @@
+// The autotuner: for each role of a problem, every config of its space is pruned for the
+// device, compiled in parallel, run once on a scratch problem and compared with the heuristic
+// default's output (a miscompiled or wrong config is rejected, not chosen), timed with CUDA
+// events, and the winner picked with a deterministic tie-break (tuner/winner.hpp).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+#include "cuda/device.hpp"
+#include "db/tuning_row.hpp"
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+struct TuneOptions {
+  double budget_s = 60;  // wall clock for compiling and timing; candidates not reached are recorded as skipped
+  int reps = 7;          // timed launches per candidate (the median is kept)
+  // The config each role used before this tuning: kept when it ties with the fastest.
+  std::map<Role, TileConfig> incumbents;
+  std::function<void(const std::string&)> progress;  // optional progress lines
+  // Called after a candidate's first run, before its output is checked, with that output's
+  // device address and size (tests use it to corrupt one candidate).
+  std::function<void(Role, const TileConfig&, CUdeviceptr output, std::size_t bytes)> inspect;
+};
+
+// Outputs may differ from the reference config's by accumulation order only.
+inline constexpr double kTuneTolerance = 1e-2;
+
+// Tunes `roles` of `problem` in the current CUDA context (whose device is `device`). One row
+// per role that had at least one correct candidate, each with every candidate's result.
+// Throws CudaError (e.g. the scratch problem does not fit in memory).
+std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::DeviceInfo& device,
+                                    const std::vector<Role>& roles, const TuneOptions& options);
+
+}  // namespace moejit

@@ -1,0 +1,121 @@
+#include "tuner/config_resolver.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "cuda/driver.hpp"
+#include "db/tuning_lookup.hpp"
+#include "tuner/autotuner.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
+#include "tuner/shared_tuning.hpp"
+#include "tuner/tuning_keys.hpp"
+
+namespace moejit {
+
+db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<db::TuningLookup>> lookups;
+  const db::Provenance current = db::current_provenance(device.driver_version);
+  const std::string id = env::user_db_path().string() + "|" + env::shipped_db_dir().string() + "|" +
+                         current.template_hash + "|" + current.nvrtc_version;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = lookups[id];
+  if (!slot) {
+    // The heuristic level is handled by the resolver (it needs the problem's real shape).
+    slot = std::make_unique<db::TuningLookup>(env::user_db_path(), env::shipped_db_dir(), current,
+                                              [](const db::TuningKey&) { return TileConfig{}; });
+  }
+  return *slot;
+}
+
+namespace {
+
+bool capturing(CUstream_st* stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = cuda::driver().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &status);
+  return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+std::optional<TileConfig> override_for(Role role, const MoeShape& shape, const cuda::DeviceInfo& device,
+                                       const Options& options) {
+  auto it = options.config_overrides.find(role_name(role));
+  if (it == options.config_overrides.end()) return std::nullopt;
+  for (const TileConfig& c : config_space(role, shape)) {
+    if (c.name() != it->second) continue;
+    if (auto why = prune_reason(role, c, shape, device)) {
+      throw InvalidArgument("config_overrides", fmt::format("{} config {} is pruned: {}", role_name(role), c.name(), *why));
+    }
+    return c;
+  }
+  throw InvalidArgument("config_overrides",
+                        fmt::format("{} has no config named '{}' for this problem", role_name(role), it->second));
+}
+
+}  // namespace
+
+std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const cuda::DeviceInfo& device,
+                                               const Options& options, bool allow_tuning) {
+  const MoeShape shape{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
+                       problem.dtype};
+  db::TuningLookup& lookup = tuning_lookup(device);
+  std::map<Role, ResolvedConfig> out;
+  std::map<Role, db::Resolved> fallback;
+  std::vector<Role> missing;
+  auto legal = [&](Role r, const TileConfig& c) { return !prune_reason(r, c, shape, device); };
+  for (Role r : roles_of(problem.mode)) {
+    if (auto c = override_for(r, shape, device, options)) {
+      out[r] = {*c, "override"};
+      continue;
+    }
+    db::Resolved res = lookup.resolve(tuning_key(r, problem, device));
+    const bool exact = res.source == db::Resolved::Source::kMemory || res.source == db::Resolved::Source::kUserDb ||
+                       res.source == db::Resolved::Source::kShippedDb;
+    if (exact && legal(r, res.config)) {
+      out[r] = {res.config, res.source_name()};
+    } else {
+      missing.push_back(r);
+      fallback[r] = std::move(res);
+    }
+  }
+  if (missing.empty()) return out;
+
+  const bool tuning = allow_tuning && env::autotune_enabled();
+  if (tuning && !capturing(options.stream)) {
+    const TuneFn tune = [&](const std::vector<Role>& roles) {
+      const auto t0 = std::chrono::steady_clock::now();
+      TuneOptions tune_options;
+      tune_options.budget_s = env::tune_budget_s();
+      auto rows = autotune(problem, device, roles, tune_options);
+      log::info("tuned {} role(s) of E={} H={} I={} K={} T={} in {:.1f} s", rows.size(), problem.experts,
+                problem.hidden, problem.intermediate, problem.topk, problem.tokens,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      return rows;
+    };
+    for (const auto& row : tune_shared(problem, device, missing, lookup, tune)) {
+      if (legal(row.key.role, row.winner)) out[row.key.role] = {row.winner, "tuned"};
+    }
+  } else if (tuning) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) log::warn("not tuning while the plan's stream is capturing a CUDA graph");
+  }
+  for (Role r : missing) {
+    if (out.count(r)) continue;
+    const db::Resolved& res = fallback[r];
+    if (res.source == db::Resolved::Source::kNearestBucket && legal(r, res.config)) {
+      out[r] = {res.config, res.source_name()};
+    } else {
+      out[r] = {default_config(r, shape, device), "heuristic"};
+    }
+  }
+  return out;
+}
+
+}  // namespace moejit

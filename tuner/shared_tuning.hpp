@@ -1,0 +1,26 @@
+// Tuning shared by the processes of one host: the roles of a problem are tuned by whichever
+// process takes the problem's file lock first; the others wait on the lock and then read the
+// rows it wrote to the user database. A crashed holder releases the lock with its process.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "db/tuning_lookup.hpp"
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
+
+// The lock file of a problem's tuning: next to the user database, named by a hash of the key.
+std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device);
+
+// Under the lock: rows for `missing` that are now in the user DB (or this process's memory),
+// plus tune(rest), which are recorded in the user DB and remembered by `lookup`.
+std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
+                                       const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune);
+
+}  // namespace moejit

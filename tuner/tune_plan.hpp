@@ -1,0 +1,36 @@
+// The work list of an offline tuning run (`moejit tune`): one item per (token count, mode) with
+// the roles whose keys still need tuning. Pure, so resuming and sharding are unit-tested.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "jit/role.hpp"
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+struct TuneItem {
+  MoeProblem problem;
+  std::vector<Role> roles;
+};
+
+struct TunePlanRequest {
+  int experts = 0, hidden = 0, intermediate = 0, topk = 0;
+  DType dtype = DType::kBF16;
+  std::vector<long long> tokens;
+  std::vector<Mode> modes;
+  std::vector<Role> roles;  // empty: every role of each mode
+  int shard = 0, shards = 1;
+  bool force = false;       // retune keys that already have a fresh row
+};
+
+// Keys already tuned (ids in `done`) are skipped unless force; a key shared by several modes
+// (e.g. fwd_down is "train" for inference too) is tuned once, in the first mode listed. Items
+// are ordered by token count, then mode; shard i of n takes items i, i+n, ...
+std::vector<TuneItem> plan_tuning(const TunePlanRequest& request, const cuda::DeviceInfo& device,
+                                  const std::set<std::string>& done);
+
+}  // namespace moejit

@@ -1,0 +1,37 @@
+#include "tuner/tuning_keys.hpp"
+
+#include "tuner/role_traits.hpp"
+
+namespace moejit {
+
+std::vector<Role> roles_of(Mode mode) {
+  std::vector<Role> roles = {Role::kRouting, Role::kFwdUp, Role::kFwdDown, Role::kGatherSum};
+  if (mode != Mode::kInference) roles.insert(roles.end(), {Role::kBwdDown, Role::kBwdDw2, Role::kBwdDx, Role::kBwdDw1});
+  return roles;
+}
+
+std::string key_mode(Role role, Mode mode) {
+  if (role == Role::kFwdUp && mode == Mode::kInference) return "infer";
+  if ((role == Role::kBwdDw2 || role == Role::kBwdDown) && mode == Mode::kMemoryEfficient) return "memeff";
+  return "train";
+}
+
+db::TuningKey tuning_key(Role role, const MoeProblem& p, const cuda::DeviceInfo& device) {
+  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+  db::TuningKey k;
+  k.device = device.name;
+  k.arch = device.arch();
+  k.role = role;
+  k.dtype = p.dtype;
+  k.hidden = p.hidden;
+  k.intermediate = p.intermediate;
+  k.experts = p.experts;
+  k.topk = p.topk;
+  k.block_m = token_block_m(shape);
+  k.use_tma = false;
+  k.tpe_bucket = db::tpe_bucket(shape.pairs(), p.experts);
+  k.mode = key_mode(role, p.mode);
+  return k;
+}
+
+}  // namespace moejit

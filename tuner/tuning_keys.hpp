@@ -1,0 +1,23 @@
+// Which tuning key each role of a problem is stored under, and which roles a mode runs.
+#pragma once
+
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "db/tuning_key.hpp"
+#include "jit/role.hpp"
+#include "moejit/moejit.hpp"
+
+namespace moejit {
+
+// The roles a plan of this mode launches, in pipeline order.
+std::vector<Role> roles_of(Mode mode);
+
+// The key's mode string names the kernel variant, not the caller's mode, so identical kernels
+// share rows: "infer" only for fwd_up without the pre_act store, "memeff" only for bwd_dw2
+// (recomputed activation) and bwd_down (no weighted-activation store), "train" otherwise.
+std::string key_mode(Role role, Mode mode);
+
+db::TuningKey tuning_key(Role role, const MoeProblem& problem, const cuda::DeviceInfo& device);
+
+}  // namespace moejit

@@ -1,0 +1,230 @@
+#include "tuner/tuning_session.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cuda/driver.hpp"
+#include "moe/launch.hpp"
+#include "moe/routing.hpp"
+#include "tuner/role_traits.hpp"
+
+namespace moejit {
+namespace {
+
+// Mirrors templates/util.cuh.
+struct FillParams {
+  void* out;
+  long long count;
+  unsigned long long seed;
+  float lo, hi;
+};
+struct TopkIdsParams {
+  std::int32_t* ids;
+  long long tokens;
+  std::int32_t topk, experts;
+  unsigned long long seed;
+};
+struct RelDiffParams {
+  const void* got;
+  const void* want;
+  long long count;
+  double* sums;
+};
+enum UtilityKernel { kFill = 0, kTopkIds = 1, kRelDiff = 2 };
+
+cuda::DeviceBuffer alloc(std::size_t bytes) { return cuda::DeviceBuffer(std::max<std::size_t>(bytes, 256)); }
+
+char* at(const cuda::DeviceBuffer& b, std::size_t offset) { return b.as<char>() + offset; }
+
+}  // namespace
+
+TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device)
+    : problem_(problem),
+      shape_{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.dtype},
+      device_(device),
+      block_m_(token_block_m(shape_)),
+      aligned_(problem.hidden % 8 == 0 && problem.intermediate % 8 == 0) {
+  // The training layout holds every intermediate of every mode; variants differ only in params.
+  layout_ = memory_layout(shape_, Mode::kTraining, block_m_);
+  const std::size_t T = problem.tokens, E = problem.experts, H = problem.hidden, I = problem.intermediate,
+                    K = problem.topk, TK = T * K;
+  x_ = alloc(T * H * 2);
+  w1_ = alloc(E * 2 * I * H * 2);
+  w2_ = alloc(E * H * I * 2);
+  ids_ = alloc(TK * 4);
+  scores_ = alloc(TK * 2);
+  d_out_ = alloc(T * H * 2);
+  out_ = alloc(T * H * 2);
+  dx_ = alloc(T * H * 2);
+  dw1_ = alloc(E * 2 * I * H * 2);
+  dw2_ = alloc(E * H * I * 2);
+  ds_ = alloc(TK * 2);
+  saved_ = alloc(layout_.saved_bytes);
+  fwd_ws_ = alloc(layout_.forward_bytes);
+  bwd_ws_ = alloc(layout_.backward_bytes);
+  flush_ = alloc(2 * static_cast<std::size_t>(device.l2_bytes));
+  snapshot_ = alloc(std::max({2 * TK * 2 * I, 2 * TK * H, 2 * E * 2 * I * H, 2 * T * H, layout_.routing.total_bytes}));
+  sums_ = alloc(3 * sizeof(double));
+
+  utility_ = &jit::KernelCache::instance().load({Role::kUtility, TileConfig{}, problem.dtype, device.arch()});
+  auto fill = [&](const cuda::DeviceBuffer& b, std::size_t count, float lo, float hi, unsigned long long seed) {
+    FillParams p{b.as<void>(), static_cast<long long>(count), seed, lo, hi};
+    void* args[] = {&p};
+    utility_->launch(kFill, {static_cast<unsigned>(device.sm_count * 8)}, {256}, 0, stream_.get(), args);
+  };
+  fill(x_, T * H, -1.f, 1.f, 1);
+  fill(w1_, E * 2 * I * H, -2.f / std::sqrt(float(H)), 2.f / std::sqrt(float(H)), 2);
+  fill(w2_, E * H * I, -2.f / std::sqrt(float(I)), 2.f / std::sqrt(float(I)), 3);
+  fill(scores_, TK, 0.05f, 1.f, 4);
+  fill(d_out_, T * H, -1.f, 1.f, 5);
+  TopkIdsParams ids{ids_.as<std::int32_t>(), problem.tokens, problem.topk, problem.experts, 6};
+  void* args[] = {&ids};
+  utility_->launch(kTopkIds, {static_cast<unsigned>(device.sm_count * 4)}, {256}, 0, stream_.get(), args);
+
+  ForwardArgs f;
+  f.x = x_.as<void>();
+  f.w1 = w1_.as<void>();
+  f.w2 = w2_.as<void>();
+  f.topk_ids = ids_.as<std::int32_t>();
+  f.topk_weights = scores_.as<void>();
+  f.out = out_.as<void>();
+  f.saved = saved_.as<void>();
+  f.workspace = fwd_ws_.as<void>();
+  f.stream = stream_.get();
+  MoeProblem training = problem;
+  training.mode = Mode::kTraining;
+  fwd_ = forward_steps(f, training, layout_, block_m_);
+  if (problem.mode == Mode::kInference) fwd_.fwd_up.pre_act = nullptr;
+  BackwardArgs b;
+  b.d_out = d_out_.as<void>();
+  b.x = f.x;
+  b.w1 = f.w1;
+  b.w2 = f.w2;
+  b.topk_ids = f.topk_ids;
+  b.topk_weights = f.topk_weights;
+  b.saved = f.saved;
+  b.dx = dx_.as<void>();
+  b.dw1 = dw1_.as<void>();
+  b.dw2 = dw2_.as<void>();
+  b.d_topk_weights = ds_.as<void>();
+  b.workspace = bwd_ws_.as<void>();
+  b.stream = stream_.get();
+  bwd_ = backward_steps(b, training, layout_);
+  // Memory-efficient kernels run on separate buffers here (tuning must not consume pre_act):
+  // bwd_down only skips the weighted-activation store; bwd_dw2's fused variant reads pre_act.
+  if (problem.mode == Mode::kMemoryEfficient) bwd_.bwd_down.weighted_act = nullptr;
+  stream_.synchronize();
+}
+
+void TuningSession::launch(Role role, const RoleKernel& k) {
+  CUstream s = stream_.get();
+  if (role == Role::kRouting) {
+    launch_routing(*k.kernel, k.config, fwd_.routing);
+    return;
+  }
+  const LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
+  switch (role) {
+    case Role::kFwdUp: launch_role(*k.kernel, g, &fwd_.fwd_up, s); break;
+    case Role::kFwdDown: launch_role(*k.kernel, g, &fwd_.fwd_down, s); break;
+    case Role::kGatherSum: launch_role(*k.kernel, g, &fwd_.gather_out, s); break;
+    case Role::kBwdDown: launch_role(*k.kernel, g, &bwd_.bwd_down, s); break;
+    case Role::kBwdDw2: launch_role(*k.kernel, g, &bwd_.bwd_dw2, s); break;
+    case Role::kBwdDx: launch_role(*k.kernel, g, &bwd_.bwd_dx, s); break;
+    case Role::kBwdDw1: launch_role(*k.kernel, g, &bwd_.bwd_dw1, s); break;
+    default: throw InternalError("role cannot be tuned");
+  }
+}
+
+void TuningSession::run(Role role, const RoleKernel& k) {
+  if (role == Role::kBwdDown) {
+    MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(bwd_.ds_acc), 0, bwd_.ds_count,
+                                               stream_.get()));
+  }
+  launch(role, k);
+}
+
+void TuningSession::prime(const std::map<Role, RoleKernel>& kernels) {
+  for (Role r : {Role::kRouting, Role::kFwdUp, Role::kFwdDown, Role::kGatherSum, Role::kBwdDown, Role::kBwdDw2,
+                 Role::kBwdDx, Role::kBwdDw1}) {
+    auto it = kernels.find(r);
+    if (it != kernels.end()) run(r, it->second);
+  }
+  stream_.synchronize();
+}
+
+Timing TuningSession::time(Role role, const RoleKernel& k, int reps) {
+  const cuda::Driver& d = cuda::driver();
+  std::vector<cuda::Event> starts, stops;
+  for (int i = 0; i < reps; ++i) {
+    starts.emplace_back();
+    stops.emplace_back();
+  }
+  for (int i = 0; i < reps; ++i) {
+    // Evict the previous launch's data from L2 so every repetition reads from memory.
+    MOEJIT_CU(d.cuMemsetD8Async(flush_.get(), static_cast<unsigned char>(i), flush_.bytes(), stream_.get()));
+    if (role == Role::kBwdDown) {
+      MOEJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(bwd_.ds_acc), 0, bwd_.ds_count, stream_.get()));
+    }
+    starts[i].record(stream_.get());
+    launch(role, k);
+    stops[i].record(stream_.get());
+  }
+  stream_.synchronize();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) ms.push_back(stops[i].elapsed_since(starts[i]));
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.back() - ms.front()};
+}
+
+TuningSession::Span TuningSession::output_of(Role role) const {
+  const std::size_t T = problem_.tokens, E = problem_.experts, H = problem_.hidden, I = problem_.intermediate,
+                    TK = T * problem_.topk;
+  switch (role) {
+    case Role::kRouting: {
+      // Everything routing produces except the per-chunk scratch, which depends on the config.
+      const std::size_t from = layout_.routing.expert_counts;
+      return {reinterpret_cast<CUdeviceptr>(at(saved_, layout_.routing_offset + from)),
+              layout_.routing.total_bytes - from};
+    }
+    case Role::kFwdUp: return {reinterpret_cast<CUdeviceptr>(at(fwd_ws_, layout_.act)), 2 * TK * I};
+    case Role::kFwdDown: return {reinterpret_cast<CUdeviceptr>(at(fwd_ws_, layout_.y)), 2 * TK * H};
+    case Role::kGatherSum: return {out_.get(), 2 * T * H};
+    case Role::kBwdDown: return {reinterpret_cast<CUdeviceptr>(at(bwd_ws_, layout_.d_pre_act)), 2 * TK * 2 * I};
+    case Role::kBwdDw2: return {dw2_.get(), 2 * E * H * I};
+    case Role::kBwdDx: return {reinterpret_cast<CUdeviceptr>(at(bwd_ws_, layout_.dx_rows)), 2 * TK * H};
+    case Role::kBwdDw1: return {dw1_.get(), 2 * E * 2 * I * H};
+    default: throw InternalError("role has no output to compare");
+  }
+}
+
+void TuningSession::snapshot(Role role) {
+  const Span s = output_of(role);
+  MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(snapshot_.get(), s.ptr, s.bytes, stream_.get()));
+  stream_.synchronize();
+}
+
+double TuningSession::diff(Role role) {
+  const cuda::Driver& d = cuda::driver();
+  const Span s = output_of(role);
+  stream_.synchronize();
+  if (role == Role::kRouting) {
+    std::string got(s.bytes, '\0'), want(s.bytes, '\0');
+    MOEJIT_CU(d.cuMemcpyDtoH(got.data(), s.ptr, s.bytes));
+    MOEJIT_CU(d.cuMemcpyDtoH(want.data(), snapshot_.get(), s.bytes));
+    return got == want ? 0.0 : std::numeric_limits<double>::infinity();
+  }
+  MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, sums_.bytes(), stream_.get()));
+  RelDiffParams p{reinterpret_cast<const void*>(s.ptr), snapshot_.as<void>(), static_cast<long long>(s.bytes / 2),
+                  sums_.as<double>()};
+  void* args[] = {&p};
+  utility_->launch(kRelDiff, {static_cast<unsigned>(device_.sm_count * 4)}, {256}, 0, stream_.get(), args);
+  stream_.synchronize();
+  double sums[3];
+  sums_.download(sums, sizeof sums);
+  if (sums[2] > 0) return std::numeric_limits<double>::infinity();
+  return std::sqrt(sums[0]) / std::max(std::sqrt(sums[1]), 1e-30);
+}
+
+}  // namespace moejit

@@ -1,0 +1,74 @@
+// A scratch problem on the GPU for tuning: random inputs generated on the device, every
+// intermediate buffer of a training step, and the means to run, time and check one role with
+// one candidate kernel. Tuning never touches a caller's buffers.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/handles.hpp"
+#include "jit/kernel_cache.hpp"
+#include "moe/memory_layout.hpp"
+#include "moe/steps.hpp"
+#include "moejit/moejit.hpp"
+#include "tuner/tile_config.hpp"
+
+namespace moejit {
+
+struct Timing {
+  double median_ms = 0;
+  double spread_ms = 0;  // max - min over the repetitions
+};
+
+class TuningSession {
+ public:
+  // Allocates and fills the scratch problem in the current context. Throws CudaError (e.g. out
+  // of memory) or CompileError (utility kernels).
+  TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device);
+
+  struct RoleKernel {
+    TileConfig config;
+    const jit::LoadedKernel* kernel = nullptr;
+  };
+  // Runs forward and backward once so every role's inputs hold real values.
+  void prime(const std::map<Role, RoleKernel>& kernels);
+
+  // Launches one role once (resetting what it accumulates into first).
+  void run(Role role, const RoleKernel& k);
+  // CUDA-event median over `reps` launches, L2 flushed before each.
+  Timing time(Role role, const RoleKernel& k, int reps);
+
+  // Keeps a copy of the role's current output as the reference for diff().
+  void snapshot(Role role);
+  // Relative L2 difference of the role's output to the snapshot; infinity when the output has
+  // a non-finite value (routing: 0 when identical, infinity otherwise).
+  double diff(Role role);
+
+  const MoeShape& shape() const { return shape_; }
+
+  struct Span {
+    CUdeviceptr ptr;
+    std::size_t bytes;
+  };
+  // Where the role writes the output diff() compares.
+  Span output_of(Role role) const;
+
+ private:
+  void launch(Role role, const RoleKernel& k);
+
+  MoeProblem problem_;
+  MoeShape shape_;
+  cuda::DeviceInfo device_;
+  MemoryLayout layout_;
+  int block_m_;
+  bool aligned_;
+  cuda::Stream stream_;
+  cuda::DeviceBuffer x_, w1_, w2_, ids_, scores_, d_out_, out_, dx_, dw1_, dw2_, ds_;
+  cuda::DeviceBuffer saved_, fwd_ws_, bwd_ws_, flush_, snapshot_, sums_;
+  ForwardSteps fwd_{};
+  BackwardSteps bwd_{};
+  const jit::LoadedKernel* utility_ = nullptr;
+};
+
+}  // namespace moejit
