@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What a session runs on the GPU machine (build here, carry build/release, run this there).
+#   tools/gpu-round.sh tests            every [gpu] test case in its own process, one line each
+#   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
+#   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
+# Logs go to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export MOEJIT_CACHE_DIR=${MOEJIT_CACHE_DIR:-/tmp/moejit-kernels}
+out=${OUT:-/tmp}
+case "${1:-}" in
+  tests)
+    bin=build/release/tests/moejit_gpu_tests
+    fails=0
+    while read -r name; do
+      [[ -z "$name" || "$name" == *"test cases"* ]] && continue
+      start=$SECONDS
+      timeout 500 "$bin" "${name//,/\\,}" > /tmp/one.log 2>&1
+      rc=$?
+      echo "rc=$rc $((SECONDS - start))s $name"
+      cat /tmp/one.log >> "$out/gpu-tests.log"
+      if ((rc != 0)); then
+        fails=$((fails + 1))
+        grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
+      fi
+    done < <("$bin" --list-test-names-only)
+    echo "gpu test cases failed: $fails"
+    ;;
+  tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
+  bench) shift; build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
+  *) sed -n '2,6p' "$0"; exit 2 ;;
+esac
