@@ -86,19 +86,37 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_const
 #pragma unroll
       for (int ni = 0; ni < Mma::kNi; ++ni) {
         const int col = n0 + warp_n * Mma::kWarpN + ni * 8 + 2 * (lane & 3);
-        if (!valid) continue;
+        if (!valid || col >= p.inter) continue;
+        const int64 gi = row * 2 * p.inter + col;
+        const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
+        float g[2], u[2], dg[2], du[2], wa[2];
+        // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
+        const bool pair = ALIGNED || col + 1 < p.inter;
+        if (ALIGNED) {
+          load_float2(pre + gi, g[0], g[1]);
+          load_float2(pre + gi + p.inter, u[0], u[1]);
+        } else {
+          g[0] = load_float(pre + gi);
+          u[0] = load_float(pre + gi + p.inter);
+          g[1] = pair ? load_float(pre + gi + 1) : 0.f;
+          u[1] = pair ? load_float(pre + gi + 1 + p.inter) : 0.f;
+        }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          if (col + j >= p.inter) continue;
-          const int64 gi = row * 2 * p.inter + col + j;
-          const float g = load_float(pre + gi), u = load_float(pre + gi + p.inter);
-          const float da = mma.acc[mi][ni][2 * half + j];
-          ds += da * SwiGlu::act(g, u);
-          float dg, du;
-          SwiGlu::backward(g, u, s * da, dg, du);
-          store_float(dpre + gi, dg);
-          store_float(dpre + gi + p.inter, du);
-          if (wact != nullptr) store_float(wact + row * p.inter + col + j, SwiGlu::weighted_act(g, u, s));
+          ds += (j == 0 || pair) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
+          SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
+          wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
+        }
+        if (ALIGNED) {
+          store_float2(dpre + gi, dg[0], dg[1]);
+          store_float2(dpre + gi + p.inter, du[0], du[1]);
+          if (wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
+        } else {
+          for (int j = 0; j < (pair ? 2 : 1); ++j) {
+            store_float(dpre + gi + j, dg[j]);
+            store_float(dpre + gi + j + p.inter, du[j]);
+            if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
+          }
         }
       }
       // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.

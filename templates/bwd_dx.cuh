@@ -56,9 +56,11 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constan
       [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
 
   T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
-  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) {
-    if (r < tile.rows) store_pair<T, ALIGNED>(out + static_cast<int64>(r) * p.hidden, c, p.hidden - n0, v0, v1);
-  });
+  static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
+                "the output tile is staged in the pipeline's shared memory");
+  store_accumulators<T, BM, BN, kThreads, ALIGNED>(
+      smem_raw, mma, warp_m, warp_n,
+      [&](int r) -> T* { return r < tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
 }
 
 }  // namespace moejit

@@ -70,28 +70,41 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
       },
       [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
 
-  T* act = static_cast<T*>(p.act);
-  T* pre = static_cast<T*>(p.pre_act);
+  // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory
+  // and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
+  using Staged = StagedTile<T, BM, BN>;
+  static_assert(Staged::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
+                "the output tile is staged in the pipeline's shared memory");
+  const Staged staged{reinterpret_cast<T*>(smem_raw)};
   const int lane = threadIdx.x & 31;
+  T* act = static_cast<T*>(p.act) + static_cast<int64>(tile.row0) * p.inter + n0;
+  T* pre = static_cast<T*>(p.pre_act);
+  const int outputs = pre != nullptr ? 3 : 1;
+  for (int which = 0; which < outputs; ++which) {
+    __syncthreads();
 #pragma unroll
-  for (int mi = 0; mi < Mma::kMi; ++mi)
+    for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
-      if (r >= tile.rows) continue;
-      const int64 row = tile.row0 + r;
+      for (int half = 0; half < 2; ++half) {
+        const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
 #pragma unroll
-      for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-        const int col = n0 + warp_n * kHalf + ni * 8 + 2 * (lane & 3);
-        const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
-        const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half], u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
-        store_pair<T, ALIGNED>(act + row * p.inter, col, p.inter, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
-        if (pre != nullptr) {
-          store_pair<T, ALIGNED>(pre + row * 2 * p.inter, col, p.inter, g0, g1);
-          store_pair<T, ALIGNED>(pre + row * 2 * p.inter + p.inter, col, p.inter, u0, u1);
+        for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+          const int c = warp_n * kHalf + ni * 8 + 2 * (lane & 3);
+          const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
+          const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
+          const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
+          if (which == 0) staged.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
+          else if (which == 1) staged.put(r, c, g0, g1);
+          else staged.put(r, c, u0, u1);
         }
       }
-    }
+    __syncthreads();
+    const int64 stride = which == 0 ? p.inter : 2 * p.inter;
+    T* base = which == 0 ? act
+                         : pre + static_cast<int64>(tile.row0) * 2 * p.inter + n0 + (which == 2 ? p.inter : 0);
+    staged.template write<kThreads, ALIGNED>(
+        [&](int r) -> T* { return r < tile.rows ? base + r * stride : nullptr; }, p.inter - n0);
+  }
 }
 
 }  // namespace moejit

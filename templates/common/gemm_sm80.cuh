@@ -174,17 +174,6 @@ __device__ __forceinline__ void pipelined_k_loop(int k_tiles, Load load, Compute
 
 namespace moejit {
 
-// Stores two adjacent output elements (col, col+1) of a row; cols_valid bounds the row.
-template <typename T, bool ALIGNED>
-__device__ __forceinline__ void store_pair(T* row, int col, int cols_valid, float v0, float v1) {
-  if constexpr (ALIGNED) {
-    if (col < cols_valid) store_float2(row + col, v0, v1);  // cols_valid is a multiple of 8
-  } else {
-    if (col < cols_valid) store_float(row + col, v0);
-    if (col + 1 < cols_valid) store_float(row + col + 1, v1);
-  }
-}
-
 // Calls f(row, col, v0, v1) for every accumulator pair a warp owns; row and col are tile-local.
 template <typename Mma, typename F>
 __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, int warp_m, int warp_n, F f) {
@@ -200,6 +189,54 @@ __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, int warp_m, in
         f(row, col, mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]);
       }
     }
+}
+
+}  // namespace moejit
+
+namespace moejit {
+
+// An output tile staged in shared memory so that global stores are 16-byte, row-contiguous
+// and coalesced instead of the 4-byte scattered stores of the mma.sync fragment layout. Rows
+// are padded by 8 elements so the fragment writes (8 rows x 16 bytes per warp) hit distinct
+// banks. Reuses the pipeline's shared memory once the main loop is done.
+template <typename T, int BM, int BN>
+struct StagedTile {
+  static constexpr int kStride = BN + 8;
+  static constexpr int kBytes = BM * kStride * 2;
+  T* smem;
+
+  // Two adjacent values of tile row r at columns c, c+1 (c even).
+  __device__ __forceinline__ void put(int r, int c, float v0, float v1) const { store_float2(smem + r * kStride + c, v0, v1); }
+
+  // Writes the tile: row_dst(r) is the global address of tile row r's column 0, or nullptr to
+  // skip the row; cols_valid columns exist. Call between __syncthreads() (after the puts, and
+  // before the tile is reused).
+  template <int THREADS, bool ALIGNED, typename RowDst>
+  __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
+    constexpr int kChunks = BN / 8;
+    for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
+      const int r = idx / kChunks, col = (idx % kChunks) * 8;
+      T* dst = row_dst(r);
+      if (dst == nullptr || col >= cols_valid) continue;
+      const T* src = smem + r * kStride + col;
+      if constexpr (ALIGNED) {
+        *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
+      }
+    }
+  }
+};
+
+// Stages every accumulator of `mma` (through value(v), e.g. identity) and writes the tile.
+template <typename T, int BM, int BN, int THREADS, bool ALIGNED, typename Mma, typename RowDst>
+__device__ __forceinline__ void store_accumulators(void* smem, const Mma& mma, int warp_m, int warp_n, RowDst row_dst,
+                                                   int cols_valid) {
+  const StagedTile<T, BM, BN> tile{static_cast<T*>(smem)};
+  __syncthreads();
+  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
+  __syncthreads();
+  tile.template write<THREADS, ALIGNED>(row_dst, cols_valid);
 }
 
 }  // namespace moejit

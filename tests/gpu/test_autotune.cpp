@@ -84,10 +84,15 @@ TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune
   const cuda::Driver& d = cuda::driver();
   Options options;
   options.stream = stream.get();
+  MemoryPlan memory;
+  {
+    ScopedEnv off("MOEJIT_AUTOTUNE", "0");  // buffer sizes only; nothing tuned here
+    memory = FusedMoe(kProblem).memory();
+  }
+  auto run = std::make_unique<DeviceRun>(data, memory);
   // Relaxed capture lets the plan load its modules while the stream is captured.
   MOEJIT_CU(d.cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_RELAXED));
   FusedMoe plan(kProblem, options);
-  auto run = std::make_unique<DeviceRun>(data, plan.memory());
   plan.forward(run->forward_args(stream.get()));
   plan.backward(run->backward_args(stream.get()));
   CUgraph graph = nullptr;
