@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <vector>
+
+#include "cuda/driver.hpp"
 
 namespace moejit::bench {
 namespace {
@@ -25,13 +28,6 @@ Mode plan_mode(StepKind kind) {
   if (kind == StepKind::kInference) return Mode::kInference;
   return Mode::kTraining;
 }
-
-// Scratch of one plan, allocated for the steps that use it and freed after them.
-struct PlanBuffers {
-  cuda::DeviceBuffer saved, forward_ws, backward_ws;
-  explicit PlanBuffers(const MemoryPlan& m)
-      : saved(m.saved_bytes), forward_ws(m.forward_workspace_bytes), backward_ws(m.backward_workspace_bytes) {}
-};
 
 }  // namespace
 
@@ -73,25 +69,41 @@ std::map<std::string, std::map<std::string, std::string>> MoeSteps::configs() co
 
 Footprint MoeSteps::memory(Mode mode) const { return footprint(problem_, plans_.at(mode).memory()); }
 
+ForwardArgs MoeSteps::forward_args(int step, const PlanBuffers& scratch) const {
+  const int c = step % inputs_.copies();
+  ForwardArgs a;
+  a.x = inputs_.x[c].as<void>();
+  a.w1 = weights_.w1.as<void>();
+  a.w2 = weights_.w2.as<void>();
+  a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
+  a.topk_weights = inputs_.topk_weights[c].as<void>();
+  a.out = out_.as<void>();
+  a.saved = scratch.saved.as<void>();
+  a.saved_bytes = scratch.saved.bytes();
+  a.workspace = scratch.forward_ws.as<void>();
+  a.workspace_bytes = scratch.forward_ws.bytes();
+  a.stream = stream_;
+  return a;
+}
+
+double MoeSteps::forward_enqueue_us(int calls) {
+  FusedMoe& plan = plans_.at(Mode::kTraining);
+  const PlanBuffers scratch(plan.memory());
+  plan.forward(forward_args(0, scratch));  // first call outside the timing
+  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
+  std::vector<ForwardArgs> args;
+  for (int i = 0; i < calls; ++i) args.push_back(forward_args(i, scratch));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const ForwardArgs& a : args) plan.forward(a);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
+  return us / calls;
+}
+
 Stats MoeSteps::measure(StepKind kind, StreamTimer& timer, int warmup, int iters) {
   FusedMoe& plan = plans_.at(plan_mode(kind));
   const PlanBuffers scratch(plan.memory());
-  auto forward = [&](int step) {
-    const int c = step % inputs_.copies();
-    ForwardArgs a;
-    a.x = inputs_.x[c].as<void>();
-    a.w1 = weights_.w1.as<void>();
-    a.w2 = weights_.w2.as<void>();
-    a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
-    a.topk_weights = inputs_.topk_weights[c].as<void>();
-    a.out = out_.as<void>();
-    a.saved = scratch.saved.as<void>();
-    a.saved_bytes = scratch.saved.bytes();
-    a.workspace = scratch.forward_ws.as<void>();
-    a.workspace_bytes = scratch.forward_ws.bytes();
-    a.stream = stream_;
-    plan.forward(a);
-  };
+  auto forward = [&](int step) { plan.forward(forward_args(step, scratch)); };
   auto backward = [&](int step) {
     const int c = step % inputs_.copies();
     BackwardArgs a;

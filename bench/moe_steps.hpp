@@ -30,6 +30,13 @@ struct Footprint {
 
 Footprint footprint(const MoeProblem& problem, const MemoryPlan& plan);
 
+// Scratch of one plan, allocated for the steps that use it and freed after them.
+struct PlanBuffers {
+  cuda::DeviceBuffer saved, forward_ws, backward_ws;
+  explicit PlanBuffers(const MemoryPlan& m)
+      : saved(m.saved_bytes), forward_ws(m.forward_workspace_bytes), backward_ws(m.backward_workspace_bytes) {}
+};
+
 class MoeSteps {
  public:
   // Builds a training plan and a memory-efficient one (for its MemoryPlan, and timed only as
@@ -46,7 +53,12 @@ class MoeSteps {
 
   Stats measure(StepKind kind, StreamTimer& timer, int warmup, int iters);
 
+  // Host cost of a training forward() alone: `calls` back-to-back calls timed on the host clock
+  // (no events, no synchronisation between them), microseconds per call.
+  double forward_enqueue_us(int calls);
+
  private:
+  ForwardArgs forward_args(int step, const PlanBuffers& scratch) const;
   MoeProblem problem_;
   const Weights& weights_;
   CUstream stream_;
