@@ -38,10 +38,6 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_consta
 
   Mma mma;
   mma.zero();
-  // x rows are gathered by token: their offsets are fetched one k-tile ahead.
-  GatheredRows<T, BK, BN, kThreads> gathered;
-  const auto x_offset = [&](int32 row) { return static_cast<int64>(token_of_row(p.routing, row)) * p.hidden; };
-  gathered.prefetch(r_begin, r_end, x_offset);
   pipelined_k_loop<STAGES>(
       ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
@@ -50,9 +46,12 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_consta
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
             m_total - m0);
-        load_tile_chunks<T, BK, BN, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems, [&](int it, int) { return gathered.src(x, it); }, p.hidden - n0);
-        gathered.prefetch(k0 + BK, r_end, x_offset);
+        load_tile<T, BK, BN, kThreads, ALIGNED>(
+            sb + stage * Mma::BTile::kElems,
+            [&](int r) -> const T* {
+              return k0 + r < r_end ? x + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+            },
+            p.hidden - n0);
       },
       [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
 

@@ -44,17 +44,17 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
 
   Mma mma;
   mma.zero();
-  // A = dO^T: tile row r is sorted row k0 + r, gathered from its token (offsets fetched one
-  // k-tile ahead), columns m0..
-  GatheredRows<T, BK, BM, kThreads> gathered;
-  const auto d_out_offset = [&](int32 row) { return static_cast<int64>(token_of_row(p.routing, row)) * p.hidden; };
-  gathered.prefetch(r_begin, r_end, d_out_offset);
   pipelined_k_loop<STAGES>(
       ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
-        load_tile_chunks<T, BK, BM, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems, [&](int it, int) { return gathered.src(d_out, it); }, p.hidden - m0);
+        // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
+        load_tile<T, BK, BM, kThreads, ALIGNED>(
+            sa + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* {
+              return k0 + r < r_end ? d_out + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+            },
+            p.hidden - m0);
         if constexpr (FUSED_ACT) {
           fill_tile<T, BK, BN, kThreads>(sb + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
-        gathered.prefetch(k0 + BK, r_end, d_out_offset);
       },
       [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
 

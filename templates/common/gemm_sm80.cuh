@@ -32,31 +32,18 @@ struct SmemTile {
   }
 };
 
-// The 16-byte chunks of a ROWS x COLS tile each thread copies: iteration it of thread t takes
-// chunk t + it * THREADS, i.e. tile row row_of(it).
-template <int ROWS, int COLS, int THREADS>
-struct TileChunks {
-  static constexpr int kPerRow = COLS / 8;
-  static constexpr int kTotal = ROWS * kPerRow;
-  static constexpr int kIters = (kTotal + THREADS - 1) / THREADS;
-  __device__ __forceinline__ static bool exists(int it) {
-    return kTotal % THREADS == 0 || static_cast<int>(threadIdx.x) + it * THREADS < kTotal;
-  }
-  __device__ __forceinline__ static int row_of(int it) { return (static_cast<int>(threadIdx.x) + it * THREADS) / kPerRow; }
-  __device__ __forceinline__ static int col_of(int it) {
-    return ((static_cast<int>(threadIdx.x) + it * THREADS) % kPerRow) * 8;
-  }
-};
-
 // Fills a ROWS x COLS tile with values computed per 16-byte chunk: fill(r, col, v) writes the
 // 8 elements of tile row r starting at column col into v. Synchronous (plain loads and stores).
 template <typename T, int ROWS, int COLS, int THREADS, typename Fill>
 __device__ __forceinline__ void fill_tile(T* smem, Fill fill) {
-  using Chunks = TileChunks<ROWS, COLS, THREADS>;
+  using Tile = SmemTile<ROWS, COLS>;
+  constexpr int kTotal = ROWS * Tile::kChunks;
 #pragma unroll
-  for (int it = 0; it < Chunks::kIters; ++it) {
-    if (!Chunks::exists(it)) break;
-    const int r = Chunks::row_of(it), col = Chunks::col_of(it);
+  for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
+    const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
+    if (kTotal % THREADS != 0 && idx >= kTotal) break;
+    const int r = idx / Tile::kChunks;
+    const int col = (idx % Tile::kChunks) * 8;
     uint16 v[8];
     fill(r, col, v);
     uint4 packed;
@@ -64,65 +51,39 @@ __device__ __forceinline__ void fill_tile(T* smem, Fill fill) {
     packed.y = v[2] | (static_cast<uint32>(v[3]) << 16);
     packed.z = v[4] | (static_cast<uint32>(v[5]) << 16);
     packed.w = v[6] | (static_cast<uint32>(v[7]) << 16);
-    *reinterpret_cast<uint4*>(smem + SmemTile<ROWS, COLS>::offset(r, col)) = packed;
+    *reinterpret_cast<uint4*>(smem + Tile::offset(r, col)) = packed;
   }
 }
 
-// Loads a ROWS x COLS tile into shared memory. chunk_src(it, r) returns the global address of
-// the element that lands in column 0 of tile row r (this thread's chunk iteration it), or
-// nullptr to zero the row; `cols_valid` of the tile's columns exist in global memory (the rest
-// are zeroed). ALIGNED: rows and column offsets are 16-byte aligned and cols_valid is a multiple
-// of 8, so cp.async moves 16 bytes at a time; otherwise elements are loaded one by one.
-template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, typename ChunkSrc>
-__device__ __forceinline__ void load_tile_chunks(T* smem, ChunkSrc chunk_src, int cols_valid) {
-  using Chunks = TileChunks<ROWS, COLS, THREADS>;
+// Loads a ROWS x COLS tile into shared memory. row_src(r) returns the global address of the
+// element that lands in column 0 of tile row r, or nullptr to zero the row; `cols_valid` of the
+// tile's columns exist in global memory (the rest are zeroed). ALIGNED: rows and column offsets
+// are 16-byte aligned and cols_valid is a multiple of 8, so cp.async moves 16 bytes at a time;
+// otherwise elements are loaded one by one.
+template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, typename RowSrc>
+__device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_valid) {
+  using Tile = SmemTile<ROWS, COLS>;
   if constexpr (ALIGNED) {
+    constexpr int kTotal = ROWS * Tile::kChunks;
 #pragma unroll
-    for (int it = 0; it < Chunks::kIters; ++it) {
-      if (!Chunks::exists(it)) break;
-      const int r = Chunks::row_of(it), col = Chunks::col_of(it);
-      const T* src = chunk_src(it, r);
-      T* dst = smem + SmemTile<ROWS, COLS>::offset(r, col);
+    for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
+      const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
+      if (kTotal % THREADS != 0 && idx >= kTotal) break;
+      const int r = idx / Tile::kChunks;
+      const int col = (idx % Tile::kChunks) * 8;
+      const T* src = row_src(r);
+      T* dst = smem + Tile::offset(r, col);
       const bool ok = src != nullptr && col < cols_valid;
       cp_async_16(dst, ok ? static_cast<const void*>(src + col) : static_cast<const void*>(smem), ok ? 16 : 0);
     }
   } else {
-    int it = 0;
     fill_tile<T, ROWS, COLS, THREADS>(smem, [&](int r, int col, uint16 (&v)[8]) {
-      const uint16* src = reinterpret_cast<const uint16*>(chunk_src(it++, r));
+      const uint16* src = reinterpret_cast<const uint16*>(row_src(r));
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = (src != nullptr && col + j < cols_valid) ? src[col + j] : 0;
     });
   }
 }
-
-// load_tile_chunks with row_src(r) giving each tile row's address.
-template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, typename RowSrc>
-__device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_valid) {
-  load_tile_chunks<T, ROWS, COLS, THREADS, ALIGNED>(smem, [&](int, int r) { return row_src(r); }, cols_valid);
-}
-
-// Row addresses of gathered token rows for the next k-tile, fetched one k-step ahead: the
-// token lookups (a dependent global load) then never stall the issue of the current tile's
-// copies. Usage per k-tile: load with src(it), then prefetch() the following k-tile.
-template <typename T, int ROWS, int COLS, int THREADS>
-struct GatheredRows {
-  using Chunks = TileChunks<ROWS, COLS, THREADS>;
-  int64 offset[Chunks::kIters];  // element offset of each chunk's row, -1 past the rows
-
-  // row_offset(sorted_row) -> element offset of that row's token in the source matrix.
-  template <typename RowOffset>
-  __device__ __forceinline__ void prefetch(int32 first_row, int32 row_end, RowOffset row_offset) {
-#pragma unroll
-    for (int it = 0; it < Chunks::kIters; ++it) {
-      const int32 row = first_row + Chunks::row_of(it);
-      offset[it] = Chunks::exists(it) && row < row_end ? row_offset(row) : -1;
-    }
-  }
-  __device__ __forceinline__ const T* src(const T* base, int it) const {
-    return offset[it] < 0 ? nullptr : base + offset[it];
-  }
-};
 
 // Warp-level MMA over one BM x BN x BK stage. WM x WN warps; each warp owns a
 // (BM/WM) x (BN/WN) block of the fp32 accumulators in mma.sync's C-fragment layout:
