@@ -2,7 +2,6 @@
 // orchestration of DESIGN.md's kernel roles on the caller's stream.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <set>
 #include <vector>
 
