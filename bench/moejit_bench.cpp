@@ -184,7 +184,7 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
     const bool with_inference = std::count(args.steps.begin(), args.steps.end(), StepKind::kInference) > 0;
     MoeSteps moe(p, args.options, with_inference, args.routing, device.l2_bytes, seed, weights, stream);
     r.plan_seconds = moe.plan_seconds();
-    // 64 calls queue 384 launches: well below the driver's queue depth, so none waits for the GPU.
+    // 64 calls queue at most 320 launches: well below the driver's queue depth, so none waits for the GPU.
     r.forward_enqueue_us = moe.forward_enqueue_us(64);
     r.copies = moe.copies();
     r.configs = moe.configs();

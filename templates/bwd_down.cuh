@@ -7,7 +7,7 @@
 // written, by the same thread, and no other block touches it.
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 #include "common/swiglu.cuh"
 #include "common/warp.cuh"
@@ -27,12 +27,11 @@ struct BwdDownParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
 __global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
-  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, false>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
   int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
@@ -49,24 +48,22 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_const
   const T* d_out = static_cast<const T*>(p.d_out);
   const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(p.hidden, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<T, BM, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : d_out + s_rows[r] + k0; }, p.hidden - k0);
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
-        load_tile<T, BK, BN, kThreads, ALIGNED>(
+        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
             sb + stage * Mma::BTile::kElems,
             [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },
             p.inter - n0);
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   const T* scores = static_cast<const T*>(p.scores);
   const T* pre = static_cast<const T*>(p.pre_act);
@@ -77,7 +74,7 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_const
   for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
+      const int r = mma.row(mi, half);
       const bool valid = r < tile.rows;
       const int64 row = tile.row0 + r;
       const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
@@ -85,7 +82,7 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_const
       float ds = 0.f;
 #pragma unroll
       for (int ni = 0; ni < Mma::kNi; ++ni) {
-        const int col = n0 + warp_n * Mma::kWarpN + ni * 8 + 2 * (lane & 3);
+        const int col = n0 + mma.col(ni);
         if (!valid || col >= p.inter) continue;
         const int64 gi = row * 2 * p.inter + col;
         const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};

@@ -3,7 +3,7 @@
 // rows. Experts without rows write zeros.
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 
 namespace moejit {
@@ -17,12 +17,11 @@ struct BwdDw1Params {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
 __global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
-  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, false, false>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
 
@@ -34,32 +33,30 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_consta
   const int m0 = static_cast<int>(m) * BM, n0 = static_cast<int>(n) * BN;
   const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
   const T* x = static_cast<const T*>(p.x) + n0;
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(r_end - r_begin, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
-        load_tile<T, BK, BM, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
             m_total - m0);
-        load_tile<T, BK, BN, kThreads, ALIGNED>(
+        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
             sb + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               return k0 + r < r_end ? x + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
             },
             p.hidden - n0);
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
                 "the output tile is staged in the pipeline's shared memory");
   store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma, warp_m, warp_n,
+      smem_raw, mma,
       [&](int r) -> T* { return m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
 }
 

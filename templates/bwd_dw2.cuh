@@ -5,7 +5,7 @@
 // pre-activations while filling the B tile instead of reading a weighted-activation buffer.
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 #include "common/swiglu.cuh"
 
@@ -22,12 +22,11 @@ struct BwdDw2Params {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED, bool FUSED_ACT>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED, bool FUSED_ACT>
 __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
-  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, false, false>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
 
@@ -40,23 +39,22 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
   const T* wact = static_cast<const T*>(p.weighted_act) + n0;
   const T* pre = static_cast<const T*>(p.pre_act) + n0;
   const T* scores = static_cast<const T*>(p.scores);
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(r_end - r_begin, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
         // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
-        load_tile<T, BK, BM, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* {
               return k0 + r < r_end ? d_out + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
             },
             p.hidden - m0);
         if constexpr (FUSED_ACT) {
-          fill_tile<T, BK, BN, kThreads>(sb + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
+          fill_tile<typename Mma::BTile, kThreads>(sb + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
             const bool ok = row < r_end;
             const float s = ok ? load_float(scores + p.routing.sorted_pairs[row]) : 0.f;
@@ -83,19 +81,18 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
             }
           });
         } else {
-          load_tile<T, BK, BN, kThreads, ALIGNED>(
+          load_tile<typename Mma::BTile, kThreads, ALIGNED>(
               sb + stage * Mma::BTile::kElems,
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(e) * p.hidden + m0) * p.inter + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
                 "the output tile is staged in the pipeline's shared memory");
   store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma, warp_m, warp_n,
+      smem_raw, mma,
       [&](int r) -> T* { return m0 + r < p.hidden ? out + static_cast<int64>(r) * p.inter : nullptr; }, p.inter - n0);
 }
 

@@ -3,7 +3,7 @@
 // are then summed per token by gather_sum (unweighted: s is already folded into d_pre_act).
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 
 namespace moejit {
@@ -17,12 +17,11 @@ struct BwdDxParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
 __global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
-  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, false>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
 
@@ -35,31 +34,29 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constan
   const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
   const int n0 = static_cast<int>(n) * BN;
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(k_total, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(k_total, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<T, BM, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return r < tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
             k_total - k0);
         // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
-        load_tile<T, BK, BN, kThreads, ALIGNED>(
+        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
             sb + stage * Mma::BTile::kElems,
             [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
             p.hidden - n0);
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
                 "the output tile is staged in the pipeline's shared memory");
   store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma, warp_m, warp_n,
+      smem_raw, mma,
       [&](int r) -> T* { return r < tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
 }
 

@@ -2,7 +2,7 @@
 // sorted order (no gather); Y [TK, H] is unweighted: gather_sum applies the router scores.
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 
 namespace moejit {
@@ -16,12 +16,11 @@ struct FwdDownParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
 __global__ void __launch_bounds__(WARPS * 32) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
-  using Mma = WarpMma<T, BM, BN, BK, WM, kWN, true, true>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, true>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
 
@@ -33,32 +32,30 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_down_kernel(const __grid_const
   const T* act = static_cast<const T*>(p.act) + static_cast<int64>(tile.row0) * p.inter;
   const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(p.inter, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(p.inter, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<T, BM, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
             p.inter - k0);
-        load_tile<T, BN, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
             sb + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr;
             },
             p.inter - k0);
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
                 "the output tile is staged in the pipeline's shared memory");
   store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma, warp_m, warp_n,
+      smem_raw, mma,
       [&](int r) -> T* { return r < tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
 }
 

@@ -2,12 +2,12 @@
 // gather the tile's x rows, multiply by the expert's gate and up rows, and apply SwiGLU to the
 // fp32 accumulators. Writes act [TK, I] and, when training, pre_act [TK, 2I] = [g | u].
 //
-// The B tile holds 2*BN weight rows arranged so each warp's N range is its gate columns
-// followed by the up columns of the same outputs; the epilogue then pairs acc[.][ni] (gate)
-// with acc[.][ni + kNi/2] (up) inside one thread.
+// The B tile holds 2*BN weight rows arranged so each warp's (wgmma: warpgroup's) N range is its
+// gate columns followed by the up columns of the same outputs; the epilogue then pairs
+// acc[.][ni] (gate) with acc[.][ni + kNi/2] (up) inside one thread.
 #pragma once
 
-#include "common/gemm_sm80.cuh"
+#include "common/gemm.cuh"
 #include "common/moe_tiles.cuh"
 #include "common/swiglu.cuh"
 
@@ -23,14 +23,13 @@ struct FwdUpParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
 __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   constexpr int kThreads = WARPS * 32;
-  constexpr int kWN = WARPS / WM;
   constexpr int kBN2 = 2 * BN;
-  using Mma = WarpMma<T, BM, kBN2, BK, WM, kWN, true, true>;
-  constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  using Mma = GemmMma<WGMMA, T, BM, kBN2, BK, WARPS, WM, true, true>;
+  constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
+  extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   T* sa = reinterpret_cast<T*>(smem_raw);
   T* sb = sa + STAGES * Mma::ATile::kElems;
   int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
@@ -47,18 +46,17 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
   const T* x = static_cast<const T*>(p.x);
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * 2 * p.inter * p.hidden;
   const int n0 = static_cast<int>(n) * BN;
-  const int warp = threadIdx.x / 32, warp_m = warp / kWN, warp_n = warp % kWN;
 
   Mma mma;
   mma.zero();
-  pipelined_k_loop<STAGES>(
-      ceil_div(p.hidden, BK),
+  gemm_main_loop<STAGES>(
+      mma, sa, sb, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<T, BM, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
             sa + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : x + s_rows[r] + k0; }, p.hidden - k0);
-        load_tile<T, kBN2, BK, kThreads, ALIGNED>(
+        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
             sb + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
@@ -67,8 +65,7 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
               return w1 + static_cast<int64>(within < kHalf ? j : p.inter + j) * p.hidden + k0;
             },
             p.hidden - k0);
-      },
-      [&](int stage) { mma.compute(sa + stage * Mma::ATile::kElems, sb + stage * Mma::BTile::kElems, warp_m, warp_n); });
+      });
 
   // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory
   // and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
@@ -76,7 +73,6 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
   static_assert(Staged::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
                 "the output tile is staged in the pipeline's shared memory");
   const Staged staged{reinterpret_cast<T*>(smem_raw)};
-  const int lane = threadIdx.x & 31;
   T* act = static_cast<T*>(p.act) + static_cast<int64>(tile.row0) * p.inter + n0;
   T* pre = static_cast<T*>(p.pre_act);
   const int outputs = pre != nullptr ? 3 : 1;
@@ -86,10 +82,10 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
     for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
+        const int r = mma.row(mi, half);
 #pragma unroll
         for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-          const int c = warp_n * kHalf + ni * 8 + 2 * (lane & 3);
+          const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
           const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
           const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
           const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];

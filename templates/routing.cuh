@@ -1,15 +1,19 @@
 // Routing: a stable counting sort of the flat (token, slot) pairs by expert, without any
 // host synchronisation, plus the tile metadata the grouped GEMMs walk.
 //
-// Three launches of one template, selected by PHASE:
+// Two launches of one template, selected by PHASE (one when a single chunk covers all pairs):
 //   kRoutingCount   grid = chunks: per-chunk histogram over E+1 buckets (bucket E collects expert
 //                   ids outside [0, E), which are dropped: they reach no expert and no output).
-//   kRoutingScan    one block: per-bucket offsets of every chunk, expert counts and offsets,
-//                   tiles per expert and the tile table (tile -> expert, first sorted row).
-//   kRoutingScatter grid = chunks: each pair's sorted position, stable in the flat index.
+//                   Skipped when num_chunks == 1.
+//   kRoutingPlace   grid = chunks: every block redoes the scan from the chunk counts (each
+//                   bucket's total and its count in earlier chunks), so no single-block scan
+//                   launch sits between count and scatter; then expert and tile offsets by block
+//                   scans, block 0 writes the per-expert outputs, all blocks share the tile table
+//                   (tile -> expert, first sorted row), and each block scatters its chunk, stable
+//                   in the flat index. With one chunk the block counts its pairs itself.
 // A chunk is THREADS * ITEMS consecutive pairs, walked in ITEMS sub-tiles of THREADS.
-// Dynamic shared memory per phase (ints): count E+1, scan 2(E+1)+THREADS/32+1,
-// scatter (THREADS/32+1)(E+1); src/moe/routing.cpp computes the same sizes for the launch.
+// Dynamic shared memory per phase (ints): count E+1, place 2(E+1) + max(W(E+1), E+1+W+1) with
+// W = THREADS/32; src/moe/routing_layout.cpp computes the same sizes for the launch.
 #pragma once
 
 #include "common/block_scan.cuh"
@@ -18,7 +22,7 @@
 
 namespace moejit {
 
-enum RoutingPhase : int { kRoutingCount = 0, kRoutingScan = 1, kRoutingScatter = 2 };
+enum RoutingPhase : int { kRoutingCount = 0, kRoutingPlace = 1 };
 
 struct RoutingParams {
   const int32* topk_ids;     // [T*K] expert of each flat pair index t*K + k
@@ -27,7 +31,7 @@ struct RoutingParams {
   int32 block_m;             // rows per GEMM tile
   int32 num_chunks;          // ceil(num_pairs / (THREADS*ITEMS))
   int32 max_tiles;           // host bound: num_pairs / block_m + min(E, num_pairs)
-  int32* chunk_counts;       // [(E+1) * num_chunks], bucket-major; the scan turns counts into offsets
+  int32* chunk_counts;       // [(E+1) * num_chunks], bucket-major; unused when num_chunks == 1
   int32* expert_counts;      // [E+1]: pairs per expert; [E] = dropped pairs
   int32* expert_offsets;     // [E+2]: first sorted row of each expert; [E] = routed pairs, [E+1] = T*K
   int32* expert_tile_offsets;  // [E+1]: first tile of each expert; [E] = number of tiles
@@ -42,10 +46,10 @@ __device__ __forceinline__ int32 routing_bucket(const RoutingParams& p, int32 pa
   return (e >= 0 && e < p.num_experts) ? e : p.num_experts;
 }
 
+// Histogram of this block's chunk over E+1 buckets into hist (shared), complete on return.
 template <int THREADS, int ITEMS>
-__device__ void routing_count(const RoutingParams& p, int32* smem) {
+__device__ void routing_histogram(const RoutingParams& p, int32* hist) {
   const int32 buckets = p.num_experts + 1;
-  int32* hist = smem;
   for (int32 b = threadIdx.x; b < buckets; b += THREADS) hist[b] = 0;
   __syncthreads();
   const int64 base = static_cast<int64>(blockIdx.x) * THREADS * ITEMS;
@@ -55,73 +59,48 @@ __device__ void routing_count(const RoutingParams& p, int32* smem) {
     if (pair < p.num_pairs) atomicAdd(&hist[routing_bucket(p, static_cast<int32>(pair))], 1);
   }
   __syncthreads();
-  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
-    p.chunk_counts[static_cast<int64>(b) * p.num_chunks + blockIdx.x] = hist[b];
-  }
-}
-
-template <int THREADS>
-__device__ void routing_scan(const RoutingParams& p, int32* smem) {
-  constexpr int kWarps = THREADS / 32;
-  const int32 E = p.num_experts;
-  const int32 buckets = E + 1;
-  int32* offsets = smem;                  // [E+1]
-  int32* tile_offsets = smem + buckets;   // [E+1]
-  int32* scratch = smem + 2 * buckets;    // [kWarps+1]
-  // Per bucket, an exclusive scan over chunks: one warp per bucket, lanes across chunks.
-  const int warp = threadIdx.x / 32;
-  for (int32 b = warp; b < buckets; b += kWarps) {
-    int32* row = p.chunk_counts + static_cast<int64>(b) * p.num_chunks;
-    int32 carry = 0;
-    for (int32 c0 = 0; c0 < p.num_chunks; c0 += 32) {
-      const int32 c = c0 + static_cast<int32>(lane_id());
-      const int32 v = c < p.num_chunks ? row[c] : 0;
-      const int32 incl = warp_inclusive_scan(v);
-      if (c < p.num_chunks) row[c] = carry + incl - v;
-      carry += __shfl_sync(kFullWarp, incl, 31);
-    }
-    if (lane_id() == 0) {
-      p.expert_counts[b] = carry;
-      offsets[b] = carry;
-      tile_offsets[b] = b < E ? (carry + p.block_m - 1) / p.block_m : 0;
-    }
-  }
-  __syncthreads();
-  block_exclusive_scan<THREADS>(offsets, buckets, scratch);
-  const int32 num_tiles = block_exclusive_scan<THREADS>(tile_offsets, buckets, scratch);
-  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
-    p.expert_offsets[b] = offsets[b];
-    p.expert_tile_offsets[b] = tile_offsets[b];
-  }
-  if (threadIdx.x == 0) p.expert_offsets[buckets] = p.num_pairs;
-  // Tile table: each tile finds its expert by binary search over the tile offsets.
-  for (int32 t = threadIdx.x; t < p.max_tiles; t += THREADS) {
-    int32 expert = -1, row = -1;
-    if (t < num_tiles) {
-      int32 lo = 0, hi = E - 1;  // last expert whose first tile <= t
-      while (lo < hi) {
-        const int32 mid = (lo + hi + 1) / 2;
-        if (tile_offsets[mid] <= t) lo = mid; else hi = mid - 1;
-      }
-      expert = lo;
-      row = offsets[lo] + (t - tile_offsets[lo]) * p.block_m;
-    }
-    p.tile_expert[t] = expert;
-    p.tile_row_begin[t] = row;
-  }
 }
 
 template <int THREADS, int ITEMS>
-__device__ void routing_scatter(const RoutingParams& p, int32* smem) {
+__device__ void routing_count(const RoutingParams& p, int32* smem) {
+  const int32 buckets = p.num_experts + 1;
+  routing_histogram<THREADS, ITEMS>(p, smem);
+  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
+    p.chunk_counts[static_cast<int64>(b) * p.num_chunks + blockIdx.x] = smem[b];
+  }
+}
+
+// Per bucket: totals[b] = its pairs in all chunks, before[b] = its pairs in chunks before this
+// block's. One warp per bucket, lanes across chunks (coalesced over a bucket-major row).
+// chunk_counts is only read: other blocks read it concurrently.
+template <int THREADS>
+__device__ void routing_chunk_sums(const RoutingParams& p, int32* totals, int32* before) {
   constexpr int kWarps = THREADS / 32;
   const int32 buckets = p.num_experts + 1;
-  int32* next_row = smem;                 // [E+1]: next free sorted row of each bucket
-  int32* warp_counts = smem + buckets;    // [kWarps][E+1]: pairs of each bucket per warp
-  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
-    next_row[b] = p.expert_offsets[b] + p.chunk_counts[static_cast<int64>(b) * p.num_chunks + blockIdx.x];
+  const int32 chunk = static_cast<int32>(blockIdx.x);
+  for (int32 b = threadIdx.x / 32; b < buckets; b += kWarps) {
+    const int32* row = p.chunk_counts + static_cast<int64>(b) * p.num_chunks;
+    int32 total = 0, earlier = 0;
+    for (int32 c = static_cast<int32>(lane_id()); c < p.num_chunks; c += 32) {
+      const int32 v = row[c];
+      total += v;
+      if (c < chunk) earlier += v;
+    }
+    total = warp_sum(total);
+    earlier = warp_sum(earlier);
+    if (lane_id() == 0) {
+      totals[b] = total;
+      before[b] = earlier;
+    }
   }
-  for (int32 i = threadIdx.x; i < kWarps * buckets; i += THREADS) warp_counts[i] = 0;
   __syncthreads();
+}
+
+// Stable scatter of this block's chunk: next_row[b] is the first sorted row of bucket b's pairs
+// in this chunk; warp_counts ([kWarps][E+1]) must be zero.
+template <int THREADS, int ITEMS>
+__device__ void routing_scatter(const RoutingParams& p, int32* next_row, int32* warp_counts) {
+  const int32 buckets = p.num_experts + 1;
   const int warp = threadIdx.x / 32;
   const int64 base = static_cast<int64>(blockIdx.x) * THREADS * ITEMS;
   for (int i = 0; i < ITEMS; ++i) {
@@ -148,15 +127,72 @@ __device__ void routing_scatter(const RoutingParams& p, int32* smem) {
   }
 }
 
+template <int THREADS, int ITEMS>
+__device__ void routing_place(const RoutingParams& p, int32* smem) {
+  constexpr int kWarps = THREADS / 32;
+  const int32 E = p.num_experts;
+  const int32 buckets = E + 1;
+  const bool first = blockIdx.x == 0;
+  int32* next_row = smem;           // [E+1]: pairs in earlier chunks, then next free sorted row
+  int32* offsets = smem + buckets;  // [E+1]: pairs per bucket, then its first sorted row
+  // [kWarps][E+1]: the scatter's per-warp counts; until the scatter, the same space holds the
+  // tile offsets [E+1] and the block scans' scratch [kWarps+1].
+  int32* warp_counts = smem + 2 * buckets;
+  int32* tile_offsets = warp_counts;
+  int32* scratch = warp_counts + buckets;
+  if (p.num_chunks == 1) {
+    routing_histogram<THREADS, ITEMS>(p, offsets);
+    for (int32 b = threadIdx.x; b < buckets; b += THREADS) next_row[b] = 0;
+  } else {
+    routing_chunk_sums<THREADS>(p, offsets, next_row);
+  }
+  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
+    const int32 count = offsets[b];
+    if (first) p.expert_counts[b] = count;
+    tile_offsets[b] = b < E ? (count + p.block_m - 1) / p.block_m : 0;
+  }
+  __syncthreads();
+  block_exclusive_scan<THREADS>(offsets, buckets, scratch);
+  const int32 num_tiles = block_exclusive_scan<THREADS>(tile_offsets, buckets, scratch);
+  for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
+    if (first) {
+      p.expert_offsets[b] = offsets[b];
+      p.expert_tile_offsets[b] = tile_offsets[b];
+    }
+    next_row[b] += offsets[b];
+  }
+  if (first && threadIdx.x == 0) p.expert_offsets[buckets] = p.num_pairs;
+  // Tile table, each entry written by one thread of the grid: the tile's expert is found by
+  // binary search over the tile offsets.
+  for (int64 t = static_cast<int64>(blockIdx.x) * THREADS + threadIdx.x; t < p.max_tiles;
+       t += static_cast<int64>(gridDim.x) * THREADS) {
+    const int32 tile = static_cast<int32>(t);
+    int32 expert = -1, row = -1;
+    if (tile < num_tiles) {
+      int32 lo = 0, hi = E - 1;  // last expert whose first tile <= tile
+      while (lo < hi) {
+        const int32 mid = (lo + hi + 1) / 2;
+        if (tile_offsets[mid] <= tile) lo = mid; else hi = mid - 1;
+      }
+      expert = lo;
+      row = offsets[lo] + (tile - tile_offsets[lo]) * p.block_m;
+    }
+    p.tile_expert[tile] = expert;
+    p.tile_row_begin[tile] = row;
+  }
+  __syncthreads();  // the tile offsets and scratch make way for the per-warp counts
+  for (int32 i = threadIdx.x; i < kWarps * buckets; i += THREADS) warp_counts[i] = 0;
+  __syncthreads();
+  routing_scatter<THREADS, ITEMS>(p, next_row, warp_counts);
+}
+
 template <int PHASE, int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS) routing_kernel(const __grid_constant__ RoutingParams p) {
   extern __shared__ int32 routing_smem[];
   if constexpr (PHASE == kRoutingCount) {
     routing_count<THREADS, ITEMS>(p, routing_smem);
-  } else if constexpr (PHASE == kRoutingScan) {
-    routing_scan<THREADS>(p, routing_smem);
   } else {
-    routing_scatter<THREADS, ITEMS>(p, routing_smem);
+    routing_place<THREADS, ITEMS>(p, routing_smem);
   }
 }
 

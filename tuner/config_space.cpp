@@ -13,6 +13,11 @@ constexpr int kGroupM = 8;
 // pipelines exceed the register and shared-memory budget, so the space keeps three depths.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 
+// Hopper wgmma configs (sm_90a only; gated on every other device): BLOCK_K 64 gives the
+// 128-byte swizzled rows wgmma reads best, and one k tile stays in flight in the tensor cores,
+// so pipelines are deeper than the portable ones. Pruning drops what exceeds shared memory.
+constexpr std::pair<int, int> kHopperDepths[] = {{64, 4}, {64, 5}, {64, 6}};
+
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
   c.block_m = bm;
@@ -21,6 +26,11 @@ TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   c.stages = stages;
   c.warps = warps;
   c.group_m = kGroupM;
+  return c;
+}
+
+TileConfig hopper(TileConfig c) {
+  c.arch_tag = ArchTag::kHopper;
   return c;
 }
 
@@ -34,6 +44,12 @@ long long next_pow2(long long v) {
 int fit(int edge, long long extent, int minimum) {
   while (edge > minimum && edge > next_pow2(extent)) edge /= 2;
   return edge;
+}
+
+// The Hopper defaults are legal by construction for the shapes that reach them; this keeps
+// a device with less shared memory on the portable default.
+bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, const cuda::DeviceInfo& device) {
+  return gemm_warp_rows(role, c) > 0 && role_smem_bytes(role, c, shape) <= device.smem_optin_per_block;
 }
 
 }  // namespace
@@ -67,6 +83,11 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       for (int bn : {n_min, 2 * n_min, 4 * n_min})
         for (auto [bk, stages] : kDepths)
           for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high
+        for (int bn : {2 * n_min, 4 * n_min})
+          for (auto [bk, stages] : kHopperDepths)
+            for (int warps : {4, 8}) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
+      }
       break;
     }
     case RoleKind::kExpertGemm:
@@ -74,6 +95,9 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
         for (int bn : {64, 128})
           for (auto [bk, stages] : kDepths)
             for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+      for (int bn : {128, 256})
+        for (auto [bk, stages] : kHopperDepths)
+          for (int warps : {4, 8}) out.push_back(hopper(gemm(128, bn, bk, stages, warps)));
       break;
     case RoleKind::kGather:
       for (int warps : {1, 2, 4, 8}) {
@@ -89,21 +113,48 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
   return out;
 }
 
-TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo&) {
+TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo& device) {
   TileConfig c;
   const GemmDims d = gemm_dims(role, shape);
   switch (role_kind(role)) {
-    case RoleKind::kRouting:
-      c.warps = 8;
-      c.items = 4;
+    case RoleKind::kRouting: {
+      // Chunks of 4096 pairs (16 warps x 8 items): every block of the scatter phase re-reads all
+      // chunks' counts, num_chunks * (E+1) ints, which small chunks make expensive at large T.
+      // Smaller problems take the widest chunk pruning keeps (none wider than the pairs padded to
+      // 1024), usually a single chunk and so a single launch; many experts trade warps for items
+      // (same chunk) until the per-warp counts fit shared memory.
+      const long long padded = std::max<long long>(1024, (shape.pairs() + 1023) / 1024 * 1024);
+      c.warps = 16;
+      c.items = 8;
+      while (static_cast<long long>(c.threads()) * c.items > padded) {
+        if (c.items > 4) {
+          c.items /= 2;
+        } else {
+          c.warps /= 2;
+        }
+      }
+      while (c.warps > 4 && role_smem_bytes(role, c, shape) > device.smem_optin_per_block) {
+        c.warps /= 2;
+        c.items *= 2;
+      }
       return c;
+    }
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
-      c = gemm(bm, role == Role::kFwdUp ? 64 : 128, 32, 4, bm >= 128 ? 8 : 4);
+      const int bn = role == Role::kFwdUp ? 64 : 128;
+      if (device.is_hopper() && bm >= 64 && fit(bn, d.n, min_block_n(role)) == bn) {
+        c = hopper(gemm(bm, bn, 64, 5, 8));
+        if (hopper_default_fits(role, c, shape, device)) return c;
+      }
+      c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
       c.block_n = fit(c.block_n, d.n, min_block_n(role));
       return c;
     }
     case RoleKind::kExpertGemm:
+      if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
+        c = hopper(gemm(128, 128, 64, 5, 8));
+        if (hopper_default_fits(role, c, shape, device)) return c;
+      }
       c = gemm(128, 128, 32, 3, 8);
       c.block_m = fit(c.block_m, d.m, min_block_m(role));
       c.block_n = fit(c.block_n, d.n, min_block_n(role));

@@ -42,6 +42,16 @@ int gemm_tile_n(Role r, const TileConfig& c) { return r == Role::kFwdUp ? 2 * c.
 
 int gemm_warp_rows(Role r, const TileConfig& c) {
   const int bm = c.block_m, bn = gemm_tile_n(r, c);
+  if (c.arch_tag == ArchTag::kHopper) {
+    if (c.warps % 4 != 0) return 0;
+    const int groups = c.warps / 4;
+    for (int wgm = groups; wgm >= 1; wgm /= 2) {
+      if (groups % wgm != 0 || bm % (64 * wgm) != 0) continue;
+      const int n = bn / (groups / wgm);
+      if (n == 64 || n == 128 || n == 256) return wgm;
+    }
+    return 0;
+  }
   int best = 0, best_gap = 1 << 30;
   for (int wm = 1; wm <= c.warps; wm *= 2) {
     if (c.warps % wm != 0) continue;
@@ -61,7 +71,9 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {
     case RoleKind::kRouting: {
       long long worst = 0;
-      for (int phase = 0; phase < 3; ++phase) worst = std::max(worst, routing_smem_bytes(phase, c.threads(), shape.experts));
+      for (int phase = 0; phase < kRoutingPhases; ++phase) {
+        worst = std::max(worst, routing_smem_bytes(phase, c.threads(), shape.experts));
+      }
       return worst;
     }
     case RoleKind::kTokenGemm:

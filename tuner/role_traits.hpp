@@ -9,7 +9,7 @@
 namespace moejit {
 
 enum class RoleKind {
-  kRouting,     // histogram / scan / scatter
+  kRouting,     // histogram, then scan + scatter
   kTokenGemm,   // rows = token tiles of one expert (fwd_up, fwd_down, bwd_down, bwd_dx)
   kExpertGemm,  // tiles of one expert's weight gradient, K = its tokens (bwd_dw1, bwd_dw2)
   kGather,      // gather_sum
@@ -32,8 +32,10 @@ GemmDims gemm_dims(Role r, const MoeShape& shape);
 // Columns of the B tile: BLOCK_N, doubled for fwd_up (gate and up rows together).
 int gemm_tile_n(Role r, const TileConfig& c);
 
-// Warps along M of a legal warp layout (warp tiles are multiples of 16x16 and as square as the
-// warp count allows), or 0 when the tile cannot be split over c.warps warps.
+// mma.sync configs: warps along M of a legal warp layout (warp tiles are multiples of 16x16 and
+// as square as the warp count allows). wgmma (Hopper) configs: warpgroups along M, as many as
+// the tile's 64-row blocks allow, with a wgmma N of 64, 128 or 256 per warpgroup. 0 when the
+// tile cannot be split over c.warps warps.
 int gemm_warp_rows(Role r, const TileConfig& c);
 
 // fp32 accumulator registers per thread.

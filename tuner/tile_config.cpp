@@ -45,6 +45,7 @@ std::string TileConfig::name() const {
   part("i", items);
   if (cluster > 1) part("c", cluster);
   if (use_tma) n += "_tma";
+  if (arch_tag == ArchTag::kHopper) n += "_wg";
   if (arch_tag == ArchTag::kBlackwellDatacenter) n += "_bw";
   return n;
 }

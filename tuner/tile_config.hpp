@@ -32,7 +32,7 @@ struct TileConfig {
 
   int threads() const { return warps * 32; }
 
-  // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_tma", "w8_i16".
+  // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_wg" (wgmma), "w8_i16".
   std::string name() const;
 
   // A total order by size (smaller first, then by name), used to break ties deterministically.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "moe/routing_layout.hpp"
 #include "moejit/error.hpp"
 #include "tuner/role_traits.hpp"
 
@@ -46,7 +47,9 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
     case RoleKind::kRouting: {
       require(c.warps > 0 && c.items > 0, spec, "warps and items");
       std::vector<std::string> out;
-      for (int phase = 0; phase < 3; ++phase) out.push_back(fmt::format("{}, {}, {}", phase, c.threads(), c.items));
+      for (int phase = 0; phase < kRoutingPhases; ++phase) {
+        out.push_back(fmt::format("{}, {}, {}", phase, c.threads(), c.items));
+      }
       return out;
     }
     case RoleKind::kGather:
@@ -58,8 +61,9 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
               "block_m, block_n, block_k, stages >= 2, warps and group_m");
       const int wm = gemm_warp_rows(spec.role, c);
       require(wm > 0, spec, "a legal warp layout");
-      std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
-                                     c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, aligned);
+      const char* wgmma = c.arch_tag == ArchTag::kHopper ? "true" : "false";
+      std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
+                                     c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, wgmma, aligned);
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

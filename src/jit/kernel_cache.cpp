@@ -41,6 +41,8 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   kernel->resources = std::move(out.resources);
   kernel->compile_ms = out.compile_ms;
   log::debug("compiled {} in {:.1f} ms", spec.readable_name(), out.compile_ms);
+  // ptxas reports wgmma serialisation and similar silent slowdowns only as warnings in the log.
+  if (out.log.find("warning") != std::string::npos) log::warn("{}: {}", spec.readable_name(), out.log);
   if (disk) disk->store(*kernel);
   origin = Origin::kCompiled;
   return kernel;

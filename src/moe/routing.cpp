@@ -14,7 +14,7 @@ RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
           at(l.tile_expert),  at(l.tile_row_begin), at(l.sorted_pairs),   at(l.pair_rows)};
 }
 
-void validate_routing_args(const RoutingArgs& a) {
+RoutingLayout validate_routing_args(const RoutingArgs& a) {
   if (a.tokens < 1) throw InvalidArgument("tokens", fmt::format("must be at least 1, got {}", a.tokens));
   if (a.topk < 1) throw InvalidArgument("topk", fmt::format("must be at least 1, got {}", a.topk));
   if (a.experts < 1 || a.experts > kMaxExperts) {
@@ -36,12 +36,12 @@ void validate_routing_args(const RoutingArgs& a) {
     throw InvalidArgument("workspace_bytes",
                           fmt::format("{} bytes given, routing needs {}", a.workspace_bytes, l.total_bytes));
   }
+  return l;
 }
 
 void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& a) {
-  validate_routing_args(a);
+  const RoutingLayout l = validate_routing_args(a);
   const long long pairs = a.tokens * a.topk;
-  const RoutingLayout l = routing_layout(pairs, a.experts, a.block_m);
   const RoutingBuffers b = routing_buffers(a.workspace, l);
   const long long chunk = static_cast<long long>(config.threads()) * config.items;
   if (chunk < kRoutingMinChunk) {
@@ -65,12 +65,12 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   void* args[] = {&p};
   const unsigned threads = static_cast<unsigned>(config.threads());
   const unsigned chunks = static_cast<unsigned>(p.num_chunks);
-  kernel.launch(0, {chunks}, {threads}, static_cast<unsigned>(routing_smem_bytes(0, config.threads(), a.experts)),
-                a.stream, args);
-  kernel.launch(1, {1}, {threads}, static_cast<unsigned>(routing_smem_bytes(1, config.threads(), a.experts)),
-                a.stream, args);
-  kernel.launch(2, {chunks}, {threads}, static_cast<unsigned>(routing_smem_bytes(2, config.threads(), a.experts)),
-                a.stream, args);
+  auto smem = [&](int phase) {
+    return static_cast<unsigned>(routing_smem_bytes(phase, config.threads(), a.experts));
+  };
+  // One chunk: the scatter phase counts its pairs itself, so the count launch is skipped.
+  if (chunks > 1) kernel.launch(0, {chunks}, {threads}, smem(0), a.stream, args);
+  kernel.launch(1, {chunks}, {threads}, smem(1), a.stream, args);
 }
 
 }  // namespace moejit

@@ -1,5 +1,5 @@
-// Host side of the routing role: argument checks and the three launches, on the caller's
-// stream, without synchronising.
+// Host side of the routing role: argument checks and the launches (two, or one when a single
+// chunk covers all pairs), on the caller's stream, without synchronising.
 #pragma once
 
 #include <cuda.h>
@@ -37,8 +37,9 @@ struct RoutingBuffers {
 
 RoutingBuffers routing_buffers(CUdeviceptr workspace, const RoutingLayout& layout);
 
-// Throws InvalidArgument naming the offending argument.
-void validate_routing_args(const RoutingArgs& args);
+// Throws InvalidArgument naming the offending argument; returns the workspace layout the
+// arguments need.
+RoutingLayout validate_routing_args(const RoutingArgs& args);
 
 // Enqueues routing with a loaded routing kernel of config `config`.
 void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args);

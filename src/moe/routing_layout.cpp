@@ -11,11 +11,10 @@ long long routing_max_tiles(long long pairs, int experts, int block_m) {
 long long routing_smem_bytes(int phase, int threads, int experts) {
   const long long buckets = experts + 1;
   const long long warps = threads / 32;
-  switch (phase) {
-    case 0: return 4 * buckets;
-    case 1: return 4 * (2 * buckets + warps + 1);
-    default: return 4 * (warps + 1) * buckets;
-  }
+  if (phase == 0) return 4 * buckets;
+  // Next rows and offsets, then the per-warp counts, whose space first holds the tile offsets
+  // and the scan scratch.
+  return 4 * (2 * buckets + std::max(warps * buckets, buckets + warps + 1));
 }
 
 RoutingLayout routing_layout(long long pairs, int experts, int block_m) {

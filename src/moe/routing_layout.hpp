@@ -16,7 +16,11 @@ inline constexpr int kMaxExperts = 4096;
 // most one partial tile). The real count stays on the device.
 long long routing_max_tiles(long long pairs, int experts, int block_m);
 
-// Dynamic shared memory of a routing phase (0 count, 1 scan, 2 scatter), bytes.
+// Launches of the routing template: phase 0 counts per chunk, phase 1 scans and scatters
+// (templates/routing.cuh); a single chunk launches phase 1 only.
+inline constexpr int kRoutingPhases = 2;
+
+// Dynamic shared memory of a routing phase (0 count, 1 scan and scatter), bytes.
 long long routing_smem_bytes(int phase, int threads, int experts);
 
 struct RoutingLayout {

@@ -16,6 +16,8 @@ namespace moejit {
 // ROWS x COLS 16-bit elements, COLS a multiple of 8.
 template <int ROWS, int COLS>
 struct SmemTile {
+  static constexpr int kRows = ROWS;
+  static constexpr int kCols = COLS;
   static constexpr int kChunks = COLS / 8;
   static constexpr int kElems = ROWS * COLS;
   static_assert(COLS % 8 == 0, "tile rows are made of 16-byte chunks");
@@ -32,12 +34,12 @@ struct SmemTile {
   }
 };
 
-// Fills a ROWS x COLS tile with values computed per 16-byte chunk: fill(r, col, v) writes the
-// 8 elements of tile row r starting at column col into v. Synchronous (plain loads and stores).
-template <typename T, int ROWS, int COLS, int THREADS, typename Fill>
+// Fills a Tile (a layout: SmemTile or PanelTile) with values computed per 16-byte chunk:
+// fill(r, col, v) writes the 8 elements of tile row r starting at column col into v.
+// Synchronous (plain loads and stores).
+template <typename Tile, int THREADS, typename T, typename Fill>
 __device__ __forceinline__ void fill_tile(T* smem, Fill fill) {
-  using Tile = SmemTile<ROWS, COLS>;
-  constexpr int kTotal = ROWS * Tile::kChunks;
+  constexpr int kTotal = Tile::kRows * Tile::kChunks;
 #pragma unroll
   for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
     const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
@@ -55,16 +57,15 @@ __device__ __forceinline__ void fill_tile(T* smem, Fill fill) {
   }
 }
 
-// Loads a ROWS x COLS tile into shared memory. row_src(r) returns the global address of the
+// Loads a Tile (kRows x kCols, laid out as Tile says) into shared memory. row_src(r) returns the global address of the
 // element that lands in column 0 of tile row r, or nullptr to zero the row; `cols_valid` of the
 // tile's columns exist in global memory (the rest are zeroed). ALIGNED: rows and column offsets
 // are 16-byte aligned and cols_valid is a multiple of 8, so cp.async moves 16 bytes at a time;
 // otherwise elements are loaded one by one.
-template <typename T, int ROWS, int COLS, int THREADS, bool ALIGNED, typename RowSrc>
+template <typename Tile, int THREADS, bool ALIGNED, typename T, typename RowSrc>
 __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_valid) {
-  using Tile = SmemTile<ROWS, COLS>;
   if constexpr (ALIGNED) {
-    constexpr int kTotal = ROWS * Tile::kChunks;
+    constexpr int kTotal = Tile::kRows * Tile::kChunks;
 #pragma unroll
     for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
       const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
@@ -77,7 +78,7 @@ __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_vali
       cp_async_16(dst, ok ? static_cast<const void*>(src + col) : static_cast<const void*>(smem), ok ? 16 : 0);
     }
   } else {
-    fill_tile<T, ROWS, COLS, THREADS>(smem, [&](int r, int col, uint16 (&v)[8]) {
+    fill_tile<Tile, THREADS>(smem, [&](int r, int col, uint16 (&v)[8]) {
       const uint16* src = reinterpret_cast<const uint16*>(row_src(r));
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = (src != nullptr && col + j < cols_valid) ? src[col + j] : 0;
@@ -87,18 +88,33 @@ __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_vali
 
 // Warp-level MMA over one BM x BN x BK stage. WM x WN warps; each warp owns a
 // (BM/WM) x (BN/WN) block of the fp32 accumulators in mma.sync's C-fragment layout:
-// acc[mi][ni][0..1] -> row lane/4, cols 2*(lane%4)+{0,1}; acc[mi][ni][2..3] -> row lane/4 + 8.
+// acc[mi][ni][0..1] -> row(mi, 0), cols col(ni)+{0,1}; acc[mi][ni][2..3] -> row(mi, 1).
+// The interface (ATile, BTile, kMi, kNi, kWarpN, kInFlight, row, col, zero, compute, drain)
+// is shared with WgmmaMma (common/wgmma_sm90.cuh), so roles are written once for both.
 template <typename T, int BM, int BN, int BK, int WM, int WN, bool A_KMAJOR, bool B_KMAJOR>
 struct WarpMma {
   static constexpr int kWarpM = BM / WM;
-  static constexpr int kWarpN = BN / WN;
+  static constexpr int kWarpN = BN / WN;  // output columns one warp owns
   static constexpr int kMi = kWarpM / 16;
   static constexpr int kNi = kWarpN / 8;
+  static constexpr int kInFlight = 0;  // compute() is synchronous
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles are multiples of 16x16");
   using ATile = typename Select<A_KMAJOR, SmemTile<BM, BK>, SmemTile<BK, BM>>::type;
   using BTile = typename Select<B_KMAJOR, SmemTile<BN, BK>, SmemTile<BK, BN>>::type;
 
   float acc[kMi][kNi][4];
+  int m0, n0;  // this warp's first tile row and column
+
+  __device__ __forceinline__ WarpMma() {
+    const int warp = static_cast<int>(threadIdx.x / 32);
+    m0 = (warp / WN) * kWarpM;
+    n0 = (warp % WN) * kWarpN;
+  }
+
+  __device__ __forceinline__ int row(int mi, int half) const {
+    return m0 + mi * 16 + static_cast<int>((threadIdx.x & 31) >> 2) + half * 8;
+  }
+  __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
 
   __device__ __forceinline__ void zero() {
 #pragma unroll
@@ -109,9 +125,8 @@ struct WarpMma {
         for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
   }
 
-  __device__ __forceinline__ void compute(const T* sa, const T* sb, int warp_m, int warp_n) {
+  __device__ __forceinline__ void compute(const T* sa, const T* sb) {
     const int lane = static_cast<int>(threadIdx.x & 31);
-    const int m0 = warp_m * kWarpM, n0 = warp_n * kWarpN;
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
       uint32 a[kMi][4];
@@ -119,27 +134,27 @@ struct WarpMma {
 #pragma unroll
       for (int mi = 0; mi < kMi; ++mi) {
         if constexpr (A_KMAJOR) {
-          const int row = m0 + mi * 16 + (lane & 15), col = kk + (lane >> 4) * 8;
-          ldmatrix_x4<false>(a[mi], smem_u32(sa + ATile::offset(row, col)));
+          const int r = m0 + mi * 16 + (lane & 15), c = kk + (lane >> 4) * 8;
+          ldmatrix_x4<false>(a[mi], smem_u32(sa + ATile::offset(r, c)));
         } else {
-          const int row = kk + (lane & 7) + (lane >> 4) * 8, col = m0 + mi * 16 + ((lane >> 3) & 1) * 8;
-          ldmatrix_x4<true>(a[mi], smem_u32(sa + ATile::offset(row, col)));
+          const int r = kk + (lane & 7) + (lane >> 4) * 8, c = m0 + mi * 16 + ((lane >> 3) & 1) * 8;
+          ldmatrix_x4<true>(a[mi], smem_u32(sa + ATile::offset(r, c)));
         }
       }
 #pragma unroll
       for (int nj = 0; nj < kNi / 2; ++nj) {
-        uint32 r[4];
+        uint32 r4[4];
         if constexpr (B_KMAJOR) {
-          const int row = n0 + nj * 16 + (lane & 7) + (lane >> 4) * 8, col = kk + ((lane >> 3) & 1) * 8;
-          ldmatrix_x4<false>(r, smem_u32(sb + BTile::offset(row, col)));
+          const int r = n0 + nj * 16 + (lane & 7) + (lane >> 4) * 8, c = kk + ((lane >> 3) & 1) * 8;
+          ldmatrix_x4<false>(r4, smem_u32(sb + BTile::offset(r, c)));
         } else {
-          const int row = kk + (lane & 7) + ((lane >> 3) & 1) * 8, col = n0 + nj * 16 + (lane >> 4) * 8;
-          ldmatrix_x4<true>(r, smem_u32(sb + BTile::offset(row, col)));
+          const int r = kk + (lane & 7) + ((lane >> 3) & 1) * 8, c = n0 + nj * 16 + (lane >> 4) * 8;
+          ldmatrix_x4<true>(r4, smem_u32(sb + BTile::offset(r, c)));
         }
-        b[2 * nj][0] = r[0];
-        b[2 * nj][1] = r[1];
-        b[2 * nj + 1][0] = r[2];
-        b[2 * nj + 1][1] = r[3];
+        b[2 * nj][0] = r4[0];
+        b[2 * nj][1] = r4[1];
+        b[2 * nj + 1][0] = r4[2];
+        b[2 * nj + 1][1] = r4[3];
       }
 #pragma unroll
       for (int mi = 0; mi < kMi; ++mi)
@@ -147,25 +162,34 @@ struct WarpMma {
         for (int ni = 0; ni < kNi; ++ni) mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
     }
   }
+
+  __device__ __forceinline__ void drain() {}
 };
 
-// The multistage pipeline: load(stage, k_tile) issues the cp.asyncs of one k tile into a
-// stage; compute(stage) consumes it. STAGES-1 tiles are in flight while one is computed.
-template <int STAGES, typename Load, typename Compute>
-__device__ __forceinline__ void pipelined_k_loop(int k_tiles, Load load, Compute compute) {
+// The multistage main loop: load(stage, k_tile) issues the cp.asyncs (or synchronous fills) of
+// one k tile into a stage; mma consumes it. Mma::kInFlight k tiles may still be read by the
+// tensor cores after compute() returns (wgmma), so the loop keeps STAGES - 1 - kInFlight tiles
+// loading ahead and never refills a stage that an in-flight MMA reads.
+template <int STAGES, typename Mma, typename T, typename Load>
+__device__ __forceinline__ void gemm_main_loop(Mma& mma, const T* sa, const T* sb, int k_tiles, Load load) {
+  constexpr int kAhead = STAGES - 1 - Mma::kInFlight;
+  static_assert(kAhead >= 1, "too few pipeline stages for this MMA");
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < k_tiles) load(s, s);
     cp_async_commit();
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile kt landed for every thread; stage (kt-1)%STAGES is free to refill
-    const int next = kt + STAGES - 1;
+    cp_async_wait<kAhead - 1>();
+    // Stage writes are generic-proxy stores; wgmma reads shared memory through the async proxy.
+    if constexpr (Mma::kInFlight > 0) fence_proxy_async_shared();
+    __syncthreads();  // tile kt landed for every thread; the stage refilled below is free
+    const int next = kt + kAhead;
     if (next < k_tiles) load(next % STAGES, next);
     cp_async_commit();
-    compute(kt % STAGES);
+    mma.compute(sa + (kt % STAGES) * Mma::ATile::kElems, sb + (kt % STAGES) * Mma::BTile::kElems);
   }
+  mma.drain();
   cp_async_wait<0>();
   __syncthreads();
 }
@@ -174,20 +198,17 @@ __device__ __forceinline__ void pipelined_k_loop(int k_tiles, Load load, Compute
 
 namespace moejit {
 
-// Calls f(row, col, v0, v1) for every accumulator pair a warp owns; row and col are tile-local.
+// Calls f(row, col, v0, v1) for every accumulator pair this thread owns; row and col are
+// tile-local, col even.
 template <typename Mma, typename F>
-__device__ __forceinline__ void for_each_acc_pair(const Mma& mma, int warp_m, int warp_n, F f) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
+__device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f) {
 #pragma unroll
   for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = warp_m * Mma::kWarpM + mi * 16 + (lane >> 2) + half * 8;
+      const int r = mma.row(mi, half);
 #pragma unroll
-      for (int ni = 0; ni < Mma::kNi; ++ni) {
-        const int col = warp_n * Mma::kWarpN + ni * 8 + 2 * (lane & 3);
-        f(row, col, mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]);
-      }
+      for (int ni = 0; ni < Mma::kNi; ++ni) f(r, mma.col(ni), mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]);
     }
 }
 
@@ -196,7 +217,7 @@ __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, int warp_m, in
 namespace moejit {
 
 // An output tile staged in shared memory so that global stores are 16-byte, row-contiguous
-// and coalesced instead of the 4-byte scattered stores of the mma.sync fragment layout. Rows
+// and coalesced instead of the 4-byte scattered stores of the mma fragment layout. Rows
 // are padded by 8 elements so the fragment writes (8 rows x 16 bytes per warp) hit distinct
 // banks. Reuses the pipeline's shared memory once the main loop is done.
 template <typename T, int BM, int BN>
@@ -228,13 +249,12 @@ struct StagedTile {
   }
 };
 
-// Stages every accumulator of `mma` (through value(v), e.g. identity) and writes the tile.
+// Stages every accumulator of `mma` and writes the tile.
 template <typename T, int BM, int BN, int THREADS, bool ALIGNED, typename Mma, typename RowDst>
-__device__ __forceinline__ void store_accumulators(void* smem, const Mma& mma, int warp_m, int warp_n, RowDst row_dst,
-                                                   int cols_valid) {
+__device__ __forceinline__ void store_accumulators(void* smem, const Mma& mma, RowDst row_dst, int cols_valid) {
   const StagedTile<T, BM, BN> tile{static_cast<T*>(smem)};
   __syncthreads();
-  for_each_acc_pair(mma, warp_m, warp_n, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
+  for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
   __syncthreads();
   tile.template write<THREADS, ALIGNED>(row_dst, cols_valid);
 }

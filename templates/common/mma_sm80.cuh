@@ -58,4 +58,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Orders this thread's generic-proxy shared-memory writes (st.shared, completed cp.async)
+// before later async-proxy reads (wgmma). sm_90+, used only by the wgmma path.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 }  // namespace moejit

@@ -143,6 +143,27 @@ const std::vector<CaseSpec>& issue_shapes() {
   return shapes;
 }
 
+// The kernel paths a device runs: its own heuristic defaults (on an H200 the wgmma configs
+// wherever tiles are 64 rows or more), and, on a Hopper GPU, the portable mma.sync path forced
+// through overrides with the defaults of an sm_80 device.
+std::vector<std::pair<std::string, Options>> kernel_paths(const CaseSpec& s, const cuda::DeviceInfo& device) {
+  std::vector<std::pair<std::string, Options>> paths = {{"device defaults", Options{}}};
+  if (!device.is_hopper()) return paths;
+  cuda::DeviceInfo portable = device;
+  portable.cc_major = 8;
+  portable.cc_minor = 0;
+  const MoeShape shape{s.tokens, s.experts, s.hidden, s.intermediate, s.topk, s.dtype};
+  Options opt;
+  for (Role r : kAllRoles) {
+    const RoleKind kind = role_kind(r);
+    if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
+      opt.config_overrides[role_name(r)] = default_config(r, shape, portable).name();
+    }
+  }
+  paths.push_back({"portable mma.sync", opt});
+  return paths;
+}
+
 }  // namespace
 
 TEST_CASE("forward and backward match the fp64 reference, role by role", "[gpu][moe]") {
@@ -151,9 +172,12 @@ TEST_CASE("forward and backward match the fp64 reference, role by role", "[gpu][
     INFO(describe(spec));
     const CaseData data = make_case(spec);
     const Reference ref = reference_of(data);
-    const Outputs o = run_case(data, Mode::kTraining, {}, true);
-    check_outputs(o, ref);
-    check_intermediates(o, ref, spec);
+    for (const auto& [path, options] : kernel_paths(spec, gpu->info)) {
+      INFO("path: " << path);
+      const Outputs o = run_case(data, Mode::kTraining, options, true);
+      check_outputs(o, ref);
+      check_intermediates(o, ref, spec);
+    }
   }
 }
 
@@ -163,7 +187,11 @@ TEST_CASE("fp16 matches the reference", "[gpu][moe]") {
     spec.dtype = DType::kFP16;
     INFO(describe(spec));
     const CaseData data = make_case(spec);
-    check_outputs(run_case(data, Mode::kTraining), reference_of(data));
+    const Reference ref = reference_of(data);
+    for (const auto& [path, options] : kernel_paths(spec, gpu->info)) {
+      INFO("path: " << path);
+      check_outputs(run_case(data, Mode::kTraining, options), ref);
+    }
   }
 }
 
@@ -185,14 +213,22 @@ TEST_CASE("Qwen3-30B-A3B shape at T=1024", "[gpu][moe][large]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{1024, 128, 2048, 768, 8, DType::kBF16, Routing::kRandom, 30};
   const CaseData data = make_case(spec);
-  check_outputs(run_case(data, Mode::kTraining), reference_of(data));
+  const Reference ref = reference_of(data);
+  for (const auto& [path, options] : kernel_paths(spec, gpu->info)) {
+    INFO("path: " << path);
+    check_outputs(run_case(data, Mode::kTraining, options), ref);
+  }
 }
 
 TEST_CASE("many tokens: T*K above 2^17 pairs", "[gpu][moe][large]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{16384 + 5, 64, 128, 64, 8, DType::kBF16, Routing::kRandom, 31};
   const CaseData data = make_case(spec);
-  check_outputs(run_case(data, Mode::kTraining), reference_of(data));
+  const Reference ref = reference_of(data);
+  for (const auto& [path, options] : kernel_paths(spec, gpu->info)) {
+    INFO("path: " << path);
+    check_outputs(run_case(data, Mode::kTraining, options), ref);
+  }
 }
 
 TEST_CASE("every config of every role's space gives the reference's answer", "[gpu][moe][configs]") {

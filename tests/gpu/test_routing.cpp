@@ -136,7 +136,8 @@ TEST_CASE("routing above 2^20 pairs", "[gpu][routing]") {
   check_against_reference(*gpu, ids, tokens, 8, 128, 128, default_routing(*gpu, tokens, 8, 128));
 }
 
-TEST_CASE("every routing config in the space agrees with the reference", "[gpu][routing]") {
+TEST_CASE("every routing config in the space agrees with the reference, in one chunk and in many",
+          "[gpu][routing]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const long long tokens = 20000;
   auto ids = random_topk(tokens, 8, 128, 1234);
@@ -144,7 +145,19 @@ TEST_CASE("every routing config in the space agrees with the reference", "[gpu][
   int run = 0;
   for (const PruneDecision& d : prune_space(Role::kRouting, shape, gpu->info)) {
     if (d.reason) continue;
+    const long long chunk = static_cast<long long>(d.config.threads()) * d.config.items;
+    // Many chunks (count, then scan + scatter): 5 of the widest, 313 of the narrowest.
+    REQUIRE((tokens * 8 + chunk - 1) / chunk >= 5);
     check_against_reference(*gpu, ids, tokens, 8, 128, 64, d.config);
+    // One chunk, full and partial (the scatter launch counts by itself), with a dropped id.
+    auto full = random_topk(chunk / 8, 8, 128, 77);
+    check_against_reference(*gpu, full, chunk / 8, 8, 128, 64, d.config);
+    auto partial = random_topk(chunk / 8 - 3, 8, 128, 78);
+    partial[5] = 128;
+    check_against_reference(*gpu, partial, chunk / 8 - 3, 8, 128, 64, d.config);
+    // Two chunks, the second holding a single pair.
+    auto two = random_topk(chunk + 1, 1, 128, 79);
+    check_against_reference(*gpu, two, chunk + 1, 1, 128, 16, d.config);
     ++run;
   }
   CHECK(run == 16);

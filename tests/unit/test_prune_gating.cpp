@@ -60,17 +60,17 @@ TEST_CASE("Hopper configs reach only sm_90", "[gating]") {
 }
 
 TEST_CASE("prune: shared memory over the device's opt-in limit", "[prune]") {
-  // Scatter needs (warps+1)(E+1) ints: 32 warps x 4097 buckets = 540 KiB, over every device.
+  // Scan + scatter needs (warps+2)(E+1) ints: 34 x 4097 ints = 544 KiB, over every device.
   auto why = prune_reason(Role::kRouting, routing_cfg(32, 4), shape(65536, 4096, 8), fab::h200());
   REQUIRE(why);
   CHECK_THAT(*why, Catch::Contains("shared memory"));
-  // 9 x 2049 ints = 73.8 KB: fits an H200 (227 KB) and a consumer Blackwell (99 KB).
+  // 10 x 2049 ints = 82.0 KB: fits an H200 (227 KB) and a consumer Blackwell (99 KB).
   CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(8, 4), shape(65536, 2048, 8), fab::h200()));
-  // 17 x 2049 ints = 139 KB: fits an H200, not a consumer Blackwell.
+  // 18 x 2049 ints = 147.5 KB: fits an H200, not a consumer Blackwell.
   CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8), fab::h200()));
   CHECK(prune_reason(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8), fab::rtx5090()));
   CHECK(role_smem_bytes(Role::kRouting, routing_cfg(16, 4), shape(65536, 2048, 8)) ==
-        routing_smem_bytes(2, 512, 2048));
+        routing_smem_bytes(1, 512, 2048));
 }
 
 TEST_CASE("prune: chunk wider than the padded problem", "[prune]") {
@@ -91,12 +91,30 @@ TEST_CASE("prune: instructions the arch lacks", "[prune]") {
 }
 
 TEST_CASE("the default config survives pruning for small and large problems", "[prune]") {
-  for (auto s : {shape(1, 1, 1), shape(1, 8, 8), shape(32768, 128, 8), shape(1 << 20, 256, 8)}) {
+  for (auto s : {shape(1, 1, 1), shape(1, 8, 8), shape(3000, 64, 1), shape(32768, 128, 8), shape(1 << 20, 256, 8),
+                 shape(32768, 4096, 8)}) {
     for (auto dev : {fab::h200(), fab::a100(), fab::rtx5090(), fab::b200()}) {
       TileConfig c = default_config(Role::kRouting, s, dev);
+      INFO(dev.name << " T=" << s.tokens << " E=" << s.experts << " " << c.name());
       CHECK_FALSE(prune_reason(Role::kRouting, c, s, dev));
     }
   }
+}
+
+TEST_CASE("the default routing chunk is one chunk for small problems and 4096 pairs for large ones", "[prune]") {
+  auto chunk = [](const TileConfig& c) { return c.threads() * c.items; };
+  // A single chunk is a single launch.
+  CHECK(chunk(default_config(Role::kRouting, shape(1, 8, 8), fab::h200())) == 1024);
+  CHECK(chunk(default_config(Role::kRouting, shape(256, 128, 8), fab::h200())) == 2048);
+  CHECK(chunk(default_config(Role::kRouting, shape(512, 128, 8), fab::h200())) == 4096);
+  // Every scatter block reads num_chunks * (E+1) counts: large problems keep chunks large.
+  const TileConfig big = default_config(Role::kRouting, shape(32768, 128, 8), fab::h200());
+  CHECK(big.warps == 16);
+  CHECK(big.items == 8);
+  // Many experts on a small shared memory: fewer warps, more items, the same chunk.
+  const TileConfig wide = default_config(Role::kRouting, shape(32768, 4096, 8), fab::rtx5090());
+  CHECK(wide.warps == 4);
+  CHECK(chunk(wide) == 4096);
 }
 
 TEST_CASE("routing config space covers every config once", "[prune]") {

@@ -32,9 +32,17 @@ TEST_CASE("routing workspace layout is aligned and sized at the host bound", "[r
   CHECK(routing_max_tiles(3, 128, 64) == 3);
 }
 
+TEST_CASE("routing shared memory per phase", "[routing]") {
+  CHECK(routing_smem_bytes(0, 256, 127) == 4 * 128);
+  // Next rows and offsets, then 8 warps' counts.
+  CHECK(routing_smem_bytes(1, 256, 127) == 4 * (2 * 128 + 8 * 128));
+  // One warp: the tile offsets and the scan scratch outgrow the per-warp counts they share.
+  CHECK(routing_smem_bytes(1, 32, 7) == 4 * (2 * 8 + 8 + 2));
+}
+
 TEST_CASE("routing rejects bad arguments before launching", "[routing]") {
   RoutingArgs ok{0x1000, 16, 2, 8, 64, 0x2000, 1 << 20, nullptr};
-  CHECK_NOTHROW(validate_routing_args(ok));
+  CHECK(validate_routing_args(ok).total_bytes == routing_layout(16 * 2, 8, 64).total_bytes);
   auto bad = ok;
   bad.topk = 9;
   CHECK_THROWS_AS(validate_routing_args(bad), InvalidArgument);

@@ -1,0 +1,218 @@
+// The Hopper (sm_90a) warpgroup MMA: wgmma.mma_async reading both operands from shared memory
+// through matrix descriptors, fp32 accumulators in registers. WgmmaMma has WarpMma's interface
+// (common/gemm_sm80.cuh), so every GEMM role runs on either; the tiles are filled by the same
+// cp.async loaders, in the layouts wgmma's descriptors describe:
+//   K-major  SmemTile<rows, BK>: BK = 64 / 32 -> rows of 128 / 64 bytes; SmemTile's XOR swizzle
+//            is exactly wgmma's 128B / 64B swizzle when the tile starts 1024-byte aligned.
+//   MN-major PanelTile<BK, cols>: 64-column panels [cols/64][BK][64], 128B swizzle.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+
+namespace moejit {
+
+// BK x COLS tile of an MN-major operand (COLS contiguous in global memory) as 64-column panels.
+template <int ROWS, int COLS>
+struct PanelTile {
+  static constexpr int kRows = ROWS;
+  static constexpr int kCols = COLS;
+  static constexpr int kChunks = COLS / 8;
+  static constexpr int kElems = ROWS * COLS;
+  static constexpr int kPanelElems = ROWS * 64;
+  static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "panels are 64 columns by a multiple of 8 rows");
+
+  __device__ __forceinline__ static int offset(int row, int col) {
+    return (col >> 6) * kPanelElems + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
+  }
+};
+
+// Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
+// units), swizzle mode (1 = 128B, 2 = 64B, 3 = 32B).
+__device__ __forceinline__ uint64 wgmma_desc(const void* smem, uint32 lbo_bytes, uint32 sbo_bytes, uint32 swizzle) {
+  const uint64 addr = smem_u32(smem);
+  return ((addr & 0x3FFFF) >> 4) | (static_cast<uint64>(lbo_bytes >> 4) << 16) |
+         (static_cast<uint64>(sbo_bytes >> 4) << 32) | (static_cast<uint64>(swizzle) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// wgmma m64nNk16 with fp32 accumulation: Wgmma<N, T>::run<TA, TB>(d, desc_a, desc_b), TA / TB
+// = 1 for an MN-major (transposed) operand. The operand lists are written out because inline
+// asm takes only literal strings.
+template <int N, typename T>
+struct Wgmma;
+
+#define MOEJIT_WGMMA_N64(TYPE, PTX)                                                                                        \
+  template <>                                                                                                              \
+  struct Wgmma<64, TYPE> {                                                                                                 \
+    template <int TA, int TB>                                                                                              \
+    __device__ __forceinline__ static void run(float (&d)[32], uint64 da, uint64 db) {                                     \
+      asm volatile(                                                                                                        \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                     \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {"                                                   \
+          "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23,"  \
+          "%24, %25, %26, %27, %28, %29, %30, %31"                                                                         \
+          "}, %32, %33, p, 1, 1, %35, %36;\n}\n"                                                                           \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),            \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),                       \
+          "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),                       \
+          "+f"(d[30]), "+f"(d[31])                                                                                         \
+          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "memory");                                                                                                     \
+    }                                                                                                                      \
+  };
+
+#define MOEJIT_WGMMA_N128(TYPE, PTX)                                                                                       \
+  template <>                                                                                                              \
+  struct Wgmma<128, TYPE> {                                                                                                \
+    template <int TA, int TB>                                                                                              \
+    __device__ __forceinline__ static void run(float (&d)[64], uint64 da, uint64 db) {                                     \
+      asm volatile(                                                                                                        \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                     \
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {"                                                  \
+          "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23,"  \
+          "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45,"  \
+          "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                       \
+          "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                                                                           \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),            \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),                       \
+          "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),                       \
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),                       \
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),                       \
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),                       \
+          "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),                       \
+          "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                     \
+          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "memory");                                                                                                     \
+    }                                                                                                                      \
+  };
+
+#define MOEJIT_WGMMA_N256(TYPE, PTX)                                                                                       \
+  template <>                                                                                                              \
+  struct Wgmma<256, TYPE> {                                                                                                \
+    template <int TA, int TB>                                                                                              \
+    __device__ __forceinline__ static void run(float (&d)[128], uint64 da, uint64 db) {                                    \
+      asm volatile(                                                                                                        \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                                    \
+          "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {"                                                  \
+          "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23,"  \
+          "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45,"  \
+          "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67,"  \
+          "%68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89,"  \
+          "%90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109,"  \
+          "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"     \
+          "}, %128, %129, p, 1, 1, %131, %132;\n}\n"                                                                       \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                \
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),            \
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),                       \
+          "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),                       \
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),                       \
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),                       \
+          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),                       \
+          "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),                       \
+          "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),                       \
+          "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),                       \
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]),                       \
+          "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),                       \
+          "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]),                       \
+          "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]),                       \
+          "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]),                \
+          "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),                \
+          "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),                \
+          "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                 \
+          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "memory");                                                                                                     \
+    }                                                                                                                      \
+  };
+
+MOEJIT_WGMMA_N64(bf16, "bf16")
+MOEJIT_WGMMA_N64(fp16, "f16")
+MOEJIT_WGMMA_N128(bf16, "bf16")
+MOEJIT_WGMMA_N128(fp16, "f16")
+MOEJIT_WGMMA_N256(bf16, "bf16")
+MOEJIT_WGMMA_N256(fp16, "f16")
+#undef MOEJIT_WGMMA_N64
+#undef MOEJIT_WGMMA_N128
+#undef MOEJIT_WGMMA_N256
+
+// WARPS / 4 warpgroups, WGM of them along M; each owns a (BM / WGM) x (BN / (groups / WGM))
+// block of the accumulators, issued as m64 x N wgmmas. Fragment layout per m64 block: as
+// mma.sync's C fragment, warp w of the warpgroup holding rows 16w..16w+15.
+template <typename T, int BM, int BN, int BK, int WARPS, int WGM, bool A_KMAJOR, bool B_KMAJOR>
+struct WgmmaMma {
+  static constexpr int kGroups = WARPS / 4;
+  static constexpr int kGroupsN = kGroups / WGM;
+  static constexpr int kGroupRows = BM / WGM;
+  static constexpr int kMi = kGroupRows / 64;  // m64 blocks per warpgroup
+  static constexpr int kWarpN = BN / kGroupsN;  // output columns one warpgroup owns: wgmma's N
+  static constexpr int kNi = kWarpN / 8;
+  static constexpr int kInFlight = 1;  // one k tile's wgmmas stay in flight across compute()
+  static_assert(WARPS % 4 == 0 && kGroups % WGM == 0 && kGroupRows % 64 == 0, "warpgroups tile BM by 64 rows");
+  static_assert(kWarpN == 64 || kWarpN == 128 || kWarpN == 256, "wgmma N per warpgroup is 64, 128 or 256");
+  static_assert(BK == 32 || BK == 64, "K-major rows are 64 or 128 bytes (64B / 128B swizzle)");
+  using ATile = typename Select<A_KMAJOR, SmemTile<BM, BK>, PanelTile<BK, BM>>::type;
+  using BTile = typename Select<B_KMAJOR, SmemTile<BN, BK>, PanelTile<BK, BN>>::type;
+
+  float acc[kMi][kNi][4];
+  int m0, n0;  // this warpgroup's first tile row and column
+
+  __device__ __forceinline__ WgmmaMma() {
+    const int group = static_cast<int>(threadIdx.x / 128);
+    m0 = (group / kGroupsN) * kGroupRows;
+    n0 = (group % kGroupsN) * kWarpN;
+  }
+
+  __device__ __forceinline__ int row(int mi, int half) const {
+    return m0 + mi * 64 + static_cast<int>((threadIdx.x & 127) >> 5) * 16 + static_cast<int>((threadIdx.x & 31) >> 2) +
+           half * 8;
+  }
+  __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
+  }
+
+  // Descriptor of the 64 x 16 (A) or N x 16 (B) operand slice starting at tile row / column
+  // `first` and reduction index kk.
+  template <typename Tile, bool KMAJOR>
+  __device__ __forceinline__ static uint64 desc(const T* tile, int first, int kk) {
+    if constexpr (KMAJOR) {
+      constexpr uint32 kRowBytes = BK * 2;
+      return wgmma_desc(tile + first * BK + kk, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
+    } else {
+      return wgmma_desc(tile + (first / 64) * Tile::kPanelElems + kk * 64, BK * 128, 1024, 1);
+    }
+  }
+
+  __device__ __forceinline__ void compute(const T* sa, const T* sb) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      const uint64 db = desc<BTile, B_KMAJOR>(sb, n0, kk);
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi) {
+        const uint64 da = desc<ATile, A_KMAJOR>(sa, m0 + mi * 64, kk);
+        Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
+            reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<kInFlight>();
+  }
+
+  __device__ __forceinline__ void drain() { wgmma_wait<0>(); }
+};
+
+}  // namespace moejit
