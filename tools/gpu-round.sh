@@ -16,7 +16,8 @@ case "${1:-}" in
     while read -r name; do
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
       start=$SECONDS
-      timeout 500 "$bin" "${name//,/\\,}" > /tmp/one.log 2>&1
+      n=${name//,/\\,}; n=${n//[/\\[}
+      timeout 500 "$bin" "$n" > /tmp/one.log 2>&1
       rc=$?
       echo "rc=$rc $((SECONDS - start))s $name"
       cat /tmp/one.log >> "$out/gpu-tests.log"

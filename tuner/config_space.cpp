@@ -13,10 +13,12 @@ constexpr int kGroupM = 8;
 // pipelines exceed the register and shared-memory budget, so the space keeps three depths.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 
-// Hopper wgmma configs (sm_90a only; gated on every other device): BLOCK_K 64 gives the
-// 128-byte swizzled rows wgmma reads best, and one k tile stays in flight in the tensor cores,
-// so pipelines are deeper than the portable ones. Pruning drops what exceeds shared memory.
-constexpr std::pair<int, int> kHopperDepths[] = {{64, 4}, {64, 5}, {64, 6}};
+// Hopper wgmma configs (sm_90a only; gated on every other device). One k tile stays in flight
+// in the tensor cores, so a pipeline keeps stages - 2 tiles loading. Deep single-block
+// pipelines (BLOCK_K 64, 4-5 stages) compete with shallower ones that fit two blocks per SM
+// (<= 113 KB), whose second block hides the per-k-tile barrier and the epilogue. Pruning drops
+// what exceeds shared memory.
+constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
 
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
@@ -83,10 +85,12 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       for (int bn : {n_min, 2 * n_min, 4 * n_min})
         for (auto [bk, stages] : kDepths)
           for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
-      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high
+      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high; 128-row tiles take two warpgroups
         for (int bn : {2 * n_min, 4 * n_min})
           for (auto [bk, stages] : kHopperDepths)
-            for (int warps : {4, 8}) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
+            for (int warps : {4, 8}) {
+              if (bm == 64 || warps == 8) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
+            }
       }
       break;
     }
@@ -96,8 +100,7 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
           for (auto [bk, stages] : kDepths)
             for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
       for (int bn : {128, 256})
-        for (auto [bk, stages] : kHopperDepths)
-          for (int warps : {4, 8}) out.push_back(hopper(gemm(128, bn, bk, stages, warps)));
+        for (auto [bk, stages] : kHopperDepths) out.push_back(hopper(gemm(128, bn, bk, stages, 8)));
       break;
     case RoleKind::kGather:
       for (int warps : {1, 2, 4, 8}) {
@@ -143,7 +146,8 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
       if (device.is_hopper() && bm >= 64 && fit(bn, d.n, min_block_n(role)) == bn) {
-        c = hopper(gemm(bm, bn, 64, 5, 8));
+        // Two blocks per SM (96 KB each) beat deeper single-block pipelines in measurements.
+        c = hopper(gemm(bm, bn, 64, 3, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
@@ -152,7 +156,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     }
     case RoleKind::kExpertGemm:
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        c = hopper(gemm(128, 128, 64, 5, 8));
+        c = hopper(gemm(128, 128, 32, 6, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);

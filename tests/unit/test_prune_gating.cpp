@@ -125,3 +125,50 @@ TEST_CASE("routing config space covers every config once", "[prune]") {
     for (std::size_t j = i + 1; j < space.size(); ++j) CHECK(space[i].name() != space[j].name());
   }
 }
+
+TEST_CASE("wgmma GEMM configs reach only sm_90, where the large-tile defaults use them", "[gating][prune]") {
+  const MoeShape large = shape(32768, 128, 8);  // 2048 pairs per expert: 128-row token tiles
+  const MoeShape small = shape(128, 128, 8);    // 8 pairs per expert: 16-row token tiles
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    int hopper = 0;
+    for (const TileConfig& c : config_space(r, large)) {
+      if (c.arch_tag != ArchTag::kHopper) continue;
+      ++hopper;
+      INFO(c.name());
+      CHECK_THAT(c.name(), Catch::EndsWith("_wg"));
+      for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
+    }
+    CHECK(hopper > 0);
+    const TileConfig h = default_config(r, large, fab::h200());
+    CHECK(h.arch_tag == ArchTag::kHopper);
+    CHECK_FALSE(prune_reason(r, h, large, fab::h200()));
+    for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) {
+      const TileConfig c = default_config(r, large, dev);
+      CHECK(c.arch_tag == ArchTag::kPortable);
+      CHECK_FALSE(prune_reason(r, c, large, dev));
+    }
+    if (role_kind(r) == RoleKind::kTokenGemm) {
+      // A warpgroup's MMA is 64 rows: 16-row tiles stay on mma.sync.
+      for (const TileConfig& c : config_space(r, small)) CHECK(c.arch_tag == ArchTag::kPortable);
+      CHECK(default_config(r, small, fab::h200()).arch_tag == ArchTag::kPortable);
+    }
+  }
+}
+
+TEST_CASE("wgmma warp layout: warpgroups along M, N of 64, 128 or 256 per warpgroup", "[prune]") {
+  auto wg = [](int bm, int bn, int warps) {
+    TileConfig c;
+    c.block_m = bm;
+    c.block_n = bn;
+    c.warps = warps;
+    c.arch_tag = ArchTag::kHopper;
+    return c;
+  };
+  CHECK(gemm_warp_rows(Role::kFwdDown, wg(128, 128, 8)) == 2);  // two 64 x 128 warpgroups
+  CHECK(gemm_warp_rows(Role::kFwdDown, wg(64, 128, 8)) == 1);   // two 64 x 64 side by side
+  CHECK(gemm_warp_rows(Role::kFwdUp, wg(64, 128, 4)) == 1);     // gate + up: N = 256
+  CHECK(gemm_warp_rows(Role::kFwdDown, wg(128, 96, 8)) == 0);   // N = 96 is not a wgmma tile here
+  CHECK(gemm_warp_rows(Role::kFwdDown, wg(128, 128, 6)) == 0);  // not whole warpgroups
+  CHECK(gemm_accumulators(Role::kFwdUp, wg(128, 128, 8)) == 128);
+}
