@@ -145,9 +145,11 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
-      if (device.is_hopper() && bm >= 64 && fit(bn, d.n, min_block_n(role)) == bn) {
-        // Two blocks per SM (96 KB each) beat deeper single-block pipelines in measurements.
-        c = hopper(gemm(bm, bn, 64, 3, 8));
+      // wgmma: fwd_up's gate and up rows fill a 256-wide warpgroup tile (62 of 64 tuned H200
+      // rows); two blocks per SM (96 KB each) beat deeper single-block pipelines.
+      const int wg_bn = role == Role::kFwdUp ? 128 : bn;
+      if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
+        c = hopper(gemm(bm, wg_bn, 64, 3, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
