@@ -3,6 +3,7 @@
 #   tools/gpu-round.sh tests            every [gpu] test case in its own process, one line each
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
+#   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
 # Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,5 +31,6 @@ case "${1:-}" in
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
   bench) shift; build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
-  *) sed -n '2,6p' "$0"; exit 2 ;;
+  sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
+  *) sed -n '2,7p' "$0"; exit 2 ;;
 esac
