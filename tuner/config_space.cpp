@@ -48,8 +48,8 @@ int fit(int edge, long long extent, int minimum) {
   return edge;
 }
 
-// The Hopper defaults are legal by construction for the shapes that reach them; this keeps
-// a device with less shared memory on the portable default.
+// A Hopper default is used only when the tile has a wgmma warp layout and fits the device's
+// shared memory; otherwise the portable default is.
 bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, const cuda::DeviceInfo& device) {
   return gemm_warp_rows(role, c) > 0 && role_smem_bytes(role, c, shape) <= device.smem_optin_per_block;
 }
