@@ -28,42 +28,36 @@ struct BwdDownParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(WARPS * 32) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
-  constexpr int kThreads = WARPS * 32;
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
-  int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
+  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
   int64 m, n;
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
   TokenTile tile;
   if (!token_tile<BM>(p.routing, m, tile)) return;
-  for (int r = threadIdx.x; r < BM; r += kThreads) {
-    s_rows[r] = r < tile.rows ? static_cast<int64>(token_of_row(p.routing, tile.row0 + r)) * p.hidden : -1;
-  }
-  __syncthreads();
+  gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* d_out = static_cast<const T*>(p.d_out);
   const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(p.hidden, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
-            [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : d_out + s_rows[r] + k0; }, p.hidden - k0);
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return sm.rows[r] < 0 ? nullptr : d_out + sm.rows[r] + k0; }, p.hidden - k0);
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
-        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems,
+        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+            sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },
             p.inter - n0);
       });
+  if (!mma_thread) return;
 
   const T* scores = static_cast<const T*>(p.scores);
   const T* pre = static_cast<const T*>(p.pre_act);

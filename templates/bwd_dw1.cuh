@@ -18,12 +18,11 @@ struct BwdDw1Params {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
+  const GemmSmem<Mma, STAGES, 0> sm(smem_raw);
 
   const int m_total = 2 * p.inter;
   int32 e;
@@ -35,22 +34,22 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw1_kernel(const __grid_consta
   const T* x = static_cast<const T*>(p.x) + n0;
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(r_end - r_begin, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
             m_total - m0);
-        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems,
+        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+            sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               return k0 + r < r_end ? x + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
             },
             p.hidden - n0);
       });
+  if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,

@@ -23,12 +23,11 @@ struct BwdDw2Params {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED, bool FUSED_ACT>
-__global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
+  const GemmSmem<Mma, STAGES, 0> sm(smem_raw);
 
   int32 e;
   int64 m, n;
@@ -41,20 +40,19 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
   const T* scores = static_cast<const T*>(p.scores);
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(r_end - r_begin, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
         // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* {
               return k0 + r < r_end ? d_out + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
             },
             p.hidden - m0);
         if constexpr (FUSED_ACT) {
-          fill_tile<typename Mma::BTile, kThreads>(sb + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
+          fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
             const bool ok = row < r_end;
             const float s = ok ? load_float(scores + p.routing.sorted_pairs[row]) : 0.f;
@@ -81,12 +79,13 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dw2_kernel(const __grid_consta
             }
           });
         } else {
-          load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-              sb + stage * Mma::BTile::kElems,
+          load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+              sm.b + stage * Mma::BTile::kElems,
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
       });
+  if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(e) * p.hidden + m0) * p.inter + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,

@@ -18,12 +18,11 @@ struct BwdDxParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
+  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
   int64 m, n;
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
@@ -36,21 +35,21 @@ __global__ void __launch_bounds__(WARPS * 32) bwd_dx_kernel(const __grid_constan
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(k_total, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(k_total, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return r < tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
             k_total - k0);
         // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
-        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems,
+        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+            sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
             p.hidden - n0);
       });
+  if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,

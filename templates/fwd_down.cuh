@@ -17,12 +17,11 @@ struct FwdDownParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(WARPS * 32) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, true>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
+  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
   int64 m, n;
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
@@ -34,22 +33,22 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_down_kernel(const __grid_const
   const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(p.inter, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(p.inter, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
             p.inter - k0);
-        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems,
+        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+            sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr;
             },
             p.inter - k0);
       });
+  if (!mma_thread) return;
 
   T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;
   static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,

@@ -24,40 +24,34 @@ struct FwdUpParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
+__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  T* sa = reinterpret_cast<T*>(smem_raw);
-  T* sb = sa + STAGES * Mma::ATile::kElems;
-  int64* s_rows = reinterpret_cast<int64*>(sb + STAGES * Mma::BTile::kElems);
+  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
   int64 m, n;
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
   TokenTile tile;
   if (!token_tile<BM>(p.routing, m, tile)) return;
-  for (int r = threadIdx.x; r < BM; r += kThreads) {
-    s_rows[r] = r < tile.rows ? static_cast<int64>(token_of_row(p.routing, tile.row0 + r)) * p.hidden : -1;
-  }
-  __syncthreads();
+  gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* x = static_cast<const T*>(p.x);
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * 2 * p.inter * p.hidden;
   const int n0 = static_cast<int>(n) * BN;
 
   Mma mma;
-  mma.zero();
-  gemm_main_loop<STAGES>(
-      mma, sa, sb, ceil_div(p.hidden, BK),
+  const bool mma_thread = gemm_main_loop<STAGES>(
+      mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, kThreads, ALIGNED>(
-            sa + stage * Mma::ATile::kElems,
-            [&](int r) -> const T* { return s_rows[r] < 0 ? nullptr : x + s_rows[r] + k0; }, p.hidden - k0);
-        load_tile<typename Mma::BTile, kThreads, ALIGNED>(
-            sb + stage * Mma::BTile::kElems,
+        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+            sm.a + stage * Mma::ATile::kElems,
+            [&](int r) -> const T* { return sm.rows[r] < 0 ? nullptr : x + sm.rows[r] + k0; }, p.hidden - k0);
+        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+            sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
               const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
               const int j = n0 + wn * kHalf + within % kHalf;
@@ -66,6 +60,7 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
             },
             p.hidden - k0);
       });
+  if (!mma_thread) return;
 
   // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory
   // and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
@@ -75,9 +70,10 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
   const Staged staged{reinterpret_cast<T*>(smem_raw)};
   T* act = static_cast<T*>(p.act) + static_cast<int64>(tile.row0) * p.inter + n0;
   T* pre = static_cast<T*>(p.pre_act);
-  const int outputs = pre != nullptr ? 3 : 1;
-  for (int which = 0; which < outputs; ++which) {
-    __syncthreads();
+  // One pass per output, inlined with a constant `which` so each pass keeps only its own values
+  // live (a runtime loop over the three spilled at 128 x 256).
+  auto write_output = [&](const int which) {
+    sync_mma_threads<kThreads>();
 #pragma unroll
     for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
@@ -94,12 +90,16 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_up_kernel(const __grid_constan
           else staged.put(r, c, u0, u1);
         }
       }
-    __syncthreads();
+    sync_mma_threads<kThreads>();
     const int64 stride = which == 0 ? p.inter : 2 * p.inter;
-    T* base = which == 0 ? act
-                         : pre + static_cast<int64>(tile.row0) * 2 * p.inter + n0 + (which == 2 ? p.inter : 0);
+    T* base = which == 0 ? act : pre + static_cast<int64>(tile.row0) * 2 * p.inter + n0 + (which == 2 ? p.inter : 0);
     staged.template write<kThreads, ALIGNED>(
         [&](int r) -> T* { return r < tile.rows ? base + r * stride : nullptr; }, p.inter - n0);
+  };
+  write_output(0);
+  if (pre != nullptr) {
+    write_output(1);
+    write_output(2);
   }
 }
 

@@ -13,12 +13,11 @@ constexpr int kGroupM = 8;
 // pipelines exceed the register and shared-memory budget, so the space keeps three depths.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 
-// Hopper wgmma configs (sm_90a only; gated on every other device). One k tile stays in flight
-// in the tensor cores, so a pipeline keeps stages - 2 tiles loading. Deep single-block
-// pipelines (BLOCK_K 64, 4-5 stages) compete with shallower ones that fit two blocks per SM
-// (<= 113 KB), whose second block hides the per-k-tile barrier and the epilogue. Pruning drops
-// what exceeds shared memory.
-constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
+// Hopper wgmma configs (sm_90a only; gated on every other device), warp-specialized: the
+// producer warpgroup refills a stage as soon as the tensor cores are done with it, so deep
+// pipelines pay off; the MMA warpgroups hold two stages (one k tile stays in flight). Pruning
+// drops what exceeds shared memory.
+constexpr std::pair<int, int> kHopperDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}, {64, 5}, {64, 6}};
 
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
@@ -145,11 +144,11 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
-      // wgmma: fwd_up's gate and up rows fill a 256-wide warpgroup tile (62 of 64 tuned H200
-      // rows); two blocks per SM (96 KB each) beat deeper single-block pipelines.
+      // wgmma: fwd_up's gate and up rows fill a 256-wide warpgroup tile; a 4-stage BLOCK_K 64
+      // pipeline keeps three k tiles loading ahead of the tensor cores.
       const int wg_bn = role == Role::kFwdUp ? 128 : bn;
       if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
-        c = hopper(gemm(bm, wg_bn, 64, 3, 8));
+        c = hopper(gemm(bm, wg_bn, 64, 4, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
@@ -158,7 +157,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     }
     case RoleKind::kExpertGemm:
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        c = hopper(gemm(128, 128, 32, 6, 8));
+        c = hopper(gemm(128, 128, 64, 4, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);

@@ -45,8 +45,8 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
 std::optional<std::string> prune_reason(Role role, const TileConfig& c, const MoeShape& shape,
                                         const cuda::DeviceInfo& device) {
   if (auto why = arch_gate_reason(c, device)) return *why;
-  if (c.threads() > device.max_threads_per_block) {
-    return fmt::format("{} threads per block exceed the device's {}", c.threads(), device.max_threads_per_block);
+  if (c.block_threads() > device.max_threads_per_block) {
+    return fmt::format("{} threads per block exceed the device's {}", c.block_threads(), device.max_threads_per_block);
   }
   const RoleKind kind = role_kind(role);
   if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {

@@ -67,6 +67,13 @@ int gemm_accumulators(Role r, const TileConfig& c) {
   return c.block_m * gemm_tile_n(r, c) / std::max(1, c.threads());
 }
 
+namespace {
+
+// A full and an empty mbarrier per stage in warp-specialized (Hopper) pipelines.
+long long pipeline_barrier_bytes(const TileConfig& c) { return c.arch_tag == ArchTag::kHopper ? 16LL * c.stages : 0; }
+
+}  // namespace
+
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {
     case RoleKind::kRouting: {
@@ -77,9 +84,10 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       return worst;
     }
     case RoleKind::kTokenGemm:
-      // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64).
-      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m;
-    case RoleKind::kExpertGemm: return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k;
+      // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
+      // the barriers (templates/common/gemm.cuh, GemmSmem).
+      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m + pipeline_barrier_bytes(c);
+    case RoleKind::kExpertGemm: return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

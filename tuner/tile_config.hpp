@@ -23,7 +23,7 @@ struct TileConfig {
   int block_n = 0;    // output columns per tile
   int block_k = 0;    // reduction depth per pipeline stage
   int stages = 0;     // shared-memory pipeline depth
-  int warps = 0;      // warps per block
+  int warps = 0;      // warps per block; Hopper GEMM configs: MMA warps (see block_threads)
   int group_m = 0;    // tiles per L2 swizzle group
   int cluster = 1;    // thread-block cluster size
   int items = 0;      // elements per thread (routing)
@@ -31,6 +31,9 @@ struct TileConfig {
   ArchTag arch_tag = ArchTag::kPortable;
 
   int threads() const { return warps * 32; }
+  // Threads a launch needs: Hopper configs run warp-specialized, a producer warpgroup filling
+  // the pipeline for the `warps` MMA warps (templates/common/pipeline_sm90.cuh).
+  int block_threads() const { return threads() + (arch_tag == ArchTag::kHopper ? 128 : 0); }
 
   // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_wg" (wgmma), "w8_i16".
   std::string name() const;

@@ -34,15 +34,23 @@ struct SmemTile {
   }
 };
 
+// The loaders below spread a tile over THREADS threads: the whole block on the portable path,
+// the producer warpgroup (the block's last 128 threads) on the warp-specialized one.
+template <int THREADS>
+__device__ __forceinline__ int loader_index() {
+  return static_cast<int>(threadIdx.x) % THREADS;
+}
+
 // Fills a Tile (a layout: SmemTile or PanelTile) with values computed per 16-byte chunk:
 // fill(r, col, v) writes the 8 elements of tile row r starting at column col into v.
 // Synchronous (plain loads and stores).
 template <typename Tile, int THREADS, typename T, typename Fill>
 __device__ __forceinline__ void fill_tile(T* smem, Fill fill) {
   constexpr int kTotal = Tile::kRows * Tile::kChunks;
-#pragma unroll
+  // Four chunks in flight per thread: fully unrolled, a warp-specialized producer spills.
+#pragma unroll 4
   for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
-    const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
+    const int idx = loader_index<THREADS>() + it * THREADS;
     if (kTotal % THREADS != 0 && idx >= kTotal) break;
     const int r = idx / Tile::kChunks;
     const int col = (idx % Tile::kChunks) * 8;
@@ -68,7 +76,7 @@ __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_vali
     constexpr int kTotal = Tile::kRows * Tile::kChunks;
 #pragma unroll
     for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
-      const int idx = static_cast<int>(threadIdx.x) + it * THREADS;
+      const int idx = loader_index<THREADS>() + it * THREADS;
       if (kTotal % THREADS != 0 && idx >= kTotal) break;
       const int r = idx / Tile::kChunks;
       const int col = (idx % Tile::kChunks) * 8;
@@ -86,18 +94,34 @@ __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_vali
   }
 }
 
+// Zeroes an accumulator array of any shape.
+template <int N>
+__device__ __forceinline__ void zero_fragments(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] = 0.f;
+}
+template <typename A, int N>
+__device__ __forceinline__ void zero_fragments(A (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero_fragments(acc[i]);
+}
+
 // Warp-level MMA over one BM x BN x BK stage. WM x WN warps; each warp owns a
 // (BM/WM) x (BN/WN) block of the fp32 accumulators in mma.sync's C-fragment layout:
 // acc[mi][ni][0..1] -> row(mi, 0), cols col(ni)+{0,1}; acc[mi][ni][2..3] -> row(mi, 1).
-// The interface (ATile, BTile, kMi, kNi, kWarpN, kInFlight, row, col, zero, compute, drain)
-// is shared with WgmmaMma (common/wgmma_sm90.cuh), so roles are written once for both.
+// The interface (ATile, BTile, kThreads, kLoaders, kWarpSpecialized, kMi, kNi, kWarpN, row,
+// col, zero, compute, drain) is shared with WgmmaMma (common/wgmma_sm90.cuh), so roles are
+// written once for both.
 template <typename T, int BM, int BN, int BK, int WM, int WN, bool A_KMAJOR, bool B_KMAJOR>
 struct WarpMma {
   static constexpr int kWarpM = BM / WM;
   static constexpr int kWarpN = BN / WN;  // output columns one warp owns
   static constexpr int kMi = kWarpM / 16;
   static constexpr int kNi = kWarpN / 8;
-  static constexpr int kInFlight = 0;  // compute() is synchronous
+  using Element = T;
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int kLoaders = kThreads;  // every thread loads (multistage_main_loop)
+  static constexpr bool kWarpSpecialized = false;
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles are multiples of 16x16");
   using ATile = typename Select<A_KMAJOR, SmemTile<BM, BK>, SmemTile<BK, BM>>::type;
   using BTile = typename Select<B_KMAJOR, SmemTile<BN, BK>, SmemTile<BK, BN>>::type;
@@ -116,14 +140,7 @@ struct WarpMma {
   }
   __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int mi = 0; mi < kMi; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
-  }
+  __device__ __forceinline__ void zero() { zero_fragments(acc); }
 
   __device__ __forceinline__ void compute(const T* sa, const T* sb) {
     const int lane = static_cast<int>(threadIdx.x & 31);
@@ -166,14 +183,13 @@ struct WarpMma {
   __device__ __forceinline__ void drain() {}
 };
 
-// The multistage main loop: load(stage, k_tile) issues the cp.asyncs (or synchronous fills) of
-// one k tile into a stage; mma consumes it. Mma::kInFlight k tiles may still be read by the
-// tensor cores after compute() returns (wgmma), so the loop keeps STAGES - 1 - kInFlight tiles
-// loading ahead and never refills a stage that an in-flight MMA reads.
+// The portable multistage main loop: load(stage, k_tile) issues the cp.asyncs (or synchronous
+// fills) of one k tile into a stage, every thread loading and computing; STAGES - 1 tiles load
+// ahead of the one being multiplied, one block barrier per k tile.
 template <int STAGES, typename Mma, typename T, typename Load>
-__device__ __forceinline__ void gemm_main_loop(Mma& mma, const T* sa, const T* sb, int k_tiles, Load load) {
-  constexpr int kAhead = STAGES - 1 - Mma::kInFlight;
-  static_assert(kAhead >= 1, "too few pipeline stages for this MMA");
+__device__ __forceinline__ void multistage_main_loop(Mma& mma, const T* sa, const T* sb, int k_tiles, Load load) {
+  constexpr int kAhead = STAGES - 1;
+  mma.zero();
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < k_tiles) load(s, s);
@@ -181,8 +197,6 @@ __device__ __forceinline__ void gemm_main_loop(Mma& mma, const T* sa, const T* s
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kAhead - 1>();
-    // Stage writes are generic-proxy stores; wgmma reads shared memory through the async proxy.
-    if constexpr (Mma::kInFlight > 0) fence_proxy_async_shared();
     __syncthreads();  // tile kt landed for every thread; the stage refilled below is free
     const int next = kt + kAhead;
     if (next < k_tiles) load(next % STAGES, next);
@@ -192,6 +206,13 @@ __device__ __forceinline__ void gemm_main_loop(Mma& mma, const T* sa, const T* s
   mma.drain();
   cp_async_wait<0>();
   __syncthreads();
+}
+
+// Barrier over the block's first THREADS threads, the ones holding accumulators: the whole
+// block on the portable path, the MMA warpgroups (not the producer) when warp-specialized.
+template <int THREADS>
+__device__ __forceinline__ void sync_mma_threads() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
 }  // namespace moejit
@@ -219,7 +240,8 @@ namespace moejit {
 // An output tile staged in shared memory so that global stores are 16-byte, row-contiguous
 // and coalesced instead of the 4-byte scattered stores of the mma fragment layout. Rows
 // are padded by 8 elements so the fragment writes (8 rows x 16 bytes per warp) hit distinct
-// banks. Reuses the pipeline's shared memory once the main loop is done.
+// banks. Reuses the pipeline's shared memory once the main loop is done. THREADS: the MMA
+// threads, which alone run epilogues.
 template <typename T, int BM, int BN>
 struct StagedTile {
   static constexpr int kStride = BN + 8;
@@ -230,8 +252,8 @@ struct StagedTile {
   __device__ __forceinline__ void put(int r, int c, float v0, float v1) const { store_float2(smem + r * kStride + c, v0, v1); }
 
   // Writes the tile: row_dst(r) is the global address of tile row r's column 0, or nullptr to
-  // skip the row; cols_valid columns exist. Call between __syncthreads() (after the puts, and
-  // before the tile is reused).
+  // skip the row; cols_valid columns exist. Call between sync_mma_threads() (after the puts,
+  // and before the tile is reused).
   template <int THREADS, bool ALIGNED, typename RowDst>
   __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
     constexpr int kChunks = BN / 8;
@@ -253,9 +275,9 @@ struct StagedTile {
 template <typename T, int BM, int BN, int THREADS, bool ALIGNED, typename Mma, typename RowDst>
 __device__ __forceinline__ void store_accumulators(void* smem, const Mma& mma, RowDst row_dst, int cols_valid) {
   const StagedTile<T, BM, BN> tile{static_cast<T*>(smem)};
-  __syncthreads();
+  sync_mma_threads<THREADS>();
   for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
-  __syncthreads();
+  sync_mma_threads<THREADS>();
   tile.template write<THREADS, ALIGNED>(row_dst, cols_valid);
 }
 

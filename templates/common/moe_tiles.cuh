@@ -37,6 +37,16 @@ __device__ __forceinline__ bool token_tile(const RoutingView& r, int64 m, TokenT
 
 __device__ __forceinline__ int32 token_of_row(const RoutingView& r, int64 row) { return r.sorted_pairs[row] / r.topk; }
 
+// rows[i] = element offset of tile row i's token in a [T, stride] matrix, -1 past the tile's
+// rows; filled by the whole block, which it leaves synchronized.
+template <int BM>
+__device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const TokenTile& t, int32 stride, int64* rows) {
+  for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+    rows[i] = i < t.rows ? static_cast<int64>(token_of_row(r, t.row0 + i)) * stride : -1;
+  }
+  __syncthreads();
+}
+
 }  // namespace moejit
 
 namespace moejit {

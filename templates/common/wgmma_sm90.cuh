@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) warpgroup MMA: wgmma.mma_async reading both operands from shared memory
 // through matrix descriptors, fp32 accumulators in registers. WgmmaMma has WarpMma's interface
-// (common/gemm_sm80.cuh), so every GEMM role runs on either; the tiles are filled by the same
+// (common/gemm_sm80.cuh), so every GEMM role runs on either; it runs in the warp-specialized
+// main loop (common/pipeline_sm90.cuh), whose producer warpgroup fills the tiles with the same
 // cp.async loaders, in the layouts wgmma's descriptors describe:
 //   K-major  SmemTile<rows, BK>: BK = 64 / 32 -> rows of 128 / 64 bytes; SmemTile's XOR swizzle
 //            is exactly wgmma's 128B / 64B swizzle when the tile starts 1024-byte aligned.
@@ -8,6 +9,7 @@
 #pragma once
 
 #include "common/gemm_sm80.cuh"
+#include "common/pipeline_sm90.cuh"
 
 namespace moejit {
 
@@ -154,6 +156,10 @@ struct WgmmaMma {
   static constexpr int kWarpN = BN / kGroupsN;  // output columns one warpgroup owns: wgmma's N
   static constexpr int kNi = kWarpN / 8;
   static constexpr int kInFlight = 1;  // one k tile's wgmmas stay in flight across compute()
+  using Element = T;
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kLoaders = kProducerThreads;
+  static constexpr bool kWarpSpecialized = true;
   static_assert(WARPS % 4 == 0 && kGroups % WGM == 0 && kGroupRows % 64 == 0, "warpgroups tile BM by 64 rows");
   static_assert(kWarpN == 64 || kWarpN == 128 || kWarpN == 256, "wgmma N per warpgroup is 64, 128 or 256");
   static_assert(BK == 32 || BK == 64, "K-major rows are 64 or 128 bytes (64B / 128B swizzle)");
@@ -175,14 +181,7 @@ struct WgmmaMma {
   }
   __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int mi = 0; mi < kMi; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
-  }
+  __device__ __forceinline__ void zero() { zero_fragments(acc); }
 
   // Descriptor of the 64 x 16 (A) or N x 16 (B) operand slice starting at tile row / column
   // `first` and reduction index kk.

@@ -1,0 +1,112 @@
+// The Hopper (sm_90a) warp-specialized main loop: one producer warpgroup fills the pipeline
+// stages while the MMA warpgroups consume them, synchronized per stage by mbarriers instead of
+// a block barrier per k tile. Each stage has two barriers:
+//   full[s]   the producer's copies into stage s landed (one cp.async-completion arrival per
+//             producer thread, plus one arrival per producer warp for synchronous fills)
+//   empty[s]  every MMA warp is done reading stage s (its wgmmas completed)
+// so the producer runs up to STAGES k tiles ahead of the tensor cores.
+#pragma once
+
+#include "common/gemm_sm80.cuh"
+
+namespace moejit {
+
+constexpr int kProducerThreads = 128;  // one warpgroup, the unit setmaxnreg works on
+
+__device__ __forceinline__ void mbarrier_init(uint64* bar, uint32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Makes the initialized barriers visible to the other threads' and the async proxy's arrivals.
+__device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbarrier_arrive(uint64* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Arrives once this thread's earlier cp.asyncs have completed; the arrival is counted in the
+// barrier's initial count (noinc).
+__device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint64* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+  uint32 done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// Register split of a block of 2 MMA warpgroups + the producer, launched at 168 registers per
+// thread (65536 / 384): the producer gives back what the MMA warpgroups take, 3 * 168 =
+// 120 + 2 * 192. The cp.async producer needs ~110 registers for its unrolled address
+// arithmetic (ptxas spills below that), and 192 leaves the epilogues headroom.
+constexpr int kProducerRegs = 120;
+constexpr int kMmaRegs = 192;
+
+// Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them).
+// Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
+// false in the producer threads, which have nothing more to do.
+template <int STAGES, typename Mma, typename T, typename Load>
+__device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
+                                                           int k_tiles, Load load) {
+  constexpr int kMmaThreads = Mma::kThreads;
+  constexpr int kMmaWarps = kMmaThreads / 32;
+  uint64* full = barriers;
+  uint64* empty = barriers + STAGES;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(full + s, kProducerThreads + kProducerThreads / 32);
+      mbarrier_init(empty + s, kMmaWarps);
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+  const bool lane0 = (threadIdx.x & 31) == 0;
+
+  if (threadIdx.x >= kMmaThreads) {
+    if constexpr (kMmaWarps == 8) setmaxnreg_dec<kProducerRegs>();
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % STAGES;
+      if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
+      load(s, kt);
+      mbarrier_arrive_on_cp_async(full + s);
+      __syncwarp();  // the warp's synchronous shared-memory fills, if any, precede lane 0's arrival
+      if (lane0) mbarrier_arrive(full + s);
+    }
+    cp_async_wait<0>();
+    return false;
+  }
+
+  if constexpr (kMmaWarps == 8) setmaxnreg_inc<kMmaRegs>();
+  mma.zero();
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int s = kt % STAGES;
+    mbarrier_wait(full + s, (kt / STAGES) & 1);
+    // The stage was written by cp.async / st.shared (generic proxy); wgmma reads it through
+    // the async proxy.
+    fence_proxy_async_shared();
+    mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
+    // compute() returns with k tile kt - 1's wgmmas complete: its stage may be refilled.
+    if (kt > 0 && lane0) mbarrier_arrive(empty + (kt - 1) % STAGES);
+  }
+  mma.drain();
+  sync_mma_threads<kMmaThreads>();  // every warpgroup is done with the stages the epilogue reuses
+  return true;
+}
+
+}  // namespace moejit
