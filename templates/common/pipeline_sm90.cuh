@@ -1,8 +1,10 @@
 // The Hopper (sm_90a) warp-specialized main loop: one producer warpgroup fills the pipeline
 // stages while the MMA warpgroups consume them, synchronized per stage by mbarriers instead of
-// a block barrier per k tile. Each stage has two barriers:
-//   full[s]   the producer's copies into stage s landed (one cp.async-completion arrival per
-//             producer thread, plus one arrival per producer warp for synchronous fills)
+// a block barrier per k tile. Each producer warp fills whole stages, k tiles w, w + 4, ..., so
+// four tiles' loads are in flight at once even when a loader's addresses wait on global loads
+// (the dW roles look up each k row's token). Each stage has two barriers:
+//   full[s]   the copies into stage s landed (one cp.async-completion arrival per lane of the
+//             loading warp, plus lane 0's arrival covering synchronous fills)
 //   empty[s]  every MMA warp is done reading stage s (its wgmmas completed)
 // so the producer runs up to STAGES k tiles ahead of the tensor cores.
 #pragma once
@@ -12,6 +14,8 @@
 namespace moejit {
 
 constexpr int kProducerThreads = 128;  // one warpgroup, the unit setmaxnreg works on
+constexpr int kProducerWarps = kProducerThreads / 32;
+constexpr int kStageLoaders = 32;  // one warp loads a stage (WgmmaMma::kLoaders)
 
 __device__ __forceinline__ void mbarrier_init(uint64* bar, uint32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -70,7 +74,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kProducerThreads + kProducerThreads / 32);
+      mbarrier_init(full + s, kStageLoaders + 1);
       mbarrier_init(empty + s, kMmaWarps);
     }
     mbarrier_init_fence();
@@ -80,7 +84,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 
   if (threadIdx.x >= kMmaThreads) {
     if constexpr (kMmaWarps == 8) setmaxnreg_dec<kProducerRegs>();
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    for (int kt = (threadIdx.x - kMmaThreads) / 32; kt < k_tiles; kt += kProducerWarps) {
       const int s = kt % STAGES;
       if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
       load(s, kt);
