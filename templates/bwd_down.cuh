@@ -28,7 +28,7 @@ struct BwdDownParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
+__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);

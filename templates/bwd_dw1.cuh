@@ -18,7 +18,7 @@ struct BwdDw1Params {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
+__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms

@@ -24,7 +24,7 @@ struct FwdUpParams {
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(gemm_block_threads<WGMMA>(WARPS), 1) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
+__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, T, BM, kBN2, BK, WARPS, WM, true, true>;

@@ -84,12 +84,12 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       for (int bn : {n_min, 2 * n_min, 4 * n_min})
         for (auto [bk, stages] : kDepths)
           for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
-      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high; 128-row tiles take two warpgroups
+      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high
+        // One MMA warpgroup (two blocks per SM) or two (one block per SM); pruning drops tiles
+        // whose accumulators do not fit.
         for (int bn : {2 * n_min, 4 * n_min})
           for (auto [bk, stages] : kHopperDepths)
-            for (int warps : {4, 8}) {
-              if (bm == 64 || warps == 8) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
-            }
+            for (int warps : {4, 8}) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
       }
       break;
     }
@@ -99,7 +99,8 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
           for (auto [bk, stages] : kDepths)
             for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
       for (int bn : {128, 256})
-        for (auto [bk, stages] : kHopperDepths) out.push_back(hopper(gemm(128, bn, bk, stages, 8)));
+        for (auto [bk, stages] : kHopperDepths)
+          for (int warps : {4, 8}) out.push_back(hopper(gemm(128, bn, bk, stages, warps)));
       break;
     case RoleKind::kGather:
       for (int warps : {1, 2, 4, 8}) {

@@ -3,7 +3,7 @@
 // configs, tuner/config_space.cpp); otherwise the portable mma.sync multistage loop. WM counts
 // warps along M for mma.sync and warpgroups along M for wgmma (tuner/role_traits.cpp,
 // gemm_warp_rows). WARPS counts the MMA warps; a warp-specialized block adds the producer
-// warpgroup (gemm_block_threads, mirrored by TileConfig::block_threads on the host).
+// warpgroup (GemmLaunch, mirrored by TileConfig::block_threads on the host).
 #pragma once
 
 #include "common/gemm_sm80.cuh"
@@ -35,10 +35,13 @@ struct GemmSmem {
         barriers(reinterpret_cast<uint64*>(rows + ROWS)) {}
 };
 
-template <bool WGMMA>
-__host__ __device__ constexpr int gemm_block_threads(int warps) {
-  return warps * 32 + (WGMMA ? kProducerThreads : 0);
-}
+// A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
+// registers each thread starts with (the warp-specialized register split depends on it).
+template <bool WGMMA, int WARPS>
+struct GemmLaunch {
+  static constexpr int kThreads = WARPS * 32 + (WGMMA ? kProducerThreads : 0);
+  static constexpr int kMinBlocks = WGMMA ? RegisterSplit<WGMMA ? WARPS : 4>::kBlocksPerSm : 1;
+};
 
 // Zeroes the accumulators and runs the k loop: load(stage, k_tile) fills one pipeline stage
 // (with load_tile / fill_tile over Mma::kLoaders threads). `barriers` points at 2 * STAGES

@@ -35,7 +35,7 @@ struct SmemTile {
 };
 
 // The loaders below spread a tile over THREADS threads: the whole block on the portable path,
-// one producer warp on the warp-specialized one.
+// the producer warpgroup (the block's last 128 threads) on the warp-specialized one.
 template <int THREADS>
 __device__ __forceinline__ int loader_index() {
   return static_cast<int>(threadIdx.x) % THREADS;
@@ -74,8 +74,8 @@ template <typename Tile, int THREADS, bool ALIGNED, typename T, typename RowSrc>
 __device__ __forceinline__ void load_tile(T* smem, RowSrc row_src, int cols_valid) {
   if constexpr (ALIGNED) {
     constexpr int kTotal = Tile::kRows * Tile::kChunks;
-    // Eight 16-byte copies per batch: a whole block's share is at most that; a producer warp's
-    // (32-64 per stage) would spill if fully unrolled.
+    // Batches of eight 16-byte copies per thread: fully unrolled, a producer warpgroup's share
+    // of a stage (up to 16) holds too many addresses at once.
 #pragma unroll 8
     for (int it = 0; it < (kTotal + THREADS - 1) / THREADS; ++it) {
       const int idx = loader_index<THREADS>() + it * THREADS;

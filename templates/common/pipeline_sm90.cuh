@@ -1,10 +1,9 @@
 // The Hopper (sm_90a) warp-specialized main loop: one producer warpgroup fills the pipeline
 // stages while the MMA warpgroups consume them, synchronized per stage by mbarriers instead of
-// a block barrier per k tile. Each producer warp fills whole stages, k tiles w, w + 4, ..., so
-// four tiles' loads are in flight at once even when a loader's addresses wait on global loads
-// (the dW roles look up each k row's token). Each stage has two barriers:
-//   full[s]   the copies into stage s landed (one cp.async-completion arrival per lane of the
-//             loading warp, plus lane 0's arrival covering synchronous fills)
+// a block barrier per k tile. The producer fills the stages in k order (an mbarrier parity wait
+// may run at most one phase ahead). Each stage has two barriers:
+//   full[s]   the producer's copies into stage s landed (one cp.async-completion arrival per
+//             producer thread, plus one arrival per producer warp covering synchronous fills)
 //   empty[s]  every MMA warp is done reading stage s (its wgmmas completed)
 // so the producer runs up to STAGES k tiles ahead of the tensor cores.
 #pragma once
@@ -15,7 +14,6 @@ namespace moejit {
 
 constexpr int kProducerThreads = 128;  // one warpgroup, the unit setmaxnreg works on
 constexpr int kProducerWarps = kProducerThreads / 32;
-constexpr int kStageLoaders = 32;  // one warp loads a stage (WgmmaMma::kLoaders)
 
 __device__ __forceinline__ void mbarrier_init(uint64* bar, uint32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -54,12 +52,19 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-// Register split of a block of 2 MMA warpgroups + the producer, launched at 168 registers per
-// thread (65536 / 384): the producer gives back what the MMA warpgroups take, 3 * 168 =
-// 120 + 2 * 192. The cp.async producer needs ~110 registers for its unrolled address
-// arithmetic (ptxas spills below that), and 192 leaves the epilogues headroom.
-constexpr int kProducerRegs = 120;
-constexpr int kMmaRegs = 192;
+// Register split between the producer and the MMA warpgroups: the producer gives back what
+// the MMA warpgroups take. The cp.async producer needs ~90-110 registers for its unrolled
+// address arithmetic (ptxas spills below that).
+//   2 MMA warpgroups, one block per SM, launched at 168 (65536 / 384): 3 * 168 = 120 + 2 * 192.
+//   1 MMA warpgroup, two blocks per SM so one's prologue and epilogue overlap the other's main
+//   loop, launched at 128 (65536 / 512): 2 * 128 = 88 + 168, room for 128 x 128 accumulators.
+template <int MMA_WARPS>
+struct RegisterSplit {
+  static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "one or two MMA warpgroups");
+  static constexpr int kProducer = MMA_WARPS == 8 ? 120 : 88;
+  static constexpr int kMma = MMA_WARPS == 8 ? 192 : 168;
+  static constexpr int kBlocksPerSm = MMA_WARPS == 8 ? 1 : 2;
+};
 
 // Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them).
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
@@ -74,7 +79,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kStageLoaders + 1);
+      mbarrier_init(full + s, kProducerThreads + kProducerWarps);
       mbarrier_init(empty + s, kMmaWarps);
     }
     mbarrier_init_fence();
@@ -83,8 +88,8 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   const bool lane0 = (threadIdx.x & 31) == 0;
 
   if (threadIdx.x >= kMmaThreads) {
-    if constexpr (kMmaWarps == 8) setmaxnreg_dec<kProducerRegs>();
-    for (int kt = (threadIdx.x - kMmaThreads) / 32; kt < k_tiles; kt += kProducerWarps) {
+    setmaxnreg_dec<RegisterSplit<kMmaWarps>::kProducer>();
+    for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % STAGES;
       if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
       load(s, kt);
@@ -96,7 +101,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     return false;
   }
 
-  if constexpr (kMmaWarps == 8) setmaxnreg_inc<kMmaRegs>();
+  setmaxnreg_inc<RegisterSplit<kMmaWarps>::kMma>();
   mma.zero();
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % STAGES;

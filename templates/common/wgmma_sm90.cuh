@@ -158,7 +158,7 @@ struct WgmmaMma {
   static constexpr int kInFlight = 1;  // one k tile's wgmmas stay in flight across compute()
   using Element = T;
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kLoaders = kStageLoaders;
+  static constexpr int kLoaders = kProducerThreads;
   static constexpr bool kWarpSpecialized = true;
   static_assert(WARPS % 4 == 0 && kGroups % WGM == 0 && kGroupRows % 64 == 0, "warpgroups tile BM by 64 rows");
   static_assert(kWarpN == 64 || kWarpN == 128 || kWarpN == 256, "wgmma N per warpgroup is 64, 128 or 256");
