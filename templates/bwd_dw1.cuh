@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, 0> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
   const int m_total = 2 * p.inter;
   int32 e;
@@ -33,11 +33,13 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
   const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
   const T* x = static_cast<const T*>(p.x) + n0;
 
+  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
   const bool mma_thread = gemm_main_loop<STAGES>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
+        tokens.begin(kt);
         load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
             sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
@@ -45,9 +47,11 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
         load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
             sm.b + stage * Mma::BTile::kElems,
             [&](int r) -> const T* {
-              return k0 + r < r_end ? x + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+              const int32 t = tokens.token(r);
+              return t >= 0 ? x + static_cast<int64>(t) * p.hidden : nullptr;
             },
             p.hidden - n0);
+        tokens.end(kt);
       });
   if (!mma_thread) return;
 

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, 0> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
   int32 e;
   int64 m, n;
@@ -39,16 +39,19 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
   const T* pre = static_cast<const T*>(p.pre_act) + n0;
   const T* scores = static_cast<const T*>(p.scores);
 
+  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
   const bool mma_thread = gemm_main_loop<STAGES>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
+        tokens.begin(kt);
         // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
         load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
             sm.a + stage * Mma::ATile::kElems,
             [&](int r) -> const T* {
-              return k0 + r < r_end ? d_out + static_cast<int64>(token_of_row(p.routing, k0 + r)) * p.hidden : nullptr;
+              const int32 t = tokens.token(r);
+              return t >= 0 ? d_out + static_cast<int64>(t) * p.hidden : nullptr;
             },
             p.hidden - m0);
         if constexpr (FUSED_ACT) {
@@ -84,6 +87,7 @@ __global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
+        tokens.end(kt);
       });
   if (!mma_thread) return;
 

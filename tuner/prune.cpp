@@ -26,6 +26,12 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
   if (const int acc = gemm_accumulators(role, c); acc > kMaxAccumulators) {
     return fmt::format("{} fp32 accumulators per thread (more than {} would spill)", acc, kMaxAccumulators);
   }
+  // ptxas checks each wgmma against the registers of the launch: a one-warpgroup block runs two
+  // per SM at 128 registers per thread, too few for a 64x256 instruction's accumulators.
+  if (c.arch_tag == ArchTag::kHopper && c.warps == 4 && gemm_wgmma_n(role, c) > 128) {
+    return fmt::format("a 64x{} wgmma needs more than the 128 registers of a two-blocks-per-SM launch",
+                       gemm_wgmma_n(role, c));
+  }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
     return fmt::format("BLOCK_N {} is wider than the padded problem (N = {})", c.block_n, d.n);

@@ -63,6 +63,12 @@ int gemm_warp_rows(Role r, const TileConfig& c) {
   return best;
 }
 
+int gemm_wgmma_n(Role r, const TileConfig& c) {
+  const int wgm = gemm_warp_rows(r, c);
+  if (c.arch_tag != ArchTag::kHopper || wgm == 0) return 0;
+  return gemm_tile_n(r, c) / (c.warps / 4 / wgm);
+}
+
 int gemm_accumulators(Role r, const TileConfig& c) {
   return c.block_m * gemm_tile_n(r, c) / std::max(1, c.threads());
 }
@@ -87,7 +93,9 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
       // the barriers (templates/common/gemm.cuh, GemmSmem).
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m + pipeline_barrier_bytes(c);
-    case RoleKind::kExpertGemm: return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c);
+    case RoleKind::kExpertGemm:
+      // Pipeline stages, the k rows' token ring (2 * BLOCK_K int32), the barriers.
+      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + 8LL * c.block_k + pipeline_barrier_bytes(c);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

@@ -38,6 +38,9 @@ int gemm_tile_n(Role r, const TileConfig& c);
 // tile cannot be split over c.warps warps.
 int gemm_warp_rows(Role r, const TileConfig& c);
 
+// Hopper configs: the N of each warpgroup's wgmma instructions (0 without a legal layout).
+int gemm_wgmma_n(Role r, const TileConfig& c);
+
 // fp32 accumulator registers per thread.
 int gemm_accumulators(Role r, const TileConfig& c);
 

@@ -217,6 +217,13 @@ __device__ __forceinline__ void sync_mma_threads() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
 }
 
+// Barrier over the THREADS threads that load stages (Mma::kLoaders), callable inside a load:
+// the whole block on the portable path, the producer warpgroup when warp-specialized.
+template <int THREADS>
+__device__ __forceinline__ void sync_loaders() {
+  asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
+}
+
 }  // namespace moejit
 
 namespace moejit {

@@ -2,6 +2,7 @@
 // tile: which expert it belongs to and which sorted rows it covers.
 #pragma once
 
+#include "common/gemm_sm80.cuh"
 #include "common/tile_order.cuh"
 #include "common/types.cuh"
 
@@ -36,6 +37,37 @@ __device__ __forceinline__ bool token_tile(const RoutingView& r, int64 m, TokenT
 }
 
 __device__ __forceinline__ int32 token_of_row(const RoutingView& r, int64 row) { return r.sorted_pairs[row] / r.topk; }
+
+// The tokens of an expert GEMM's k tiles (BK sorted rows of one expert each), looked up one tile
+// ahead: a lookup is a dependent global load, and issued just before the copies that need it
+// it would stall the loaders once per k tile. Each of the LOADERS loading threads calls
+// begin(kt), loads the tile with tokens(), then end(); for kt = 0, 1, 2, ... in order.
+// `ring` holds 2 * BK int32 of shared memory.
+template <int BK, int LOADERS>
+struct KRowTokens {
+  static_assert(BK <= LOADERS, "one loader looks up each row");
+  const RoutingView& routing;
+  int32 r_begin, r_end;
+  int32* ring;
+  int32 next = -1;  // this thread's row of the following tile
+  const int32* current = nullptr;
+
+  __device__ __forceinline__ int32 lookup(int64 row) const { return row < r_end ? token_of_row(routing, row) : -1; }
+
+  __device__ __forceinline__ void begin(int kt) {
+    const int i = loader_index<LOADERS>();
+    if (kt == 0 && i < BK) ring[i] = lookup(static_cast<int64>(r_begin) + i);
+    if (i < BK) next = lookup(static_cast<int64>(r_begin) + (kt + 1) * BK + i);  // lands by end()
+    sync_loaders<LOADERS>();  // tile kt's tokens are published; tile kt - 1's slot is no longer read
+    current = ring + (kt & 1) * BK;
+  }
+  // Token of row r of the current tile, -1 past the expert's rows.
+  __device__ __forceinline__ int32 token(int r) const { return current[r]; }
+  __device__ __forceinline__ void end(int kt) {
+    const int i = loader_index<LOADERS>();
+    if (i < BK) ring[((kt + 1) & 1) * BK + i] = next;
+  }
+};
 
 // rows[i] = element offset of tile row i's token in a [T, stride] matrix, -1 past the tile's
 // rows; filled by the whole block, which it leaves synchronized.
