@@ -27,9 +27,9 @@ struct BwdDownParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
-  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
+  using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 

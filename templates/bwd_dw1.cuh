@@ -17,10 +17,10 @@ struct BwdDw1Params {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   constexpr int kThreads = WARPS * 32;
-  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, false, false>;
+  using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 

@@ -17,10 +17,10 @@ struct BwdDxParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
   constexpr int kThreads = WARPS * 32;
-  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, false>;
+  using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 

@@ -16,10 +16,10 @@ struct FwdDownParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
-  using Mma = GemmMma<WGMMA, T, BM, BN, BK, WARPS, WM, true, true>;
+  using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, true>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 

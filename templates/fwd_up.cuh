@@ -23,11 +23,11 @@ struct FwdUpParams {
   int32 inter;
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool ALIGNED>
-__global__ void __launch_bounds__(GemmLaunch<WGMMA, WARPS>::kThreads, GemmLaunch<WGMMA, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
-  using Mma = GemmMma<WGMMA, T, BM, kBN2, BK, WARPS, WM, true, true>;
+  using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);

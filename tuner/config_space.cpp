@@ -13,11 +13,16 @@ constexpr int kGroupM = 8;
 // pipelines exceed the register and shared-memory budget, so the space keeps three depths.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 
-// Hopper wgmma configs (sm_90a only; gated on every other device), warp-specialized: the
-// producer warpgroup refills a stage as soon as the tensor cores are done with it, so deep
-// pipelines pay off; the MMA warpgroups hold two stages (one k tile stays in flight). Pruning
-// drops what exceeds shared memory.
-constexpr std::pair<int, int> kHopperDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}, {64, 5}, {64, 6}};
+// Hopper wgmma configs (sm_90a only; gated on every other device), in two pipelines; one k
+// tile stays in flight in the tensor cores, so either keeps stages - 2 tiles loading.
+//   multistage: every thread loads and multiplies, a block barrier per k tile; the depths that
+//     fit two blocks per SM (<= 113 KB) let one block's barrier waits and epilogue overlap the
+//     other's MMAs.
+//   warp-specialized: a producer warpgroup refills a stage as soon as the tensor cores are done
+//     with it; one MMA warpgroup runs two blocks per SM, two run one.
+// Pruning drops what exceeds shared memory.
+constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
+constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}};
 
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
@@ -32,6 +37,12 @@ TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
 
 TileConfig hopper(TileConfig c) {
   c.arch_tag = ArchTag::kHopper;
+  return c;
+}
+
+TileConfig warp_specialized(TileConfig c) {
+  c.arch_tag = ArchTag::kHopper;
+  c.warp_specialized = true;
   return c;
 }
 
@@ -84,12 +95,15 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       for (int bn : {n_min, 2 * n_min, 4 * n_min})
         for (auto [bk, stages] : kDepths)
           for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
-      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high
-        // One MMA warpgroup (two blocks per SM) or two (one block per SM); pruning drops tiles
-        // whose accumulators do not fit.
-        for (int bn : {2 * n_min, 4 * n_min})
+      if (bm >= 64) {  // a warpgroup's MMA is 64 rows high; pruning drops what does not fit
+        for (int bn : {2 * n_min, 4 * n_min}) {
           for (auto [bk, stages] : kHopperDepths)
-            for (int warps : {4, 8}) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
+            for (int warps : {4, 8}) {
+              if (bm == 64 || warps == 8) out.push_back(hopper(gemm(bm, bn, bk, stages, warps)));
+            }
+          for (auto [bk, stages] : kWarpSpecializedDepths)
+            for (int warps : {4, 8}) out.push_back(warp_specialized(gemm(bm, bn, bk, stages, warps)));
+        }
       }
       break;
     }
@@ -98,9 +112,11 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
         for (int bn : {64, 128})
           for (auto [bk, stages] : kDepths)
             for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
-      for (int bn : {128, 256})
-        for (auto [bk, stages] : kHopperDepths)
-          for (int warps : {4, 8}) out.push_back(hopper(gemm(128, bn, bk, stages, warps)));
+      for (int bn : {128, 256}) {
+        for (auto [bk, stages] : kHopperDepths) out.push_back(hopper(gemm(128, bn, bk, stages, 8)));
+        for (auto [bk, stages] : kWarpSpecializedDepths)
+          for (int warps : {4, 8}) out.push_back(warp_specialized(gemm(128, bn, bk, stages, warps)));
+      }
       break;
     case RoleKind::kGather:
       for (int warps : {1, 2, 4, 8}) {
@@ -145,11 +161,11 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
-      // wgmma: fwd_up's gate and up rows fill a 256-wide warpgroup tile; a 4-stage BLOCK_K 64
-      // pipeline keeps three k tiles loading ahead of the tensor cores.
+      // wgmma, multistage: fwd_up's gate and up rows fill a 256-wide warpgroup tile; two blocks
+      // per SM (96 KB each) won most tuned H200 rows of the token roles.
       const int wg_bn = role == Role::kFwdUp ? 128 : bn;
       if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
-        c = hopper(gemm(bm, wg_bn, 64, 4, 8));
+        c = hopper(gemm(bm, wg_bn, 64, 3, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
@@ -157,8 +173,10 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm:
+      // Warp-specialized, one MMA warpgroup, two blocks per SM: the producer looks up each k
+      // row's token a tile ahead, which the multistage loop cannot.
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        c = hopper(gemm(128, 128, 64, 4, 8));
+        c = warp_specialized(gemm(128, 128, 64, 3, 4));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);

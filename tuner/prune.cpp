@@ -26,9 +26,10 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
   if (const int acc = gemm_accumulators(role, c); acc > kMaxAccumulators) {
     return fmt::format("{} fp32 accumulators per thread (more than {} would spill)", acc, kMaxAccumulators);
   }
-  // ptxas checks each wgmma against the registers of the launch: a one-warpgroup block runs two
-  // per SM at 128 registers per thread, too few for a 64x256 instruction's accumulators.
-  if (c.arch_tag == ArchTag::kHopper && c.warps == 4 && gemm_wgmma_n(role, c) > 128) {
+  // ptxas checks each wgmma against the registers of the launch: a warp-specialized
+  // one-warpgroup block runs two per SM at 128 registers per thread, too few for a 64x256
+  // instruction's accumulators.
+  if (c.warp_specialized && c.warps == 4 && gemm_wgmma_n(role, c) > 128) {
     return fmt::format("a 64x{} wgmma needs more than the 128 registers of a two-blocks-per-SM launch",
                        gemm_wgmma_n(role, c));
   }

@@ -75,8 +75,8 @@ int gemm_accumulators(Role r, const TileConfig& c) {
 
 namespace {
 
-// A full and an empty mbarrier per stage in warp-specialized (Hopper) pipelines.
-long long pipeline_barrier_bytes(const TileConfig& c) { return c.arch_tag == ArchTag::kHopper ? 16LL * c.stages : 0; }
+// A full and an empty mbarrier per stage in warp-specialized pipelines.
+long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialized ? 16LL * c.stages : 0; }
 
 }  // namespace
 

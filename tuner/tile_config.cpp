@@ -45,7 +45,7 @@ std::string TileConfig::name() const {
   part("i", items);
   if (cluster > 1) part("c", cluster);
   if (use_tma) n += "_tma";
-  if (arch_tag == ArchTag::kHopper) n += "_wg";
+  if (arch_tag == ArchTag::kHopper) n += warp_specialized ? "_ws" : "_wg";
   if (arch_tag == ArchTag::kBlackwellDatacenter) n += "_bw";
   return n;
 }
@@ -62,7 +62,7 @@ void to_json(nlohmann::json& j, const TileConfig& c) {
   j = nlohmann::json{{"block_m", c.block_m}, {"block_n", c.block_n}, {"block_k", c.block_k},
                      {"stages", c.stages},   {"warps", c.warps},     {"group_m", c.group_m},
                      {"cluster", c.cluster}, {"items", c.items},     {"use_tma", c.use_tma},
-                     {"arch_tag", arch_tag_name(c.arch_tag)}};
+                     {"warp_specialized", c.warp_specialized}, {"arch_tag", arch_tag_name(c.arch_tag)}};
 }
 
 void from_json(const nlohmann::json& j, TileConfig& c) {
@@ -75,6 +75,7 @@ void from_json(const nlohmann::json& j, TileConfig& c) {
   c.cluster = j.value("cluster", 1);
   c.items = j.value("items", 0);
   c.use_tma = j.value("use_tma", false);
+  c.warp_specialized = j.value("warp_specialized", false);
   c.arch_tag = parse_arch_tag(j.value("arch_tag", std::string("portable")));
 }
 

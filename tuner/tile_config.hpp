@@ -23,19 +23,23 @@ struct TileConfig {
   int block_n = 0;    // output columns per tile
   int block_k = 0;    // reduction depth per pipeline stage
   int stages = 0;     // shared-memory pipeline depth
-  int warps = 0;      // warps per block; Hopper GEMM configs: MMA warps (see block_threads)
+  int warps = 0;      // warps per block; warp-specialized configs: MMA warps (see block_threads)
   int group_m = 0;    // tiles per L2 swizzle group
   int cluster = 1;    // thread-block cluster size
   int items = 0;      // elements per thread (routing)
   bool use_tma = false;
+  // Hopper GEMMs: a producer warpgroup fills the stages, mbarriers instead of a block barrier per
+  // k tile (templates/common/pipeline_sm90.cuh); otherwise the multistage loop every thread runs.
+  bool warp_specialized = false;
   ArchTag arch_tag = ArchTag::kPortable;
 
   int threads() const { return warps * 32; }
-  // Threads a launch needs: Hopper configs run warp-specialized, a producer warpgroup filling
-  // the pipeline for the `warps` MMA warps (templates/common/pipeline_sm90.cuh).
-  int block_threads() const { return threads() + (arch_tag == ArchTag::kHopper ? 128 : 0); }
+  // Threads a launch needs: a warp-specialized block adds its producer warpgroup to the
+  // `warps` MMA warps.
+  int block_threads() const { return threads() + (warp_specialized ? 128 : 0); }
 
-  // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_wg" (wgmma), "w8_i16".
+  // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_wg" (wgmma, multistage),
+  // "bm128_bn128_bk32_s6_w4_g8_ws" (wgmma, warp-specialized), "w8_i16".
   std::string name() const;
 
   // A total order by size (smaller first, then by name), used to break ties deterministically.

@@ -61,9 +61,11 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
               "block_m, block_n, block_k, stages >= 2, warps and group_m");
       const int wm = gemm_warp_rows(spec.role, c);
       require(wm > 0, spec, "a legal warp layout");
+      require(!c.warp_specialized || c.arch_tag == ArchTag::kHopper, spec, "wgmma (warp specialization is Hopper-only)");
       const char* wgmma = c.arch_tag == ArchTag::kHopper ? "true" : "false";
-      std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
-                                     c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, wgmma, aligned);
+      const char* ws = c.warp_specialized ? "true" : "false";
+      std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
+                                     c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, wgmma, ws, aligned);
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

@@ -1,9 +1,9 @@
 // What a GEMM role includes: the loaders, main loops and epilogue helpers, and the choice of
-// MMA. WGMMA selects the Hopper warpgroup MMA in the warp-specialized main loop (sm_90a
-// configs, tuner/config_space.cpp); otherwise the portable mma.sync multistage loop. WM counts
-// warps along M for mma.sync and warpgroups along M for wgmma (tuner/role_traits.cpp,
-// gemm_warp_rows). WARPS counts the MMA warps; a warp-specialized block adds the producer
-// warpgroup (GemmLaunch, mirrored by TileConfig::block_threads on the host).
+// MMA and pipeline. WGMMA selects the Hopper warpgroup MMA (sm_90a configs,
+// tuner/config_space.cpp), otherwise mma.sync; WS (wgmma only) the warp-specialized main loop,
+// otherwise the multistage one. WM counts warps along M for mma.sync and warpgroups along M for
+// wgmma (tuner/role_traits.cpp, gemm_warp_rows). WARPS counts the MMA warps; a warp-specialized
+// block adds the producer warpgroup (GemmLaunch, mirrored by TileConfig::block_threads).
 #pragma once
 
 #include "common/gemm_sm80.cuh"
@@ -12,8 +12,8 @@
 
 namespace moejit {
 
-template <bool WGMMA, typename T, int BM, int BN, int BK, int WARPS, int WM, bool A_KMAJOR, bool B_KMAJOR>
-using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJOR, B_KMAJOR>,
+template <bool WGMMA, bool WS, typename T, int BM, int BN, int BK, int WARPS, int WM, bool A_KMAJOR, bool B_KMAJOR>
+using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJOR, B_KMAJOR, WS>,
                                 WarpMma<T, BM, BN, BK, WM, WARPS / WM, A_KMAJOR, B_KMAJOR>>::type;
 
 // A GEMM role's dynamic shared memory, as tuner/role_traits.cpp (role_smem_bytes) sizes it:
@@ -37,10 +37,10 @@ struct GemmSmem {
 
 // A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
 // registers each thread starts with (the warp-specialized register split depends on it).
-template <bool WGMMA, int WARPS>
+template <bool WS, int WARPS>
 struct GemmLaunch {
-  static constexpr int kThreads = WARPS * 32 + (WGMMA ? kProducerThreads : 0);
-  static constexpr int kMinBlocks = WGMMA ? RegisterSplit<WGMMA ? WARPS : 4>::kBlocksPerSm : 1;
+  static constexpr int kThreads = WARPS * 32 + (WS ? kProducerThreads : 0);
+  static constexpr int kMinBlocks = WS ? RegisterSplit<WS ? WARPS : 4>::kBlocksPerSm : 1;
 };
 
 // Zeroes the accumulators and runs the k loop: load(stage, k_tile) fills one pipeline stage

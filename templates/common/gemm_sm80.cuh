@@ -111,9 +111,9 @@ __device__ __forceinline__ void zero_fragments(A (&acc)[N]) {
 // Warp-level MMA over one BM x BN x BK stage. WM x WN warps; each warp owns a
 // (BM/WM) x (BN/WN) block of the fp32 accumulators in mma.sync's C-fragment layout:
 // acc[mi][ni][0..1] -> row(mi, 0), cols col(ni)+{0,1}; acc[mi][ni][2..3] -> row(mi, 1).
-// The interface (ATile, BTile, kThreads, kLoaders, kWarpSpecialized, kMi, kNi, kWarpN, row,
-// col, zero, compute, drain) is shared with WgmmaMma (common/wgmma_sm90.cuh), so roles are
-// written once for both.
+// The interface (ATile, BTile, kThreads, kLoaders, kWarpSpecialized, kInFlight, kMi, kNi,
+// kWarpN, row, col, zero, compute, drain) is shared with WgmmaMma (common/wgmma_sm90.cuh), so
+// roles are written once for both.
 template <typename T, int BM, int BN, int BK, int WM, int WN, bool A_KMAJOR, bool B_KMAJOR>
 struct WarpMma {
   static constexpr int kWarpM = BM / WM;
@@ -124,6 +124,7 @@ struct WarpMma {
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kLoaders = kThreads;  // every thread loads (multistage_main_loop)
   static constexpr bool kWarpSpecialized = false;
+  static constexpr int kInFlight = 0;  // compute() is synchronous
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles are multiples of 16x16");
   using ATile = typename Select<A_KMAJOR, SmemTile<BM, BK>, SmemTile<BK, BM>>::type;
   using BTile = typename Select<B_KMAJOR, SmemTile<BN, BK>, SmemTile<BK, BN>>::type;
@@ -185,12 +186,15 @@ struct WarpMma {
   __device__ __forceinline__ void drain() {}
 };
 
-// The portable multistage main loop: load(stage, k_tile) issues the cp.asyncs (or synchronous
-// fills) of one k tile into a stage, every thread loading and computing; STAGES - 1 tiles load
-// ahead of the one being multiplied, one block barrier per k tile.
+// The multistage main loop: load(stage, k_tile) issues the cp.asyncs (or synchronous fills) of
+// one k tile into a stage, every thread loading and computing, one block barrier per k tile.
+// Mma::kInFlight k tiles may still be read by the tensor cores after compute() returns
+// (wgmma), so the loop keeps STAGES - 1 - kInFlight tiles loading ahead and never refills a
+// stage that an in-flight MMA reads.
 template <int STAGES, typename Mma, typename T, typename Load>
 __device__ __forceinline__ void multistage_main_loop(Mma& mma, const T* sa, const T* sb, int k_tiles, Load load) {
-  constexpr int kAhead = STAGES - 1;
+  constexpr int kAhead = STAGES - 1 - Mma::kInFlight;
+  static_assert(kAhead >= 1, "too few pipeline stages for this MMA");
   mma.zero();
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
@@ -199,6 +203,8 @@ __device__ __forceinline__ void multistage_main_loop(Mma& mma, const T* sa, cons
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<kAhead - 1>();
+    // Stage writes are generic-proxy stores; wgmma reads shared memory through the async proxy.
+    if constexpr (Mma::kInFlight > 0) fence_proxy_async_shared();
     __syncthreads();  // tile kt landed for every thread; the stage refilled below is free
     const int next = kt + kAhead;
     if (next < k_tiles) load(next % STAGES, next);

@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) warpgroup MMA: wgmma.mma_async reading both operands from shared memory
 // through matrix descriptors, fp32 accumulators in registers. WgmmaMma has WarpMma's interface
-// (common/gemm_sm80.cuh), so every GEMM role runs on either; it runs in the warp-specialized
-// main loop (common/pipeline_sm90.cuh), whose producer warpgroup fills the tiles with the same
+// (common/gemm_sm80.cuh), so every GEMM role runs on either, in the multistage main loop or,
+// WS, the warp-specialized one (common/pipeline_sm90.cuh); the tiles are filled by the same
 // cp.async loaders, in the layouts wgmma's descriptors describe:
 //   K-major  SmemTile<rows, BK>: BK = 64 / 32 -> rows of 128 / 64 bytes; SmemTile's XOR swizzle
 //            is exactly wgmma's 128B / 64B swizzle when the tile starts 1024-byte aligned.
@@ -146,8 +146,9 @@ MOEJIT_WGMMA_N256(fp16, "f16")
 
 // WARPS / 4 warpgroups, WGM of them along M; each owns a (BM / WGM) x (BN / (groups / WGM))
 // block of the accumulators, issued as m64 x N wgmmas. Fragment layout per m64 block: as
-// mma.sync's C fragment, warp w of the warpgroup holding rows 16w..16w+15.
-template <typename T, int BM, int BN, int BK, int WARPS, int WGM, bool A_KMAJOR, bool B_KMAJOR>
+// mma.sync's C fragment, warp w of the warpgroup holding rows 16w..16w+15. WARPS counts the
+// MMA warps; WS: the stages are filled by a producer warpgroup instead of these warps.
+template <typename T, int BM, int BN, int BK, int WARPS, int WGM, bool A_KMAJOR, bool B_KMAJOR, bool WS>
 struct WgmmaMma {
   static constexpr int kGroups = WARPS / 4;
   static constexpr int kGroupsN = kGroups / WGM;
@@ -158,8 +159,8 @@ struct WgmmaMma {
   static constexpr int kInFlight = 1;  // one k tile's wgmmas stay in flight across compute()
   using Element = T;
   static constexpr int kThreads = WARPS * 32;
-  static constexpr int kLoaders = kProducerThreads;
-  static constexpr bool kWarpSpecialized = true;
+  static constexpr int kLoaders = WS ? kProducerThreads : kThreads;
+  static constexpr bool kWarpSpecialized = WS;
   static_assert(WARPS % 4 == 0 && kGroups % WGM == 0 && kGroupRows % 64 == 0, "warpgroups tile BM by 64 rows");
   static_assert(kWarpN == 64 || kWarpN == 128 || kWarpN == 256, "wgmma N per warpgroup is 64, 128 or 256");
   static_assert(BK == 32 || BK == 64, "K-major rows are 64 or 128 bytes (64B / 128B swizzle)");

@@ -153,14 +153,21 @@ std::vector<std::pair<std::string, Options>> kernel_paths(const CaseSpec& s, con
   portable.cc_major = 8;
   portable.cc_minor = 0;
   const MoeShape shape{s.tokens, s.experts, s.hidden, s.intermediate, s.topk, s.dtype};
-  Options opt;
+  Options opt, other_pipeline;
   for (Role r : kAllRoles) {
     const RoleKind kind = role_kind(r);
     if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
       opt.config_overrides[role_name(r)] = default_config(r, shape, portable).name();
+      // The Hopper default on the other wgmma pipeline (multistage <-> warp-specialized).
+      TileConfig c = default_config(r, shape, device);
+      if (c.arch_tag != ArchTag::kHopper) continue;
+      c.warp_specialized = !c.warp_specialized;
+      if (c.warp_specialized && prune_reason(r, c, shape, device)) c.warps = 8;
+      if (!prune_reason(r, c, shape, device)) other_pipeline.config_overrides[role_name(r)] = c.name();
     }
   }
   paths.push_back({"portable mma.sync", opt});
+  if (!other_pipeline.config_overrides.empty()) paths.push_back({"the other wgmma pipeline", other_pipeline});
   return paths;
 }
 

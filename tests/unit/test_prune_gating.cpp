@@ -1,5 +1,6 @@
 // Pruning rules and arch gating, with fabricated devices: no GPU involved.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "cuda/device.hpp"
 #include "moe/routing_layout.hpp"
@@ -131,15 +132,18 @@ TEST_CASE("wgmma GEMM configs reach only sm_90, where the large-tile defaults us
   const MoeShape small = shape(128, 128, 8);    // 8 pairs per expert: 16-row token tiles
   for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
     INFO(role_name(r));
-    int hopper = 0;
+    int multistage = 0, warp_specialized = 0;
     for (const TileConfig& c : config_space(r, large)) {
-      if (c.arch_tag != ArchTag::kHopper) continue;
-      ++hopper;
       INFO(c.name());
-      CHECK_THAT(c.name(), Catch::EndsWith("_wg"));
+      CHECK((!c.warp_specialized || c.arch_tag == ArchTag::kHopper));
+      if (c.arch_tag != ArchTag::kHopper) continue;
+      ++(c.warp_specialized ? warp_specialized : multistage);
+      CHECK_THAT(c.name(), Catch::EndsWith(c.warp_specialized ? "_ws" : "_wg"));
+      CHECK(c.block_threads() == c.threads() + (c.warp_specialized ? 128 : 0));
       for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
     }
-    CHECK(hopper > 0);
+    CHECK(multistage > 0);
+    CHECK(warp_specialized > 0);
     const TileConfig h = default_config(r, large, fab::h200());
     CHECK(h.arch_tag == ArchTag::kHopper);
     CHECK_FALSE(prune_reason(r, h, large, fab::h200()));
@@ -171,4 +175,38 @@ TEST_CASE("wgmma warp layout: warpgroups along M, N of 64, 128 or 256 per warpgr
   CHECK(gemm_warp_rows(Role::kFwdDown, wg(128, 96, 8)) == 0);   // N = 96 is not a wgmma tile here
   CHECK(gemm_warp_rows(Role::kFwdDown, wg(128, 128, 6)) == 0);  // not whole warpgroups
   CHECK(gemm_accumulators(Role::kFwdUp, wg(128, 128, 8)) == 128);
+}
+
+TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-bound wgmma N", "[prune]") {
+  const MoeShape large = shape(32768, 128, 8);
+  auto cfg = [](int bm, int bn, int bk, int stages, int warps, bool ws) {
+    TileConfig c;
+    c.block_m = bm;
+    c.block_n = bn;
+    c.block_k = bk;
+    c.stages = stages;
+    c.warps = warps;
+    c.group_m = 8;
+    c.arch_tag = ArchTag::kHopper;
+    c.warp_specialized = ws;
+    return c;
+  };
+  const TileConfig ms = cfg(128, 128, 32, 6, 4, false), ws = cfg(128, 128, 32, 6, 4, true);
+  CHECK(ms.block_threads() == 128);
+  CHECK(ws.block_threads() == 256);  // + the producer warpgroup
+  // Token GEMM: stages of A and B, BLOCK_M int64 row offsets, then 2 mbarriers per stage.
+  CHECK(role_smem_bytes(Role::kFwdDown, ms, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 128);
+  CHECK(role_smem_bytes(Role::kFwdDown, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 128 + 16 * 6);
+  // Expert GEMM: stages, the 2 * BLOCK_K int32 token ring, the barriers.
+  CHECK(role_smem_bytes(Role::kBwdDw1, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 32 + 16 * 6);
+  CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
+  // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
+  CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
+  CHECK_FALSE(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, false), large, fab::h200()));
+  CHECK_FALSE(prune_reason(Role::kFwdUp, cfg(128, 64, 32, 6, 4, true), large, fab::h200()));
+  // The flag survives the database's JSON and names the config.
+  const TileConfig back = nlohmann::json(ws).get<TileConfig>();
+  CHECK(back == ws);
+  CHECK(ws.name() == "bm128_bn128_bk32_s6_w4_g8_ws");
+  CHECK(ms.name() == "bm128_bn128_bk32_s6_w4_g8_wg");
 }
