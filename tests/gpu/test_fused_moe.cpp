@@ -158,12 +158,17 @@ std::vector<std::pair<std::string, Options>> kernel_paths(const CaseSpec& s, con
     const RoleKind kind = role_kind(r);
     if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
       opt.config_overrides[role_name(r)] = default_config(r, shape, portable).name();
-      // The Hopper default on the other wgmma pipeline (multistage <-> warp-specialized).
-      TileConfig c = default_config(r, shape, device);
-      if (c.arch_tag != ArchTag::kHopper) continue;
-      c.warp_specialized = !c.warp_specialized;
-      if (c.warp_specialized && prune_reason(r, c, shape, device)) c.warps = 8;
-      if (!prune_reason(r, c, shape, device)) other_pipeline.config_overrides[role_name(r)] = c.name();
+      // The first legal config of the wgmma pipeline the default does not use (multistage <->
+      // warp-specialized).
+      const TileConfig d = default_config(r, shape, device);
+      if (d.arch_tag != ArchTag::kHopper) continue;
+      for (const TileConfig& c : config_space(r, shape)) {
+        if (c.arch_tag == ArchTag::kHopper && c.warp_specialized != d.warp_specialized &&
+            !prune_reason(r, c, shape, device)) {
+          other_pipeline.config_overrides[role_name(r)] = c.name();
+          break;
+        }
+      }
     }
   }
   paths.push_back({"portable mma.sync", opt});
