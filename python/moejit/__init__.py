@@ -24,7 +24,7 @@ from .errors import (
     UnsupportedError,
 )
 from .options import get_option, options, set_option
-from .tune import cli_path, tune
+from .tuning import cli_path, tune
 
 __version__ = "0.1.0"
 
