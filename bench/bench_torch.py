@@ -40,7 +40,7 @@ FLOPS_PER_PAIR = {"forward": 6, "backward": 12, "full": 18}  # times H·I
 
 
 def grouped_mm_moe(x, w1, w2, topk_ids, topk_weights):
-    t, k = topk_ids.shape
+    k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = flat.argsort(stable=True)
     offsets = torch.bincount(flat, minlength=w1.shape[0]).cumsum(0).to(torch.int32)
@@ -54,7 +54,7 @@ def grouped_mm_moe(x, w1, w2, topk_ids, topk_weights):
 
 
 def loop_moe(x, w1, w2, topk_ids, topk_weights):
-    t, k = topk_ids.shape
+    k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     order = flat.argsort(stable=True)
     counts = torch.bincount(flat, minlength=w1.shape[0]).tolist()

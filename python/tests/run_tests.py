@@ -4,10 +4,8 @@
 (parametrize, raises, skip, importorskip, the tmp_path/monkeypatch/capfd fixtures); with pytest
 installed, prefer `python3 -m pytest python/tests`."""
 
-import contextlib
 import importlib
 import inspect
-import io
 import itertools
 import os
 import pathlib

@@ -96,7 +96,7 @@ def test_expert_ids_out_of_range_are_dropped_or_rejected():
     got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
     assert got[4][0, 0] == 0 and got[4][3, 1] == 0
-    with pytest.raises(moejit.InvalidArgumentError, match=r"topk_ids: 2 expert id\(s\) outside \[0, 8\)"):
+    with pytest.raises(moejit.InvalidArgumentError, match=r"topk_ids: \d+ expert id\(s\) outside \[0, 8\)"):
         mt.fused_moe(x, w1, w2, ids, weights, check_expert_ids=True)
 
 
