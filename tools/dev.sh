@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(cmake g++ make libfmt-dev nlohmann-json3-dev libsqlite3-dev catch2)
+packages=(cmake g++ make libfmt-dev nlohmann-json3-dev libsqlite3-dev catch2 python3-pytest)
 
 install_deps() {
   local missing=()

@@ -53,6 +53,10 @@ typedef struct moejit_plan moejit_plan;
 moejit_status moejit_plan_create(const moejit_problem* problem, moejit_plan** out);
 void moejit_plan_destroy(moejit_plan* plan);
 moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out);
+/* What moejit_plan_memory will report for a plan of this problem, computed on the host: no GPU
+ * or context needed (e.g. to size buffers while tracing). Validates the problem like
+ * moejit_plan_create. */
+moejit_status moejit_problem_memory(const moejit_problem* problem, moejit_memory_plan* out);
 
 moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2,
                              const int32_t* topk_ids, const void* topk_weights, void* out, void* saved,

@@ -4,6 +4,8 @@
 #include <new>
 #include <string>
 
+#include "moe/memory_layout.hpp"
+#include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
 #include "moejit/version.hpp"
 
@@ -41,22 +43,26 @@ moejit_plan* require_plan(moejit_plan* plan) {
   return plan;
 }
 
+moejit::MoeProblem to_problem(const moejit_problem* p) {
+  if (p == nullptr) throw moejit::InvalidArgument("problem", "null pointer");
+  return {p->tokens,
+          p->experts,
+          p->hidden,
+          p->intermediate,
+          p->topk,
+          static_cast<moejit::DType>(p->dtype),
+          static_cast<moejit::Mode>(p->mode)};
+}
+
 }  // namespace
 
 extern "C" {
 
 moejit_status moejit_plan_create(const moejit_problem* p, moejit_plan** out) {
   return guarded([&] {
-    if (p == nullptr) throw moejit::InvalidArgument("problem", "null pointer");
+    const moejit::MoeProblem problem = to_problem(p);
     if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
     *out = nullptr;
-    moejit::MoeProblem problem{p->tokens,
-                               p->experts,
-                               p->hidden,
-                               p->intermediate,
-                               p->topk,
-                               static_cast<moejit::DType>(p->dtype),
-                               static_cast<moejit::Mode>(p->mode)};
     moejit::Options options;
     options.check_expert_ids = p->check_expert_ids != 0;
     *out = new moejit_plan{moejit::FusedMoe(problem, options)};
@@ -71,6 +77,16 @@ moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* ou
     if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
     const moejit::MemoryPlan& m = plan->plan.memory();
     *out = {m.saved_bytes, m.forward_workspace_bytes, m.backward_workspace_bytes};
+  });
+}
+
+moejit_status moejit_problem_memory(const moejit_problem* p, moejit_memory_plan* out) {
+  return guarded([&] {
+    const moejit::MoeProblem problem = to_problem(p);
+    if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
+    moejit::validate_problem(problem);
+    const moejit::MemoryLayout l = moejit::memory_layout(problem);
+    *out = {l.saved_bytes, l.forward_bytes, l.backward_bytes};
   });
 }
 

@@ -91,7 +91,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);
   s.aligned = vector_aligned(problem);
-  s.layout = memory_layout(s.shape, problem.mode, s.block_m);
+  s.layout = memory_layout(problem);
   s.memory = {s.layout.saved_bytes, s.layout.forward_bytes, s.layout.backward_bytes};
 
   const std::map<Role, ResolvedConfig> chosen = resolve_configs(problem, s.device, options);

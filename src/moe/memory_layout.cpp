@@ -1,5 +1,7 @@
 #include "moe/memory_layout.hpp"
 
+#include "tuner/role_traits.hpp"
+
 namespace moejit {
 namespace {
 
@@ -36,6 +38,11 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
     }
   }
   return l;
+}
+
+MemoryLayout memory_layout(const MoeProblem& p) {
+  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+  return memory_layout(shape, p.mode, token_block_m(shape));
 }
 
 }  // namespace moejit

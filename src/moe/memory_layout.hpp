@@ -34,4 +34,8 @@ struct MemoryLayout {
 
 MemoryLayout memory_layout(const MoeShape& shape, Mode mode, int block_m);
 
+// The layout a FusedMoe of this (validated) problem uses: the token tile height is
+// token_block_m(). Pure, so callers (the C ABI, PyTorch's fake tensors) size buffers without a GPU.
+MemoryLayout memory_layout(const MoeProblem& problem);
+
 }  // namespace moejit

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""moejit from PyTorch next to two PyTorch MoE expert blocks, in one process on one GPU.
+
+  python3 bench/bench_torch.py OUT.json [--markdown OUT.md] [--tokens 1024,8192,32768]
+                               [--shape 128,2048,768,8] [--dtype bf16] [--impls ...] [--modes ...]
+
+Implementations (same math and layouts, DESIGN.md):
+  moejit         moejit.torch.fused_moe (training mode when timing forward: it saves for backward)
+  moejit_memeff  the same with memory_efficient=True
+  grouped_mm     sort pairs by expert, torch._grouped_mm for W1 and W2, SwiGLU, weighted index_add
+  loop           a per-expert loop of matmuls (one host sync for the counts), weighted index_add
+Modes: forward, backward (an untimed forward before each), full (forward + backward). The
+gradients are dx, dW1, dW2 and d topk_weights, taken with torch.autograd.grad.
+
+Each (impl, T, mode) is timed with CUDA events around every iteration after warm-up, on input
+sets rotated so their total outgrows the L2 cache, with random non-zero data and uniform random
+routing; it reports the median ms, TFLOP/s (FLOP model: forward 6·T·K·H·I, backward 12·, full
+18·) and the peak of torch.cuda.max_memory_allocated over the memory allocated before the
+iteration (the weights, inputs and rotation sets are resident and not counted). Host time
+between launches counts: the loop baseline syncs and is host-bound by design.
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+import moejit  # noqa: E402
+import moejit.torch as mt  # noqa: E402
+
+L2_BYTES = 60 << 20  # the H200's; rotation sets total at least twice this
+FLOPS_PER_PAIR = {"forward": 6, "backward": 12, "full": 18}  # times H·I
+
+
+def grouped_mm_moe(x, w1, w2, topk_ids, topk_weights):
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    offsets = torch.bincount(flat, minlength=w1.shape[0]).cumsum(0).to(torch.int32)
+    token = order // k
+    h = torch._grouped_mm(x[token], w1.transpose(1, 2), offs=offsets)  # [TK, 2I]
+    i = w1.shape[1] // 2
+    a = F.silu(h[:, :i]) * h[:, i:]
+    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offsets)  # [TK, H]
+    y = y * topk_weights.reshape(-1)[order, None]
+    return torch.zeros_like(x).index_add(0, token, y)
+
+
+def loop_moe(x, w1, w2, topk_ids, topk_weights):
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w1.shape[0]).tolist()
+    token = order // k
+    xs = x[token]
+    i = w1.shape[1] // 2
+    ys, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            h = xs[start:start + n] @ w1[e].T
+            ys.append((F.silu(h[:, :i]) * h[:, i:]) @ w2[e].T)
+            start += n
+    y = torch.cat(ys) * topk_weights.reshape(-1)[order, None]
+    return torch.zeros_like(x).index_add(0, token, y)
+
+
+IMPLS = {
+    "moejit": mt.fused_moe,
+    "moejit_memeff": lambda *a: mt.fused_moe(*a, memory_efficient=True),
+    "grouped_mm": grouped_mm_moe,
+    "loop": loop_moe,
+}
+
+
+def make_sets(t, e, h, k, dtype, count, generator):
+    sets = []
+    for _ in range(count):
+        x = (torch.rand(t, h, device="cuda", generator=generator, dtype=torch.float32) * 2 - 1).add_(1e-3).to(dtype)
+        scores = torch.rand(t, e, device="cuda", generator=generator)
+        weights, ids = scores.topk(k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(dtype)
+        d_out = (torch.rand(t, h, device="cuda", generator=generator) * 2 - 1).add_(1e-3).to(dtype)
+        sets.append((x.requires_grad_(), ids, weights.requires_grad_(), d_out))
+    return sets
+
+
+def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds):
+    """Median ms per iteration and peak extra MiB of one (impl, mode)."""
+
+    def forward(s):
+        return fn(s[0], w1, w2, s[1], s[2])
+
+    def backward(s, out):
+        torch.autograd.grad(out, (s[0], w1, w2, s[2]), s[3])
+
+    def iteration(i, start, end):
+        s = sets[i % len(sets)]
+        if mode == "backward":
+            out = forward(s)
+            start.record()
+            backward(s, out)
+        else:
+            start.record()
+            out = forward(s)
+            if mode == "full":
+                backward(s, out)
+        end.record()
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(2)]
+    for i in range(3):  # warm-up: plans, cuBLAS heuristics, the caching allocator's pools
+        iteration(i, *events[0])
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    iteration(0, *events[0])
+    torch.cuda.synchronize()
+    peak_mib = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+    samples, began = [], time.perf_counter()
+    while len(samples) < min_iters or time.perf_counter() - began < min_seconds:
+        start, end = events[len(samples) % 2]
+        iteration(len(samples), start, end)
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+        if len(samples) >= 1000:
+            break
+    return statistics.median(samples), peak_mib, len(samples)
+
+
+def first_call_seconds(fn, w1, w2, s):
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    fn(s[0], w1, w2, s[1], s[2])
+    torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", type=pathlib.Path, help="where the results go (JSON)")
+    parser.add_argument("--markdown", type=pathlib.Path, help="also write the table as Markdown")
+    parser.add_argument("--shape", default="128,2048,768,8", help="E,H,I,K (default Qwen3-30B-A3B)")
+    parser.add_argument("--tokens", default="1024,8192,32768")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--modes", default="forward,backward,full")
+    parser.add_argument("--min-iters", type=int, default=10)
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    args = parser.parse_args()
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_torch.py: no CUDA device")
+    e, h, i, k = (int(v) for v in args.shape.split(","))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    impls = args.impls.split(",")
+    modes = args.modes.split(",")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    w1 = ((torch.rand(e, 2 * i, h, device="cuda", generator=generator) * 2 - 1) / h ** 0.5).add_(1e-4).to(dtype)
+    w2 = ((torch.rand(e, h, i, device="cuda", generator=generator) * 2 - 1) / i ** 0.5).add_(1e-4).to(dtype)
+    w1.requires_grad_()
+    w2.requires_grad_()
+
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "moejit": moejit.version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "shape": {"E": e, "H": h, "I": i, "K": k, "dtype": args.dtype},
+        "settings": {name: value for name, value in moejit.options().items() if value is not None},
+        "results": [],
+    }
+    for t in (int(v) for v in args.tokens.split(",")):
+        set_bytes = 2 * t * h * dtype.itemsize + t * k * (8 + dtype.itemsize)
+        sets = make_sets(t, e, h, k, dtype, max(2, min(16, math.ceil(2 * L2_BYTES / set_bytes))), generator)
+        for impl in impls:
+            fn = IMPLS[impl]
+            row_base = {"impl": impl, "tokens": t}
+            try:
+                if impl.startswith("moejit"):
+                    row_base["first_call_s"] = first_call_seconds(fn, w1, w2, sets[0])
+                for mode in modes:
+                    ms, peak_mib, iters = time_mode(fn, mode, w1, w2, sets, args.min_iters, args.min_seconds)
+                    tflops = FLOPS_PER_PAIR[mode] * t * k * h * i / (ms * 1e-3) / 1e12
+                    row = dict(row_base, mode=mode, ms=ms, tflops=tflops, peak_mib=peak_mib, iters=iters)
+                    report["results"].append(row)
+                    print(f"T={t:<6} {impl:<14} {mode:<8} {ms:9.3f} ms {tflops:7.1f} TFLOP/s "
+                          f"peak +{peak_mib:8.1f} MiB", flush=True)
+            except Exception as error:  # one failing baseline should not lose the others' numbers
+                report["results"].append(dict(row_base, error=f"{type(error).__name__}: {error}".splitlines()[0]))
+                print(f"T={t:<6} {impl:<14} FAILED {type(error).__name__}: {error}", flush=True)
+            torch.cuda.empty_cache()
+        del sets
+        torch.cuda.empty_cache()
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown(report))
+    return 1 if any("error" in r for r in report["results"]) else 0
+
+
+def markdown(report):
+    s = report["shape"]
+    lines = [f"{report['device']}, torch {report['torch']}, moejit {report['moejit']}, {report['date']}: "
+             f"E={s['E']} H={s['H']} I={s['I']} K={s['K']} {s['dtype']}. Median ms (TFLOP/s), peak MiB over resident.",
+             "", "| T | impl | mode | ms | TFLOP/s | peak MiB |", "|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        if "error" in r:
+            lines.append(f"| {r['tokens']} | {r['impl']} | — | failed: {r['error']} | | |")
+        else:
+            lines.append(f"| {r['tokens']} | {r['impl']} | {r['mode']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
+                         f"{r['peak_mib']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

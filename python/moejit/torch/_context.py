@@ -1,0 +1,65 @@
+"""Binds the device's primary CUDA context to the calling thread before a library call.
+
+moejit works in the driver's current context. PyTorch's tensors live in each device's primary
+context, but a thread PyTorch starts (autograd's backward threads) may have none current yet:
+c10 skips cudaSetDevice when the device index already matches, and the runtime binds the
+context lazily. So the primary context is made current explicitly, as the runtime would.
+"""
+
+import ctypes
+import os
+import threading
+
+from ..errors import CudaError, NoDeviceError
+
+_lock = threading.Lock()
+_driver = None
+_primary = {}  # device ordinal -> its primary context, retained once for the life of the process
+
+
+def _load_driver():
+    name = os.environ.get("MOEJIT_CUDA_DRIVER") or "libcuda.so.1"
+    try:
+        d = ctypes.CDLL(name)
+    except OSError as e:
+        raise NoDeviceError(f"no CUDA driver: cannot load {name} ({e})", status="no_device") from e
+    vp, i = ctypes.c_void_p, ctypes.c_int
+    d.cuCtxGetCurrent.argtypes = [ctypes.POINTER(vp)]
+    d.cuCtxSetCurrent.argtypes = [vp]
+    d.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
+    d.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), i]
+    for fn in (d.cuCtxGetCurrent, d.cuCtxSetCurrent, d.cuDeviceGet, d.cuDevicePrimaryCtxRetain):
+        fn.restype = i
+    return d
+
+
+def _check(result, call):
+    if result != 0:
+        raise CudaError(f"{call} failed with CUDA error {result}", status="cuda", function=call)
+
+
+def _primary_context(d, ordinal):
+    with _lock:
+        ctx = _primary.get(ordinal)
+        if ctx is None:
+            device = ctypes.c_int()
+            _check(d.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+            ctx = ctypes.c_void_p()
+            _check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")
+            _primary[ordinal] = ctx
+        return ctx
+
+
+def make_current(ordinal):
+    """Makes device `ordinal`'s primary context (PyTorch's) current on this thread."""
+    global _driver
+    if _driver is None:
+        with _lock:
+            if _driver is None:
+                _driver = _load_driver()
+    d = _driver
+    current = ctypes.c_void_p()
+    _check(d.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    primary = _primary_context(d, ordinal)
+    if current.value != primary.value:
+        _check(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent")

@@ -1,0 +1,83 @@
+"""moejit.torch.fused_moe: the fused MoE expert block as a differentiable PyTorch function."""
+
+import torch
+
+from ..errors import InvalidArgumentError
+from . import ops
+
+
+def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_efficient=False,
+              check_expert_ids=False):
+    """out[t] = sum_k topk_weights[t,k] * (silu(g) * u)(x[t] @ W1[e].T) @ W2[e].T, e = topk_ids[t,k].
+
+    Layouts (HF Transformers v5 / Liger): x [T, H] bf16 or fp16; gate_up_proj W1 [E, 2I, H]
+    (rows 0..I-1 gate, I..2I-1 up) and down_proj W2 [E, H, I] in x's dtype, contiguous;
+    topk_ids [T, K] any integer dtype (router int64 is converted to int32); topk_weights [T, K]
+    (converted to x's dtype). Returns out [T, H]; autograd gives dx, dW1, dW2 and d topk_weights.
+
+    Runs in inference mode (nothing saved for backward) when no input needs grad. Keywords:
+      memory_efficient  backward overwrites the forward's saved state instead of taking more
+                        workspace (one backward per forward)
+      check_expert_ids  ids outside [0, E) raise instead of being dropped (synchronises the
+                        stream once per forward, so not inside CUDA graphs)
+    """
+    _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
+    x = x.contiguous()
+    topk_ids = topk_ids.to(torch.int32).contiguous()
+    topk_weights = topk_weights.to(x.dtype).contiguous()
+    if x.shape[0] == 0:
+        # No tokens (an expert-parallel rank may receive none): every gradient is zero.
+        return x * 0 + (gate_up_proj.sum() + down_proj.sum() + topk_weights.sum()) * 0
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, gate_up_proj, down_proj, topk_weights))
+    if not needs_grad:
+        mode = ops.INFER
+    else:
+        mode = ops.MEMEFF if memory_efficient else ops.TRAIN
+    out, _ = ops.fused_moe_forward(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
+    return out
+
+
+def _fail(message):
+    raise InvalidArgumentError(f"moejit.torch.fused_moe: {message}", status="invalid_argument")
+
+
+def _check(x, w1, w2, topk_ids, topk_weights):
+    names = ("x", "gate_up_proj", "down_proj", "topk_ids", "topk_weights")
+    tensors = (x, w1, w2, topk_ids, topk_weights)
+    for name, t, dims in zip(names, tensors, (2, 3, 3, 2, 2)):
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != dims:
+            _fail(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if x.device.type not in ("cuda", "meta"):  # meta: shape propagation only
+        _fail(f"tensors must be on a CUDA device, x is on {x.device}")
+    for name, t in zip(names[1:], tensors[1:]):
+        if t.device != x.device:
+            _fail(f"{name} is on {t.device}, x on {x.device}: all tensors must be on one device")
+    if x.dtype not in ops.DTYPES:
+        _fail(f"x must be bfloat16 or float16, got {x.dtype}")
+    for name, t in (("gate_up_proj", w1), ("down_proj", w2)):
+        if t.dtype != x.dtype:
+            _fail(f"{name} is {t.dtype}, x is {x.dtype}: the weights must have x's dtype")
+        if not t.is_contiguous():
+            _fail(f"{name} must be contiguous (copying the weights each call would be silent and slow)")
+    if topk_ids.is_floating_point() or topk_ids.is_complex() or topk_ids.dtype == torch.bool:
+        _fail(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    if not topk_weights.is_floating_point():
+        _fail(f"topk_weights must be a floating-point tensor, got {topk_weights.dtype}")
+
+    t, h = x.shape
+    e, two_i, h1 = w1.shape
+    if two_i % 2 != 0:
+        _fail(f"gate_up_proj must be [E, 2I, H] with an even second dimension, got {tuple(w1.shape)}")
+    i = two_i // 2
+    if h1 != h:
+        _fail(f"gate_up_proj is {tuple(w1.shape)}, expected [E, 2I, H] with H = x.shape[1] = {h}")
+    if tuple(w2.shape) != (e, h, i):
+        _fail(f"down_proj is {tuple(w2.shape)}, expected [E, H, I] = {(e, h, i)} from gate_up_proj {tuple(w1.shape)}")
+    if topk_ids.shape[0] != t or topk_weights.shape != topk_ids.shape:
+        _fail(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be [T, K] "
+              f"with T = x.shape[0] = {t}")
+    if not 1 <= topk_ids.shape[1] <= e:
+        _fail(f"top-k must be in [1, E = {e}], got {topk_ids.shape[1]}")

@@ -1,0 +1,83 @@
+"""moejit.torch.MoEExperts: a drop-in for Hugging Face's Qwen3-MoE / Mixtral experts block.
+
+HF Transformers v5 keeps each MoE layer's experts in one module with two 3-D parameters,
+gate_up_proj [E, 2I, H] and down_proj [E, H, I], called as experts(hidden_states, top_k_index,
+top_k_weights). MoEExperts has the same parameter names and shapes (state dicts and optimizer
+state carry over) and runs moejit's fused op.
+"""
+
+import torch
+from torch import nn
+
+from .functional import fused_moe
+
+
+class MoEExperts(nn.Module):
+    def __init__(self, num_experts, hidden_dim, intermediate_dim, *, memory_efficient=False, device=None,
+                 dtype=None):
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.memory_efficient = memory_efficient
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_dim, hidden_dim, device=device, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_dim, intermediate_dim, device=device, dtype=dtype))
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        """hidden_states [..., H]; top_k_index and top_k_weights [..., K] with the same leading dims."""
+        k = top_k_index.shape[-1]
+        out = fused_moe(hidden_states.reshape(-1, self.hidden_dim), self.gate_up_proj, self.down_proj,
+                        top_k_index.reshape(-1, k), top_k_weights.reshape(-1, k),
+                        memory_efficient=self.memory_efficient)
+        return out.view(hidden_states.shape)
+
+    def extra_repr(self):
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, memory_efficient={self.memory_efficient}")
+
+    @classmethod
+    def from_experts(cls, experts, *, memory_efficient=False):
+        """A MoEExperts sharing `experts`' gate_up_proj and down_proj Parameters (no copy).
+        Raises ValueError when `experts` is not a SwiGLU experts block of these layouts."""
+        reason = _incompatibility(experts)
+        if reason:
+            raise ValueError(f"cannot replace {type(experts).__name__}: {reason}")
+        e, h, i = experts.down_proj.shape
+        new = cls(e, h, i, memory_efficient=memory_efficient, device="meta", dtype=experts.down_proj.dtype)
+        new.gate_up_proj = experts.gate_up_proj
+        new.down_proj = experts.down_proj
+        new.train(experts.training)
+        return new
+
+
+def _incompatibility(module):
+    """Why `module` cannot be served by MoEExperts, or None."""
+    w1, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(w1, torch.Tensor) or not isinstance(w2, torch.Tensor) or w1.dim() != 3 or w2.dim() != 3:
+        return "no 3-D gate_up_proj and down_proj parameters"
+    e, h, i = w2.shape
+    if tuple(w1.shape) != (e, 2 * i, h):
+        return f"gate_up_proj {tuple(w1.shape)} and down_proj {tuple(w2.shape)} are not [E, 2I, H] and [E, H, I]"
+    extra = sorted(name for name, _ in module.named_parameters() if name not in ("gate_up_proj", "down_proj"))
+    if extra:
+        return f"it has other parameters ({', '.join(extra)}), e.g. biases moejit does not apply"
+    act = getattr(module, "act_fn", None)
+    if act is not None and type(act).__name__ not in ("SiLU", "SiLUActivation"):
+        return f"its activation is {type(act).__name__}, moejit implements SwiGLU (SiLU)"
+    return None
+
+
+def replace_experts(model, *, memory_efficient=False):
+    """Swaps every HF experts block in `model` (modules named `experts` with gate_up_proj
+    [E, 2I, H], down_proj [E, H, I] and a SiLU act_fn) for a MoEExperts sharing its parameters.
+    Returns the qualified names replaced."""
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if not name.endswith("experts") or isinstance(module, MoEExperts) or _incompatibility(module):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, MoEExperts.from_experts(module, memory_efficient=memory_efficient))
+        replaced.append(name)
+    return replaced

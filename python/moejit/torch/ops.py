@@ -1,0 +1,113 @@
+"""The moejit custom ops (torch.library): opaque to torch.compile and CUDA graphs.
+
+  moejit::fused_moe_forward(x, W1, W2, topk_ids, topk_weights, plan_mode, check_expert_ids) -> (out, saved)
+  moejit::fused_moe_backward(d_out, x, W1, W2, topk_ids, topk_weights, saved, ...) -> (dx, dW1, dW2, ds)
+  moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
+      overwrites `saved` (declared as a mutation so the compiler never reuses it).
+
+`saved` is the library's forward state for backward, a uint8 tensor of the plan's saved_bytes;
+every buffer comes from PyTorch's caching allocator and every launch goes to the current stream.
+Inputs must already be checked and converted (functional.fused_moe does that).
+"""
+
+import torch
+
+from .. import _library
+from ..errors import StateError
+from . import plans
+
+TRAIN, INFER, MEMEFF = (_library.MODES[m] for m in ("train", "infer", "memeff"))
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids):
+    return _library.make_problem(x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1] // 2,
+                                 topk_ids.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
+
+
+def _bytes(n, device):
+    return torch.empty(n, dtype=torch.uint8, device=device)
+
+
+def _stream(device):
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+@torch.library.custom_op("moejit::fused_moe_forward", mutates_args=(), device_types="cuda")
+def fused_moe_forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor,
+                      topk_weights: torch.Tensor, plan_mode: int,
+                      check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    device = x.device
+    with torch.cuda.device(device):
+        plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
+        m = plan.memory
+        out = torch.empty_like(x)
+        saved = _bytes(m.saved_bytes, device)
+        workspace = _bytes(m.forward_workspace_bytes, device)
+        plan.forward(x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(), topk_ids.data_ptr(),
+                     topk_weights.data_ptr(), out.data_ptr(), saved.data_ptr(), m.saved_bytes, workspace.data_ptr(),
+                     m.forward_workspace_bytes, _stream(device))
+    return out, saved
+
+
+@fused_moe_forward.register_fake
+def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids):
+    dims = (x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1], topk_ids.shape[1])
+    if all(isinstance(d, int) for d in dims):
+        saved_bytes = _library.problem_memory(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids)).saved_bytes
+    else:
+        # A symbolic token count: the size is a host function of T with branches, not an expression.
+        saved_bytes = torch.library.get_ctx().new_dynamic_size()
+    return torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8)
+
+
+def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+              topk_ids: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
+              check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = x.device
+    with torch.cuda.device(device):
+        plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
+        m = plan.memory
+        dx, dw1, dw2 = torch.empty_like(x), torch.empty_like(gate_up_proj), torch.empty_like(down_proj)
+        d_topk_weights = torch.empty_like(topk_weights)
+        workspace = _bytes(m.backward_workspace_bytes, device)
+        plan.backward(d_out.data_ptr(), x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(),
+                      topk_ids.data_ptr(), topk_weights.data_ptr(), saved.data_ptr(), saved.numel(), dx.data_ptr(),
+                      dw1.data_ptr(), dw2.data_ptr(), d_topk_weights.data_ptr(), workspace.data_ptr(),
+                      m.backward_workspace_bytes, _stream(device))
+    return dx, dw1, dw2, d_topk_weights
+
+
+def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, plan_mode, check_expert_ids):
+    return (torch.empty_like(x), torch.empty_like(gate_up_proj), torch.empty_like(down_proj),
+            torch.empty_like(topk_weights))
+
+
+fused_moe_backward = torch.library.custom_op("moejit::fused_moe_backward", _backward, mutates_args=(),
+                                             device_types="cuda")
+fused_moe_backward.register_fake(_backward_fake)
+fused_moe_backward_consuming = torch.library.custom_op("moejit::fused_moe_backward_consuming", _backward,
+                                                       mutates_args=("saved",), device_types="cuda")
+fused_moe_backward_consuming.register_fake(_backward_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids = inputs
+    ctx.mode, ctx.check_expert_ids = plan_mode, check_expert_ids
+    ctx.save_for_backward(x, gate_up_proj, down_proj, topk_ids, topk_weights, output[1])
+
+
+def _autograd_backward(ctx, d_out, _d_saved):
+    if ctx.mode == INFER:
+        raise StateError("moejit: this forward ran in inference mode (no input required grad), it has no backward",
+                         status="state")
+    x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
+    op = fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
+    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, ctx.mode,
+                          ctx.check_expert_ids)
+    needs = ctx.needs_input_grad
+    return (dx if needs[0] else None, dw1 if needs[1] else None, dw2 if needs[2] else None, None,
+            ds if needs[4] else None, None, None)
+
+
+fused_moe_forward.register_autograd(_autograd_backward, setup_context=_setup_context)

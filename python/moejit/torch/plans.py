@@ -1,0 +1,45 @@
+"""The per-process cache of moejit plans, one per (problem, device).
+
+Building a plan compiles or loads kernels and may self-tune (seconds), so it happens once per
+(T, E, H, I, K, dtype, mode, check_expert_ids, device); later calls cost only the launches.
+"""
+
+import threading
+
+import torch
+
+from .._library import Plan
+from ..errors import StateError
+from . import _context
+
+_lock = threading.Lock()
+_plans = {}
+
+
+def plan_for(problem, device):
+    """The plan of `problem` on CUDA `device`, built on first use; makes its context current."""
+    _context.make_current(device.index)
+    key = problem.key() + (device.index,)
+    plan = _plans.get(key)
+    if plan is None:
+        with _lock:
+            plan = _plans.get(key)
+            if plan is None:
+                if torch.cuda.is_current_stream_capturing():
+                    # Building compiles, loads modules and may tune: none of it belongs in a graph.
+                    raise StateError(
+                        "moejit: no plan yet for this problem "
+                        f"(T={problem.tokens} E={problem.experts} H={problem.hidden} I={problem.intermediate} "
+                        f"K={problem.topk}) and the stream is capturing a CUDA graph; run the op once before "
+                        "capturing (the usual warm-up)",
+                        status="state",
+                    )
+                plan = Plan(problem)
+                _plans[key] = plan
+    return plan
+
+
+def clear_plans():
+    """Drops every cached plan, so changed MOEJIT_* settings apply to the next calls."""
+    with _lock:
+        _plans.clear()

@@ -1,0 +1,84 @@
+# The ctypes binding without torch or a GPU: loading, version, status names, host memory sizes,
+# and library errors surfacing as Python exceptions with the library's message.
+import threading
+
+import pytest
+
+import moejit
+from moejit import _library
+
+
+def test_library_loads_and_reports_its_version():
+    assert moejit.library_path().is_file()
+    assert moejit.version() == moejit.__version__
+
+
+def test_status_names_match_the_c_enum():
+    names = [_library.status_name(code) for code in range(10)]
+    assert names == ["ok", "invalid_argument", "no_device", "cuda", "compile", "database", "io", "unsupported",
+                     "state", "internal"]
+
+
+def test_problem_memory_is_computed_on_the_host():
+    train = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "train"))
+    infer = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "infer"))
+    memeff = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "memeff"))
+    # Same figures as tests/unit/test_c_abi.cpp: routing arrays plus pre_act [128, 128] bf16.
+    assert train.saved_bytes == 6 * 256 + 2 * 512 + 128 * 128 * 2
+    assert infer.saved_bytes == 0 and infer.backward_workspace_bytes == 0
+    assert memeff.backward_workspace_bytes < train.backward_workspace_bytes
+
+
+@pytest.mark.parametrize("field, value, argument", [
+    ("topk", 9, "topk"),
+    ("tokens", 0, "tokens"),
+    ("experts", 5000, "experts"),
+    ("hidden", 0, "hidden"),
+    ("dtype", 7, "dtype"),
+])
+def test_bad_problems_raise_with_the_library_message(field, value, argument):
+    problem = _library.make_problem(64, 8, 128, 64, 2)
+    setattr(problem, field, value)
+    with pytest.raises(moejit.InvalidArgumentError, match=f"^{argument}: ") as info:
+        _library.Plan(problem)
+    assert info.value.status == "invalid_argument"
+    assert info.value.function == "moejit_plan_create"
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(moejit.InvalidArgumentError, match=f"^{argument}: "):
+        _library.problem_memory(problem)
+
+
+def test_a_plan_without_a_context_raises_no_device():
+    # A fresh thread has no current CUDA context (and a CPU machine has no driver at all).
+    caught = []
+    thread = threading.Thread(target=lambda: _capture(caught, lambda: _library.Plan(_library.make_problem(64, 8, 128, 64, 2))))
+    thread.start()
+    thread.join()
+    assert len(caught) == 1 and isinstance(caught[0], moejit.NoDeviceError), caught
+    assert len(str(caught[0])) > 10
+
+
+def _capture(caught, fn):
+    try:
+        fn()
+    except Exception as e:  # handed to the main thread's assertion
+        caught.append(e)
+
+
+def test_unknown_names_are_rejected_before_the_library():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        _library.make_problem(64, 8, 128, 64, 2, mode="training")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        _library.make_problem(64, 8, 128, 64, 2, dtype="fp32")
+
+
+def test_library_lookup_order(monkeypatch, tmp_path):
+    monkeypatch.delenv("MOEJIT_LIBRARY", raising=False)
+    package, tree = _library.library_candidates()
+    assert package.parent.name == "lib" and package.parent.parent.name == "moejit"
+    assert tree.parts[-4:] == ("build", "release", "src", "libmoejit.so")
+    missing = tmp_path / "nowhere" / "libmoejit.so"
+    monkeypatch.setenv("MOEJIT_LIBRARY", str(missing))
+    assert _library.library_candidates() == [missing]
+    with pytest.raises(moejit.LibraryNotFoundError, match="MOEJIT_LIBRARY"):
+        _library.library_path()

@@ -1,0 +1,218 @@
+# The PyTorch front end on a GPU: forward and all four gradients against a plain-PyTorch fp32
+# reference (bf16 and fp16, the kernel tests' shapes), the modes, torch.compile, CUDA graphs and
+# errors from the library. Skips without torch or a CUDA device.
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
+
+import moejit  # noqa: E402
+import moejit.torch as mt  # noqa: E402
+from reference import errors, make_case, moe_reference  # noqa: E402
+
+# (max-abs relative, relative L2) error bounds against the fp32 reference.
+TOLERANCE = {torch.bfloat16: (2e-2, 1e-2), torch.float16: (1e-2, 5e-3)}
+
+# (T, E, H, I, K, routing): tests/gpu/test_fused_moe.cpp's cases plus H, I multiples of 8 only.
+CASES = [
+    (7, 4, 64, 32, 2, "random"),
+    (512, 8, 256, 128, 2, "random"),
+    (512, 8, 97, 47, 2, "random"),  # odd H and I
+    (200, 8, 120, 40, 2, "random"),  # multiples of 8, not of 64
+    (512, 7, 128, 64, 3, "random"),
+    (512, 8, 256, 64, 1, "random"),  # K = 1
+    (128, 8, 256, 64, 8, "random"),  # K = E
+    (300, 16, 128, 64, 4, "one"),  # every pair on one expert
+    (1, 8, 256, 128, 2, "random"),  # T = 1
+    (384, 16, 128, 96, 2, "even"),  # half the experts get no tokens
+    (1024, 128, 2048, 768, 8, "random"),  # Qwen3-30B-A3B
+]
+
+
+def describe(case):
+    return "T{}-E{}-H{}-I{}-K{}-{}".format(*case)
+
+
+def run(fn, inputs, d_out, leaf_dtype=None):
+    """fn's output and the gradients of x, W1, W2 and topk_weights for d_out."""
+    x, w1, w2, ids, weights = inputs
+    leaves = [t.detach().to(leaf_dtype or t.dtype).requires_grad_() for t in (x, w1, w2, weights)]
+    out = fn(leaves[0], leaves[1], leaves[2], ids, leaves[3])
+    out.backward(d_out.to(out.dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def check_against_reference(got, inputs, d_out, dtype):
+    want = run(moe_reference, inputs, d_out, leaf_dtype=torch.float32)
+    max_tol, l2_tol = TOLERANCE[dtype]
+    for name, g, w in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), got, want):
+        assert g.shape == w.shape, name
+        assert torch.isfinite(g).all(), f"{name} has non-finite values"
+        max_err, l2_err = errors(g, w)
+        assert max_err <= max_tol and l2_err <= l2_tol, f"{name}: max-abs error {max_err:.2e}, L2 {l2_err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", CASES, ids=describe)
+def test_forward_and_gradients_match_the_reference(case, dtype):
+    x, w1, w2, ids, weights, d_out = make_case(*case, dtype=dtype)
+    got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+    assert got[4].dtype == dtype
+    check_against_reference(got, (x, w1, w2, ids, weights), d_out, dtype)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[9]], ids=describe)
+def test_memory_efficient_mode(case):
+    x, w1, w2, ids, weights, d_out = make_case(*case, dtype=torch.bfloat16)
+    got = run(lambda *a: mt.fused_moe(*a, memory_efficient=True), (x, w1, w2, ids, weights), d_out)
+    check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[10]], ids=describe)
+def test_inference_mode_without_grad(case):
+    x, w1, w2, ids, weights, _ = make_case(*case, dtype=torch.bfloat16)
+    with torch.no_grad():
+        out = mt.fused_moe(x, w1, w2, ids, weights)
+    with torch.inference_mode():
+        again = mt.fused_moe(x, w1, w2, ids, weights)
+    want = moe_reference(x.float(), w1.float(), w2.float(), ids, weights.float())
+    assert errors(out, want)[0] <= TOLERANCE[torch.bfloat16][0]
+    assert torch.equal(out, again)
+
+
+def test_router_dtypes_int64_ids_and_fp32_weights():
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    assert ids.dtype == torch.int64
+    got = run(mt.fused_moe, (x, w1, w2, ids, weights.float()), d_out)
+    assert got[4].dtype == torch.float32  # the gradient comes back in the router's dtype
+    check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
+
+
+def test_expert_ids_out_of_range_are_dropped_or_rejected():
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    ids = ids.clone()
+    ids[0, 0], ids[3, 1] = 8, -1
+    got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+    check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
+    assert got[4][0, 0] == 0 and got[4][3, 1] == 0
+    with pytest.raises(moejit.InvalidArgumentError, match=r"topk_ids: \d+ expert id\(s\) outside \[0, 8\)"):
+        mt.fused_moe(x, w1, w2, ids, weights, check_expert_ids=True)
+
+
+def test_library_errors_surface_with_its_message():
+    x, w1, w2, ids, weights, _ = make_case(*CASES[1], dtype=torch.bfloat16)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)
+    shifted.copy_(x)
+    with pytest.raises(moejit.InvalidArgumentError, match="^x: must be 16-byte aligned") as info:
+        mt.fused_moe(shifted, w1, w2, ids, weights)
+    assert info.value.function == "moejit_forward"
+
+
+def test_memory_efficient_state_is_consumed_by_one_backward():
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    x.requires_grad_()
+    out = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=True)
+    out.backward(d_out, retain_graph=True)
+    with pytest.raises(RuntimeError):  # autograd's version check or the library's StateError
+        out.backward(d_out)
+
+
+class TinyMoE(torch.nn.Module):
+    """Router, top-k softmax and experts: the MoE block of a Qwen3-MoE layer."""
+
+    def __init__(self, experts, hidden, intermediate, topk):
+        super().__init__()
+        self.topk = topk
+        self.router = torch.nn.Linear(hidden, experts, bias=False, device="cuda", dtype=torch.bfloat16)
+        self.experts = mt.MoEExperts(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16)
+        g = torch.Generator(device="cuda").manual_seed(5)
+        with torch.no_grad():
+            self.experts.gate_up_proj.uniform_(-2 / hidden ** 0.5, 2 / hidden ** 0.5, generator=g)
+            self.experts.down_proj.uniform_(-2 / intermediate ** 0.5, 2 / intermediate ** 0.5, generator=g)
+
+    def forward(self, x):
+        probs = self.router(x).float().softmax(dim=-1)
+        weights, ids = probs.topk(self.topk, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return x + self.experts(x, ids, weights.to(x.dtype))
+
+
+def step(layer, x):
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    out = layer(x)
+    out.float().square().mean().backward()
+    return [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_torch_compile_of_a_moe_layer(mode):
+    torch.manual_seed(0)
+    layer = TinyMoE(8, 256, 128, 2)
+    compiled = torch.compile(layer, fullgraph=True, mode=mode)
+    for t in (256, 256, 256, 384):  # repeats: cudagraph warm-up, record and replay
+        x = torch.randn(t, 256, device="cuda", dtype=torch.bfloat16)
+        want, got = step(layer, x), step(compiled, x)
+        for name, g, w in zip(["out", "dx", "router", "W1", "W2"], got, want):
+            # The compiled router may break near-ties of top-k differently: compare in L2.
+            assert errors(g, w)[1] <= 2e-2, name
+
+
+def capture_warm(fn):
+    """Runs fn once on a side stream (plans get built there), as PyTorch asks before capturing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def test_cuda_graph_capture_and_replay_of_inference():
+    case = CASES[1]
+    x, w1, w2, ids, weights, _ = make_case(*case, dtype=torch.bfloat16)
+    static = [x.clone(), ids.clone(), weights.clone()]
+    with torch.no_grad():
+        capture_warm(lambda: mt.fused_moe(static[0], w1, w2, static[1], static[2]))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = mt.fused_moe(static[0], w1, w2, static[1], static[2])
+        for seed in (1, 2):
+            x2, _, _, ids2, weights2, _ = make_case(*case, dtype=torch.bfloat16, seed=seed)
+            for dst, src in zip(static, (x2, ids2, weights2)):
+                dst.copy_(src)
+            graph.replay()
+            want = mt.fused_moe(x2, w1, w2, ids2, weights2)
+            assert errors(static_out, want)[0] <= 1e-3
+
+
+def test_cuda_graph_of_forward_and_backward():
+    case = CASES[1]
+    x, w1, w2, ids, weights, d_out = make_case(*case, dtype=torch.bfloat16)
+    experts = mt.MoEExperts(8, 256, 128, device="cuda", dtype=torch.bfloat16)
+    eager = mt.MoEExperts(8, 256, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for m in (experts, eager):
+            m.gate_up_proj.copy_(w1)
+            m.down_proj.copy_(w2)
+    sample = (x.clone().requires_grad_(), ids.clone(), weights.clone().requires_grad_())
+    graphed = torch.cuda.make_graphed_callables(experts, sample)
+    for seed in (3, 4):
+        x2, _, _, ids2, weights2, d2 = make_case(*case, dtype=torch.bfloat16, seed=seed)
+        results = []
+        for module in (graphed, eager):
+            module.zero_grad(set_to_none=True)
+            xs, ws = x2.clone().requires_grad_(), weights2.clone().requires_grad_()
+            out = module(xs, ids2, ws)
+            out.backward(d2)
+            results.append([out.detach(), xs.grad, ws.grad, module.gate_up_proj.grad, module.down_proj.grad])
+        for name, g, w in zip(["out", "dx", "d topk_weights", "dW1", "dW2"], *results):
+            assert errors(g, w)[0] <= 1e-2, name
+
+
+def test_capturing_before_a_plan_exists_asks_for_a_warm_up():
+    x, w1, w2, ids, weights, _ = make_case(33, 8, 256, 128, 2, dtype=torch.bfloat16)  # a problem not yet planned
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(moejit.StateError, match="run the op once before capturing"):
+        with torch.no_grad(), torch.cuda.graph(graph):
+            mt.fused_moe(x, w1, w2, ids, weights)

@@ -1,0 +1,149 @@
+# The PyTorch front end without a GPU: op registration, input checks, fake (meta) shapes through
+# autograd and torch.compile tracing, and the HF experts drop-in on the meta device.
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+import moejit  # noqa: E402
+import moejit.torch as mt  # noqa: E402
+
+E, H, I, K = 8, 128, 64, 2
+
+
+def meta_inputs(t, requires_grad=True, dtype=torch.bfloat16):
+    x = torch.empty(t, H, device="meta", dtype=dtype, requires_grad=requires_grad)
+    w1 = torch.empty(E, 2 * I, H, device="meta", dtype=dtype, requires_grad=requires_grad)
+    w2 = torch.empty(E, H, I, device="meta", dtype=dtype, requires_grad=requires_grad)
+    ids = torch.empty(t, K, device="meta", dtype=torch.int64)
+    weights = torch.empty(t, K, device="meta", dtype=torch.float32, requires_grad=requires_grad)
+    return x, w1, w2, ids, weights
+
+
+def test_ops_are_registered():
+    for name in ("fused_moe_forward", "fused_moe_backward", "fused_moe_backward_consuming"):
+        assert hasattr(torch.ops.moejit, name)
+    schema = str(torch.ops.moejit.fused_moe_backward_consuming.default._schema)
+    assert re.search(r"Tensor\(a\d*!\) saved", schema), schema
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_meta_forward_and_backward_shapes(memory_efficient):
+    x, w1, w2, ids, weights = meta_inputs(64)
+    out = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=memory_efficient)
+    assert out.shape == (64, H) and out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad.shape == x.shape and w1.grad.shape == w1.shape and w2.grad.shape == w2.shape
+    assert weights.grad.shape == weights.shape and weights.grad.dtype == torch.float32
+
+
+def test_fake_saved_state_has_the_library_size():
+    x, w1, w2, ids, weights = meta_inputs(64)
+    out, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 0, False)
+    assert saved.dtype == torch.uint8 and saved.numel() == 6 * 256 + 2 * 512 + 128 * 128 * 2
+    _, nothing = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 1, False)
+    assert nothing.numel() == 0
+
+
+def test_no_tokens_gives_empty_output_and_zero_weight_grads():
+    x, w1, w2, ids, weights = meta_inputs(0)
+    out = mt.fused_moe(x, w1, w2, ids, weights)
+    assert out.shape == (0, H)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_traces_one_opaque_op(dynamic):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=_boxed, bw_compiler=_boxed)(gm, example_inputs)
+
+    @torch.compile(backend=backend, fullgraph=True, dynamic=dynamic)
+    def layer(x, w1, w2, ids, weights):
+        return mt.fused_moe(x, w1, w2, ids, weights) * 2
+
+    for t in (64, 100):
+        x, w1, w2, ids, weights = meta_inputs(t)
+        out = layer(x, w1, w2, ids, weights)
+        out.float().sum().backward()
+        assert out.shape == (t, H) and x.grad.shape == (t, H) and weights.grad.shape == (t, K)
+    calls = [n for g in graphs for n in g.graph.nodes if n.op == "call_function" and "moejit" in str(n.target)]
+    assert len(calls) == len(graphs) >= 1
+
+
+def _boxed(gm, example_inputs):
+    from functorch.compile import make_boxed_func
+    return make_boxed_func(gm.forward)
+
+
+def _expect_invalid(match, *args, **kwargs):
+    with pytest.raises(moejit.InvalidArgumentError, match=match):
+        mt.fused_moe(*args, **kwargs)
+
+
+def test_bad_inputs_raise_before_the_library():
+    x, w1, w2, ids, weights = meta_inputs(16, requires_grad=False)
+    _expect_invalid("x must have 2 dimensions", x[None], w1, w2, ids, weights)
+    _expect_invalid("must be bfloat16 or float16", x.float(), w1, w2, ids, weights)
+    _expect_invalid("gate_up_proj is torch.float16", x, w1.half(), w2, ids, weights)
+    _expect_invalid("down_proj is", x, w1, w2[:, :, :32].contiguous(), ids, weights)
+    _expect_invalid("gate_up_proj is", x, w1[:, :, :64].contiguous(), w2, ids, weights)
+    _expect_invalid("even second dimension", x, w1[:, :127].contiguous(), w2, ids, weights)
+    _expect_invalid("topk_ids must be an integer", x, w1, w2, ids.float(), weights)
+    _expect_invalid("topk_weights must be a floating-point", x, w1, w2, ids, ids)
+    _expect_invalid("must both be", x, w1, w2, ids[:8], weights[:8])
+    _expect_invalid("must both be", x, w1, w2, ids, weights[:, :1])
+    _expect_invalid("must be contiguous", x, w1.transpose(1, 2).contiguous().transpose(1, 2), w2, ids, weights)
+    _expect_invalid(r"top-k must be in \[1, E = 8\]", x, w1, w2, torch.empty(16, 9, device="meta", dtype=torch.int64),
+                    torch.empty(16, 9, device="meta"))
+    _expect_invalid("must be a torch.Tensor", None, w1, w2, ids, weights)
+    cpu = [torch.zeros(t.shape, dtype=t.dtype) for t in (x, w1, w2, ids, weights)]
+    _expect_invalid("must be on a CUDA device", *cpu)
+    _expect_invalid("all tensors must be on one device", x, w1, w2, cpu[3], weights)
+
+
+class FakeHFExperts(torch.nn.Module):
+    """The shape of transformers v5's Qwen3MoeExperts / MixtralExperts."""
+
+    def __init__(self, num_experts, hidden_dim, intermediate_dim, act=torch.nn.SiLU):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(torch.empty(num_experts, 2 * intermediate_dim, hidden_dim,
+                                                           device="meta", dtype=torch.bfloat16))
+        self.down_proj = torch.nn.Parameter(torch.empty(num_experts, hidden_dim, intermediate_dim, device="meta",
+                                                        dtype=torch.bfloat16))
+        self.act_fn = act()
+
+
+class FakeBlock(torch.nn.Module):
+    def __init__(self, act=torch.nn.SiLU):
+        super().__init__()
+        self.gate = torch.nn.Linear(H, E, bias=False, device="meta")
+        self.experts = FakeHFExperts(E, H, I, act)
+
+
+def test_replace_experts_keeps_parameters_and_state_dict_keys():
+    model = torch.nn.ModuleDict({"layer0": FakeBlock(), "layer1": FakeBlock(act=torch.nn.GELU)})
+    before = dict(model.state_dict())
+    params = {id(p) for p in model.parameters()}
+    assert mt.replace_experts(model, memory_efficient=True) == ["layer0.experts"]
+    assert isinstance(model["layer0"].experts, mt.MoEExperts)
+    assert not isinstance(model["layer1"].experts, mt.MoEExperts)  # GELU experts are left alone
+    assert model["layer0"].experts.memory_efficient
+    assert list(model.state_dict()) == list(before)
+    assert {id(p) for p in model.parameters()} == params
+    hidden = torch.empty(2, 5, H, device="meta", dtype=torch.bfloat16)
+    out = model["layer0"].experts(hidden, torch.empty(2, 5, K, device="meta", dtype=torch.int64),
+                                  torch.empty(2, 5, K, device="meta", dtype=torch.bfloat16))
+    assert out.shape == hidden.shape
+
+
+def test_from_experts_says_why_not():
+    with pytest.raises(ValueError, match="activation is GELU"):
+        mt.MoEExperts.from_experts(FakeHFExperts(E, H, I, act=torch.nn.GELU))
+    biased = FakeHFExperts(E, H, I)
+    biased.gate_up_proj_bias = torch.nn.Parameter(torch.empty(E, 2 * I, device="meta"))
+    with pytest.raises(ValueError, match="gate_up_proj_bias"):
+        mt.MoEExperts.from_experts(biased)
