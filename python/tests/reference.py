@@ -21,7 +21,7 @@ def moe_reference(x, gate_up_proj, down_proj, topk_ids, topk_weights):
     return out
 
 
-def make_case(tokens, experts, hidden, intermediate, topk, dtype, routing="random", seed=0, device="cuda"):
+def make_case(tokens, experts, hidden, intermediate, topk, routing="random", *, dtype, seed=0, device="cuda"):
     """Inputs like tests/support/moe_case.cpp: uniform data scaled per layer, distinct experts per
     token ("random"), every slot on one expert ("one"), or only even-numbered experts ("even")."""
     g = torch.Generator().manual_seed(seed)
