@@ -36,10 +36,17 @@ CREATE TABLE candidates (
   PRIMARY KEY (key_id, config_name)
 ) WITHOUT ROWID;
 )sql",
+    // 2: configs record whether a Hopper GEMM runs warp-specialized (TileConfig::warp_specialized).
+    R"sql(
+ALTER TABLE winners ADD COLUMN warp_specialized INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN warp_specialized INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
-#define MOEJIT_CONFIG_COLUMNS "block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag"
-#define MOEJIT_CONFIG_PARAMS ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag"
+#define MOEJIT_CONFIG_COLUMNS \
+  "block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag, warp_specialized"
+#define MOEJIT_CONFIG_PARAMS \
+  ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag, :warp_specialized"
 
 constexpr const char* kSelectWinners =
     "SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode, "
@@ -78,6 +85,7 @@ class Cursor {
     nlohmann::json j{{"block_m", i()}, {"block_n", i()}, {"block_k", i()}, {"stages", i()}, {"warps", i()},
                      {"group_m", i()}, {"cluster", i()}, {"items", i()},   {"use_tma", b()}};
     j["arch_tag"] = t();
+    j["warp_specialized"] = b();
     return j.get<TileConfig>();
   }
 
@@ -96,7 +104,8 @@ void bind_config(Statement& s, const TileConfig& c) {
       .bind(":cluster", c.cluster)
       .bind(":items", c.items)
       .bind(":use_tma", c.use_tma)
-      .bind(":arch_tag", arch_tag_name(c.arch_tag));
+      .bind(":arch_tag", arch_tag_name(c.arch_tag))
+      .bind(":warp_specialized", c.warp_specialized);
 }
 
 // Binds the key columns that identify a family of rows (all but tpe_bucket).

@@ -24,7 +24,7 @@
 
 namespace moejit::db {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;
 
 class TuningDb {
  public:

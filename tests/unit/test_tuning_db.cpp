@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -220,6 +221,38 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   CHECK_THROWS_WITH(TuningDb(junk), Catch::Contains(junk.string()));
 }
 
+TEST_CASE("warp-specialized configs survive the database, and version 1 files migrate", "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "tuning.sqlite";
+  TuningRow r = row_for(key_at(64), 128, 0.30);
+  r.winner.warp_specialized = true;
+  r.winner.use_tma = false;
+  TileConfig multistage = r.winner;
+  multistage.warp_specialized = false;
+  r.candidates = {timed(r.winner, 0.30), timed(multistage, 0.33)};  // same tile, two pipelines
+  {
+    TuningDb db(path);
+    db.record(r);
+    const auto got = db.lookup(key_at(64));
+    REQUIRE(got);
+    CHECK(got->winner == r.winner);
+    CHECK(sorted(*got).candidates.size() == 2);
+    TuningDb copy = TuningDb::in_memory();
+    copy.import_json(db.export_json());
+    CHECK(copy.lookup(key_at(64))->winner.warp_specialized);
+  }
+  // A version-1 file (no warp_specialized columns) migrates on open; its rows read as multistage.
+  Connection(path, OpenMode::kReadWrite)
+      .exec("ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE candidates DROP COLUMN warp_specialized; "
+            "PRAGMA user_version = 1");
+  TuningDb migrated(path);
+  CHECK(migrated.schema_version() == kSchemaVersion);
+  const auto old = migrated.lookup(key_at(64));
+  REQUIRE(old);
+  CHECK_FALSE(old->winner.warp_specialized);
+  CHECK(old->winner.block_n == 128);
+}
+
 TEST_CASE("export then import into a fresh database reproduces the rows exactly", "[db]") {
   TempDir dir("db");
   TuningDb source(dir / "a.sqlite");
@@ -233,7 +266,7 @@ TEST_CASE("export then import into a fresh database reproduces the rows exactly"
   source.record(row_for(infer, 128, 0.5));
 
   const std::string text = source.export_json();
-  CHECK(text.rfind("{\n  \"schema_version\": 1,\n  \"rows\": [", 0) == 0);
+  CHECK(text.rfind(fmt::format("{{\n  \"schema_version\": {},\n  \"rows\": [", kSchemaVersion), 0) == 0);
   CHECK(text.back() == '\n');
   const auto doc = nlohmann::json::parse(text);
   REQUIRE(doc["rows"].size() == 3);
