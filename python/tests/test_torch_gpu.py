@@ -146,7 +146,12 @@ def step(layer, x):
     return [out.detach().clone(), x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
 
 
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+# Known failure (H200, torch 2.11, 2026-11-29): under cudagraph trees the op's outputs are
+# reported as "not allocated in pool (0, 1)"; see docs/python.md. strict: passing is news.
+REDUCE_OVERHEAD_POOL = pytest.mark.xfail(strict=True, reason="op outputs outside the cudagraph-trees pool")
+
+
+@pytest.mark.parametrize("mode", [None, pytest.param("reduce-overhead", marks=REDUCE_OVERHEAD_POOL)])
 def test_torch_compile_of_a_moe_layer(mode):
     torch.manual_seed(0)
     layer = TinyMoE(8, 256, 128, 2)
