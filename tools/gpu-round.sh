@@ -4,6 +4,10 @@
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
+#   tools/gpu-round.sh retune SHAPE...  tune the shipped-table grid (8 token counts x train, infer,
+#                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
+#                                       importing build/release/retune-part.json if present, and
+#                                       export $OUT/NVIDIA_H200.json (db/README.md: two calls)
 # Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +36,19 @@ case "${1:-}" in
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
   bench) shift; build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
   sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
-  *) sed -n '2,7p' "$0"; exit 2 ;;
+  retune)
+    shift
+    cli=build/release/tools/moejit/moejit
+    db=/tmp/h200.sqlite
+    [[ -f build/release/retune-part.json ]] && "$cli" db import build/release/retune-part.json --db "$db"
+    mkdir -p /tmp/no-shipped-tables  # tune against nothing shipped: every key is measured
+    start=$SECONDS
+    for shape in "$@"; do
+      MOEJIT_SHIPPED_DB_DIR=/tmp/no-shipped-tables "$cli" tune --shape "$shape" --modes train,infer,memeff \
+        --budget 30 --db "$db" >> "$out/tune.log" 2>&1
+      echo "$shape tuned at $((SECONDS - start)) s: $(tail -1 "$out/tune.log")"
+    done
+    "$cli" db export --db "$db" --out "$out/NVIDIA_H200.json"
+    ;;
+  *) sed -n '2,11p' "$0"; exit 2 ;;
 esac
