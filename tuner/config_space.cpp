@@ -161,11 +161,13 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
-      // wgmma, multistage: fwd_up's gate and up rows fill a 256-wide warpgroup tile; two blocks
-      // per SM (96 KB each) won most tuned H200 rows of the token roles.
-      const int wg_bn = role == Role::kFwdUp ? 128 : bn;
+      // wgmma, multistage: the most frequent winners of the tuned H200 table (session 3).
+      // 128-row tiles: fwd_up 128 x (128 gate + 128 up), BK 64, 4 stages; the other roles
+      // 128 x 128, BK 32, 6 stages. 64-row tiles: one warpgroup, BK 64, 4 stages.
+      const int wg_bn = bm >= 128 ? 128 : bn;
       if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
-        c = hopper(gemm(bm, wg_bn, 64, 3, 8));
+        const bool deep_k = role == Role::kFwdUp || bm < 128;
+        c = hopper(gemm(bm, wg_bn, deep_k ? 64 : 32, deep_k ? 4 : 6, bm >= 128 ? 8 : 4));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
@@ -173,10 +175,10 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm:
-      // Warp-specialized, one MMA warpgroup, two blocks per SM: the producer looks up each k
-      // row's token a tile ahead, which the multistage loop cannot.
+      // wgmma, multistage, 128 x 128, BK 32, 4 stages: the most frequent dW winner of the tuned
+      // H200 table (session 3).
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        c = warp_specialized(gemm(128, 128, 64, 3, 4));
+        c = hopper(gemm(128, 128, 32, 4, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);
