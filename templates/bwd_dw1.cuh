@@ -19,7 +19,6 @@ struct BwdDw1Params {
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
-  constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
@@ -41,26 +40,18 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int32 k0 = r_begin + kt * BK;
         tokens.begin(kt);
         load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
-            sm.a + stage * Mma::ATile::kElems,
+            sm.a_stage(stage),
             [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
             m_total - m0);
-        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
-            sm.b + stage * Mma::BTile::kElems,
-            [&](int r) -> const T* {
-              const int32 t = tokens.token(r);
-              return t >= 0 ? x + static_cast<int64>(t) * p.hidden : nullptr;
-            },
-            p.hidden - n0);
+        tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - n0);
         tokens.end(kt);
       });
   if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
-  static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
-                "the output tile is staged in the pipeline's shared memory");
-  store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma,
-      [&](int r) -> T* { return m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
+  sm.template store<BM, BN, ALIGNED>(
+      mma, [&](int r) -> T* { return m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; },
+      p.hidden - n0);
 }
 
 }  // namespace moejit

@@ -24,7 +24,6 @@ struct BwdDw2Params {
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool FUSED_ACT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
-  constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
@@ -47,15 +46,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int32 k0 = r_begin + kt * BK;
         tokens.begin(kt);
         // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
-        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
-            sm.a + stage * Mma::ATile::kElems,
-            [&](int r) -> const T* {
-              const int32 t = tokens.token(r);
-              return t >= 0 ? d_out + static_cast<int64>(t) * p.hidden : nullptr;
-            },
-            p.hidden - m0);
+        tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - m0);
         if constexpr (FUSED_ACT) {
-          fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b + stage * Mma::BTile::kElems, [&](int r, int col, uint16 (&v)[8]) {
+          fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b_stage(stage), [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
             const bool ok = row < r_end;
             const float s = ok ? load_float(scores + p.routing.sorted_pairs[row]) : 0.f;
@@ -83,7 +76,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           });
         } else {
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
-              sm.b + stage * Mma::BTile::kElems,
+              sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
@@ -92,11 +85,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(e) * p.hidden + m0) * p.inter + n0;
-  static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
-                "the output tile is staged in the pipeline's shared memory");
-  store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma,
-      [&](int r) -> T* { return m0 + r < p.hidden ? out + static_cast<int64>(r) * p.inter : nullptr; }, p.inter - n0);
+  sm.template store<BM, BN, ALIGNED>(
+      mma, [&](int r) -> T* { return m0 + r < p.hidden ? out + static_cast<int64>(r) * p.inter : nullptr; },
+      p.inter - n0);
 }
 
 }  // namespace moejit

@@ -1,5 +1,7 @@
 // fwd_down: Y = act . W2[e]^T for each token tile and BN hidden columns. act is already in
 // sorted order (no gather); Y [TK, H] is unweighted: gather_sum applies the router scores.
+// TMA (warp-specialized wgmma): both tiles are bulk copies; the act rows a tile holds past its
+// expert's end belong to the next expert and feed only output rows that are not stored.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -14,12 +16,15 @@ struct FwdDownParams {
   RoutingView routing;
   int32 hidden;
   int32 inter;
+  TensorMap act_map;  // TMA: act as [TK, I], boxes BK x BM
+  TensorMap w2_map;   // TMA: W2 as [E, H, I], boxes BK x BN x 1
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, true>;
+  static_assert(!TMA || WS, "TMA copies complete on the warp-specialized pipeline's barriers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
@@ -33,29 +38,31 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES>(
+  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(p.inter, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
-            sm.a + stage * Mma::ATile::kElems,
-            [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
-            p.inter - k0);
-        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
-            sm.b + stage * Mma::BTile::kElems,
-            [&](int r) -> const T* {
-              return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr;
-            },
-            p.inter - k0);
+        if constexpr (TMA) {
+          if (tma_thread<kThreads>()) {
+            tma_load(sm.a_stage(stage), p.act_map, sm.full(stage), k0, tile.row0);
+            tma_load(sm.b_stage(stage), p.w2_map, sm.full(stage), k0, n0, tile.expert);
+          }
+        } else {
+          load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
+              sm.a_stage(stage),
+              [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
+              p.inter - k0);
+          load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+              sm.b_stage(stage),
+              [&](int r) -> const T* { return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr; },
+              p.inter - k0);
+        }
       });
   if (!mma_thread) return;
 
   T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;
-  static_assert(StagedTile<T, BM, BN>::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
-                "the output tile is staged in the pipeline's shared memory");
-  store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-      smem_raw, mma,
-      [&](int r) -> T* { return r < tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
+  sm.template store<BM, BN, ALIGNED>(
+      mma, [&](int r) -> T* { return r < tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
 }
 
 }  // namespace moejit

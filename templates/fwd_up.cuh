@@ -4,7 +4,9 @@
 //
 // The B tile holds 2*BN weight rows arranged so each warp's (wgmma: warpgroup's) N range is its
 // gate columns followed by the up columns of the same outputs; the epilogue then pairs
-// acc[.][ni] (gate) with acc[.][ni + kNi/2] (up) inside one thread.
+// acc[.][ni] (gate) with acc[.][ni + kNi/2] (up) inside one thread. TMA (warp-specialized
+// wgmma): the B tile comes as two boxes per warpgroup, gate and up, from W1 viewed as
+// [E, 2, I, H], so gate rows past I read as zeros instead of up rows.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -21,14 +23,16 @@ struct FwdUpParams {
   RoutingView routing;
   int32 hidden;
   int32 inter;
+  TensorMap w1_map;  // TMA: W1 as [E, 2, I, H], boxes BK x kHalf
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
+  static_assert(!TMA || WS, "TMA copies complete on the warp-specialized pipeline's barriers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
@@ -43,31 +47,38 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const int n0 = static_cast<int>(n) * BN;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES>(
+  const bool mma_thread = gemm_main_loop<STAGES, TMA ? Mma::BTile::kElems * 2 : 0>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
-            sm.a + stage * Mma::ATile::kElems,
-            [&](int r) -> const T* { return sm.rows[r] < 0 ? nullptr : x + sm.rows[r] + k0; }, p.hidden - k0);
-        load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
-            sm.b + stage * Mma::BTile::kElems,
-            [&](int r) -> const T* {
-              const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
-              const int j = n0 + wn * kHalf + within % kHalf;
-              if (j >= p.inter) return nullptr;
-              return w1 + static_cast<int64>(within < kHalf ? j : p.inter + j) * p.hidden + k0;
-            },
-            p.hidden - k0);
+        load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, x, k0,
+                                                                        p.hidden - k0);
+        if constexpr (TMA) {
+          if (tma_thread<kThreads>()) {
+#pragma unroll
+            for (int wn = 0; wn < kBN2 / Mma::kWarpN; ++wn) {
+              T* dst = sm.b_stage(stage) + wn * Mma::kWarpN * BK;
+              tma_load(dst, p.w1_map, sm.full(stage), k0, n0 + wn * kHalf, 0, tile.expert);
+              tma_load(dst + kHalf * BK, p.w1_map, sm.full(stage), k0, n0 + wn * kHalf, 1, tile.expert);
+            }
+          }
+        } else {
+          load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
+              sm.b_stage(stage),
+              [&](int r) -> const T* {
+                const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
+                const int j = n0 + wn * kHalf + within % kHalf;
+                if (j >= p.inter) return nullptr;
+                return w1 + static_cast<int64>(within < kHalf ? j : p.inter + j) * p.hidden + k0;
+              },
+              p.hidden - k0);
+        }
       });
   if (!mma_thread) return;
 
   // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory
   // and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
-  using Staged = StagedTile<T, BM, BN>;
-  static_assert(Staged::kBytes <= STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2,
-                "the output tile is staged in the pipeline's shared memory");
-  const Staged staged{reinterpret_cast<T*>(smem_raw)};
+  const auto staged = sm.template staged<BM, BN>();
   T* act = static_cast<T*>(p.act) + static_cast<int64>(tile.row0) * p.inter + n0;
   T* pre = static_cast<T*>(p.pre_act);
   // One pass per output, inlined with a constant `which` so each pass keeps only its own values

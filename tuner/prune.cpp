@@ -33,6 +33,13 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
     return fmt::format("a 64x{} wgmma needs more than the 128 registers of a two-blocks-per-SM launch",
                        gemm_wgmma_n(role, c));
   }
+  if (c.use_tma && !c.warp_specialized) {
+    return std::string("TMA copies complete on the warp-specialized pipeline's barriers");
+  }
+  if (c.use_tma && !tma_eligible(role, shape)) {
+    return fmt::format("{} copies no tile with TMA here (token GEMMs with H and I multiples of 8 only)",
+                       role_name(role));
+  }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
     return fmt::format("BLOCK_N {} is wider than the padded problem (N = {})", c.block_n, d.n);

@@ -73,6 +73,10 @@ int gemm_accumulators(Role r, const TileConfig& c) {
   return c.block_m * gemm_tile_n(r, c) / std::max(1, c.threads());
 }
 
+bool tma_eligible(Role r, const MoeShape& s) {
+  return role_kind(r) == RoleKind::kTokenGemm && s.hidden % 8 == 0 && s.intermediate % 8 == 0;
+}
+
 namespace {
 
 // A full and an empty mbarrier per stage in warp-specialized pipelines.

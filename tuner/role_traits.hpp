@@ -44,6 +44,10 @@ int gemm_wgmma_n(Role r, const TileConfig& c);
 // fp32 accumulator registers per thread.
 int gemm_accumulators(Role r, const TileConfig& c);
 
+// Whether the role's tiles can be TMA copies for this shape (a token GEMM, every row stride a
+// multiple of 16 bytes: H and I multiples of 8). The tuning key records it (use_tma).
+bool tma_eligible(Role r, const MoeShape& shape);
+
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);
 

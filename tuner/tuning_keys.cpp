@@ -28,7 +28,7 @@ db::TuningKey tuning_key(Role role, const MoeProblem& p, const cuda::DeviceInfo&
   k.experts = p.experts;
   k.topk = p.topk;
   k.block_m = token_block_m(shape);
-  k.use_tma = false;
+  k.use_tma = tma_eligible(role, shape);
   k.tpe_bucket = db::tpe_bucket(shape.pairs(), p.experts);
   k.mode = key_mode(role, p.mode);
   return k;

@@ -126,13 +126,13 @@ void TuningSession::launch(Role role, const RoleKernel& k) {
   }
   const LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
   switch (role) {
-    case Role::kFwdUp: launch_role(*k.kernel, g, &fwd_.fwd_up, s); break;
-    case Role::kFwdDown: launch_role(*k.kernel, g, &fwd_.fwd_down, s); break;
-    case Role::kGatherSum: launch_role(*k.kernel, g, &fwd_.gather_out, s); break;
-    case Role::kBwdDown: launch_role(*k.kernel, g, &bwd_.bwd_down, s); break;
-    case Role::kBwdDw2: launch_role(*k.kernel, g, &bwd_.bwd_dw2, s); break;
-    case Role::kBwdDx: launch_role(*k.kernel, g, &bwd_.bwd_dx, s); break;
-    case Role::kBwdDw1: launch_role(*k.kernel, g, &bwd_.bwd_dw1, s); break;
+    case Role::kFwdUp: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.fwd_up, s); break;
+    case Role::kFwdDown: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.fwd_down, s); break;
+    case Role::kGatherSum: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.gather_out, s); break;
+    case Role::kBwdDown: launch_role(role, k.config, shape_, *k.kernel, g, &bwd_.bwd_down, s); break;
+    case Role::kBwdDw2: launch_role(role, k.config, shape_, *k.kernel, g, &bwd_.bwd_dw2, s); break;
+    case Role::kBwdDx: launch_role(role, k.config, shape_, *k.kernel, g, &bwd_.bwd_dx, s); break;
+    case Role::kBwdDw1: launch_role(role, k.config, shape_, *k.kernel, g, &bwd_.bwd_dw1, s); break;
     default: throw InternalError("role cannot be tuned");
   }
 }

@@ -77,7 +77,7 @@ struct FusedMoe::Impl {
 
   void launch(Role r, void* params, CUstream stream) const {
     const RoleKernel& k = role(r);
-    launch_role(*k.kernel, k.geometry, params, stream);
+    launch_role(r, k.config, shape, *k.kernel, k.geometry, params, stream);
   }
 };
 

@@ -1,10 +1,17 @@
 // Host mirrors of the kernels' parameter structs in templates/*.cuh, field for field: a kernel
-// receives one of these by value (as a __grid_constant__ parameter).
+// receives one of these by value (as a __grid_constant__ parameter). Tensor maps are filled
+// only for TMA configs, at launch (moe/tensor_maps.hpp).
 #pragma once
 
 #include <cstdint>
 
 namespace moejit::params {
+
+// templates/common/tma_sm90.cuh TensorMap: an encoded CUtensorMap, 128-byte aligned on both
+// sides whatever alignment the toolkit's cuda.h gives CUtensorMap.
+struct alignas(128) TensorMap {
+  std::uint64_t opaque[16];
+};
 
 struct Routing {  // templates/routing.cuh RoutingParams
   const std::int32_t* topk_ids;
@@ -42,6 +49,7 @@ struct FwdUp {  // templates/fwd_up.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap w1_map;
 };
 
 struct FwdDown {  // templates/fwd_down.cuh
@@ -51,6 +59,8 @@ struct FwdDown {  // templates/fwd_down.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap act_map;
+  TensorMap w2_map;
 };
 
 struct GatherSum {  // templates/gather_sum.cuh
@@ -77,6 +87,7 @@ struct BwdDown {  // templates/bwd_down.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap w2_map;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh
@@ -97,6 +108,8 @@ struct BwdDx {  // templates/bwd_dx.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap d_pre_act_map;
+  TensorMap w1_map;
 };
 
 struct BwdDw1 {  // templates/bwd_dw1.cuh

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "moe/tensor_maps.hpp"
 #include "moejit/error.hpp"
 #include "tuner/role_traits.hpp"
 
@@ -46,7 +47,9 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
   return g;
 }
 
-void launch_role(const jit::LoadedKernel& kernel, const LaunchGeometry& g, void* params, CUstream stream) {
+void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
+                 const LaunchGeometry& g, void* params, CUstream stream) {
+  bind_tensor_maps(role, config, shape, params);
   void* args[] = {params};
   kernel.launch(0, g.grid, g.block, g.smem_bytes, stream, args);
 }

@@ -22,7 +22,9 @@ struct LaunchGeometry {
 LaunchGeometry launch_geometry(Role role, const TileConfig& config, const MoeShape& shape, long long max_tiles,
                                bool vector);
 
-// Enqueues the role's single kernel with `params` (a pointer to its parameter struct).
-void launch_role(const jit::LoadedKernel& kernel, const LaunchGeometry& g, void* params, CUstream stream);
+// Enqueues the role's single kernel, compiled for `config`, with `params` (a pointer to its
+// parameter struct; a TMA config's tensor maps are encoded into it first).
+void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
+                 const LaunchGeometry& g, void* params, CUstream stream);
 
 }  // namespace moejit

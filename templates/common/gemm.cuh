@@ -23,6 +23,7 @@ using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJ
 template <typename Mma, int STAGES, int ROWS>
 struct GemmSmem {
   using T = typename Mma::Element;
+  static constexpr int kPipelineBytes = STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2;
   T* a;
   T* b;
   int64* rows;
@@ -33,6 +34,25 @@ struct GemmSmem {
         b(a + STAGES * Mma::ATile::kElems),
         rows(reinterpret_cast<int64*>(b + STAGES * Mma::BTile::kElems)),
         barriers(reinterpret_cast<uint64*>(rows + ROWS)) {}
+
+  __device__ __forceinline__ T* a_stage(int stage) const { return a + stage * Mma::ATile::kElems; }
+  __device__ __forceinline__ T* b_stage(int stage) const { return b + stage * Mma::BTile::kElems; }
+  // The barrier a stage's TMA copies complete on (warp-specialized pipeline).
+  __device__ __forceinline__ uint64* full(int stage) const { return barriers + stage; }
+
+  // The epilogue's output tile, staged where the pipeline's stages were.
+  template <int BM, int BN>
+  __device__ __forceinline__ StagedTile<T, BM, BN> staged() const {
+    static_assert(StagedTile<T, BM, BN>::kBytes <= kPipelineBytes, "the output tile fits the pipeline's shared memory");
+    return {a};
+  }
+
+  // Writes the accumulators as a BM x BN tile (store_accumulators) staged in the pipeline's
+  // shared memory; row_dst and cols_valid as there.
+  template <int BM, int BN, bool ALIGNED, typename RowDst>
+  __device__ __forceinline__ void store(const Mma& mma, RowDst row_dst, int cols_valid) const {
+    store_accumulators<T, BM, BN, Mma::kThreads, ALIGNED>(staged<BM, BN>(), mma, row_dst, cols_valid);
+  }
 };
 
 // A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
@@ -44,15 +64,17 @@ struct GemmLaunch {
 };
 
 // Zeroes the accumulators and runs the k loop: load(stage, k_tile) fills one pipeline stage
-// (with load_tile / fill_tile over Mma::kLoaders threads). `barriers` points at 2 * STAGES
+// (with load_tile / fill_tile over Mma::kLoaders threads, and, warp-specialized only, TMA copies
+// of TMA_BYTES per stage; see warp_specialized_main_loop). `barriers` points at 2 * STAGES
 // uint64 of shared memory, used by the warp-specialized loop only. Returns false in threads
 // that hold no accumulators (the producer warpgroup), which must leave the epilogue to the rest.
-template <int STAGES, typename Mma, typename T, typename Load>
+template <int STAGES, int TMA_BYTES = 0, typename Mma, typename T, typename Load>
 __device__ __forceinline__ bool gemm_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers, int k_tiles,
                                                Load load) {
   if constexpr (Mma::kWarpSpecialized) {
-    return warp_specialized_main_loop<STAGES>(mma, sa, sb, barriers, k_tiles, load);
+    return warp_specialized_main_loop<STAGES, TMA_BYTES>(mma, sa, sb, barriers, k_tiles, load);
   } else {
+    static_assert(TMA_BYTES == 0, "TMA copies complete on the warp-specialized pipeline's barriers");
     multistage_main_loop<STAGES>(mma, sa, sb, k_tiles, load);
     return true;
   }

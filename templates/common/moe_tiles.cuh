@@ -41,7 +41,8 @@ __device__ __forceinline__ int32 token_of_row(const RoutingView& r, int64 row) {
 // The tokens of an expert GEMM's k tiles (BK sorted rows of one expert each), looked up one tile
 // ahead: a lookup is a dependent global load, and issued just before the copies that need it
 // it would stall the loaders once per k tile. Each of the LOADERS loading threads calls
-// begin(kt), loads the tile with tokens(), then end(); for kt = 0, 1, 2, ... in order.
+// begin(kt), loads the tile with token(r) or load_rows(), then end(); for kt = 0, 1, 2, ... in
+// order.
 // `ring` holds 2 * BK int32 of shared memory.
 template <int BK, int LOADERS>
 struct KRowTokens {
@@ -63,11 +64,31 @@ struct KRowTokens {
   }
   // Token of row r of the current tile, -1 past the expert's rows.
   __device__ __forceinline__ int32 token(int r) const { return current[r]; }
+  // Loads a K-major Tile whose row r is row token(r) of src ([T, stride], offset to the tile's
+  // first column), zero past the expert's rows.
+  template <typename Tile, bool ALIGNED, typename T>
+  __device__ __forceinline__ void load_rows(T* dst, const T* src, int64 stride, int cols_valid) const {
+    load_tile<Tile, LOADERS, ALIGNED>(
+        dst,
+        [&](int r) -> const T* {
+          const int32 t = token(r);
+          return t >= 0 ? src + t * stride : nullptr;
+        },
+        cols_valid);
+  }
   __device__ __forceinline__ void end(int kt) {
     const int i = loader_index<LOADERS>();
     if (i < BK) ring[((kt + 1) & 1) * BK + i] = next;
   }
 };
+
+// Loads a K-major Tile whose row r is the token row at element offset rows[r] of src
+// (gather_row_offsets; -1 zeroes the row), columns k0 on.
+template <typename Tile, int LOADERS, bool ALIGNED, typename T>
+__device__ __forceinline__ void load_gathered_rows(T* dst, const int64* rows, const T* src, int k0, int cols_valid) {
+  load_tile<Tile, LOADERS, ALIGNED>(
+      dst, [&](int r) -> const T* { return rows[r] < 0 ? nullptr : src + rows[r] + k0; }, cols_valid);
+}
 
 // rows[i] = element offset of tile row i's token in a [T, stride] matrix, -1 past the tile's
 // rows; filled by the whole block, which it leaves synchronized.

@@ -3,12 +3,15 @@
 // a block barrier per k tile. The producer fills the stages in k order (an mbarrier parity wait
 // may run at most one phase ahead). Each stage has two barriers:
 //   full[s]   the producer's copies into stage s landed (one cp.async-completion arrival per
-//             producer thread, plus one arrival per producer warp covering synchronous fills)
+//             producer thread, one arrival per producer warp covering synchronous fills, and,
+//             when the role copies tiles with TMA, the first producer thread's arrival that
+//             expects their bytes)
 //   empty[s]  every MMA warp is done reading stage s (its wgmmas completed)
 // so the producer runs up to STAGES k tiles ahead of the tensor cores.
 #pragma once
 
 #include "common/gemm_sm80.cuh"
+#include "common/tma_sm90.cuh"
 
 namespace moejit {
 
@@ -66,10 +69,18 @@ struct RegisterSplit {
   static constexpr int kBlocksPerSm = MMA_WARPS == 8 ? 1 : 2;
 };
 
-// Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them).
+// The producer thread that issues a stage's TMA copies (the first one).
+template <int MMA_THREADS>
+__device__ __forceinline__ bool tma_thread() {
+  return threadIdx.x == MMA_THREADS;
+}
+
+// Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them), the
+// `full` ones first. TMA_BYTES: what the TMA copies of one stage bring, which load(stage, kt)
+// issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
 // false in the producer threads, which have nothing more to do.
-template <int STAGES, typename Mma, typename T, typename Load>
+template <int STAGES, int TMA_BYTES, typename Mma, typename T, typename Load>
 __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
                                                            int k_tiles, Load load) {
   constexpr int kMmaThreads = Mma::kThreads;
@@ -79,7 +90,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kProducerThreads + kProducerWarps);
+      mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
       mbarrier_init(empty + s, kMmaWarps);
     }
     mbarrier_init_fence();
@@ -92,6 +103,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % STAGES;
       if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
+      if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
       load(s, kt);
       mbarrier_arrive_on_cp_async(full + s);
       __syncwarp();  // the warp's synchronous shared-memory fills, if any, precede lane 0's arrival

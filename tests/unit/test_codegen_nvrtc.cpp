@@ -8,6 +8,7 @@
 #include "jit/ptxas_info.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
 
@@ -105,6 +106,10 @@ TEST_CASE("the default config of every role compiles for sm_90a and sm_80, align
       if (arch == "sm_90a") {
         specs.push_back({r, c, DType::kFP16, arch, false, false});
         if (r == Role::kBwdDw2) specs.push_back({r, c, DType::kBF16, arch, true, true});
+        // The same tile on the warp-specialized pipeline with TMA copies, where the role has them.
+        TileConfig tma = c;
+        tma.warp_specialized = tma.use_tma = true;
+        if (!prune_reason(r, tma, shape, cuda::fabricated::h200())) specs.push_back({r, tma, DType::kBF16, arch, true, false});
       }
     }
   }

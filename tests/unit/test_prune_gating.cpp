@@ -4,6 +4,7 @@
 
 #include "cuda/device.hpp"
 #include "moe/routing_layout.hpp"
+#include "moe/tensor_maps.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/gating.hpp"
@@ -209,4 +210,68 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(back == ws);
   CHECK(ws.name() == "bm128_bn128_bk32_s6_w4_g8_ws");
   CHECK(ms.name() == "bm128_bn128_bk32_s6_w4_g8_wg");
+}
+
+TEST_CASE("TMA configs: warp-specialized token GEMMs on 16-byte rows only", "[prune][tma]") {
+  const MoeShape aligned = shape(32768, 128, 8);
+  MoeShape odd = aligned;
+  odd.hidden = 2052;  // rows of 4104 bytes: not a multiple of 16
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    int tma = 0;
+    for (const TileConfig& c : config_space(r, aligned)) {
+      INFO(c.name());
+      if (!c.use_tma) continue;
+      ++tma;
+      CHECK(c.warp_specialized);
+      CHECK_THAT(c.name(), Catch::EndsWith("_tma_ws"));
+      CHECK(prune_reason(r, c, odd, fab::h200()));  // the same config on a shape TMA cannot take
+      if (!prune_reason(r, c, aligned, fab::h200())) CHECK_FALSE(tensor_map_specs(r, c, aligned).empty());
+      TileConfig multistage = c;
+      multistage.warp_specialized = false;
+      CHECK(prune_reason(r, multistage, aligned, fab::h200()));
+    }
+    CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm));
+    for (const TileConfig& c : config_space(r, odd)) CHECK_FALSE(c.use_tma);
+  }
+}
+
+TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config copies", "[tma]") {
+  const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  TileConfig c;
+  c.block_m = 128;
+  c.block_n = 128;
+  c.block_k = 64;
+  c.stages = 4;
+  c.warps = 8;
+  c.group_m = 8;
+  c.arch_tag = ArchTag::kHopper;
+  c.warp_specialized = true;
+  c.use_tma = true;
+  const std::uint64_t tk = 32768 * 8, h = 2048, i = 768, e = 128;
+  // fwd_up: W1 [E, 2I, H] as [E, 2, I, H]; the two warpgroups split M, so each wgmma spans all
+  // 128 gate and 128 up rows: boxes of 128 rows. Split along N (64-row tiles), 64-row boxes.
+  auto up = tensor_map_specs(Role::kFwdUp, c, s);
+  REQUIRE(up.size() == 1);
+  CHECK(up[0] == TensorMapSpec{4, {h, i, 2, e}, {2 * h, 2 * i * h, 4 * i * h}, {64, 128, 1, 1}, 128});
+  TileConfig split_n = c;
+  split_n.block_m = 64;
+  CHECK(tensor_map_specs(Role::kFwdUp, split_n, s)[0].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
+  // fwd_down: act [TK, I] in BLOCK_M-row boxes, W2 [E, H, I] in BLOCK_N-row boxes.
+  auto down = tensor_map_specs(Role::kFwdDown, c, s);
+  REQUIRE(down.size() == 2);
+  CHECK(down[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
+  CHECK(down[1] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  // bwd_dx: d_pre_act [TK, 2I]; W1 [E, 2I, H] read MN-major in 64-column panels.
+  c.block_k = 32;
+  auto dx = tensor_map_specs(Role::kBwdDx, c, s);
+  REQUIRE(dx.size() == 2);
+  CHECK(dx[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {32, 128, 1, 1}, 64});
+  CHECK(dx[1] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 32, 1, 1}, 128});
+  auto bd = tensor_map_specs(Role::kBwdDown, c, s);
+  REQUIRE(bd.size() == 1);
+  CHECK(bd[0] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 32, 1, 1}, 128});
+  CHECK_THROWS_AS(tensor_map_specs(Role::kBwdDw1, c, s), InternalError);
+  c.use_tma = false;
+  CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
 }

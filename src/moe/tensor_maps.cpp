@@ -1,0 +1,105 @@
+#include "moe/tensor_maps.hpp"
+
+#include <cuda.h>
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "cuda/driver.hpp"
+#include "moe/kernel_params.hpp"
+#include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
+
+namespace moejit {
+namespace {
+
+constexpr std::uint64_t kElem = 2;  // bf16 / fp16 bytes
+
+// A K-major tile: boxes of `rows` rows by BLOCK_K elements (64 or 128 bytes per row).
+TensorMapSpec k_major(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
+                      std::uint32_t rows, const TileConfig& c) {
+  return {rank, dims, strides, {static_cast<std::uint32_t>(c.block_k), rows, 1, 1}, c.block_k * 2};
+}
+
+// An MN-major tile as 64-column panels: boxes of 64 columns (128 bytes) by BLOCK_K rows.
+TensorMapSpec panels(std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides, const TileConfig& c) {
+  return {3, dims, strides, {64, static_cast<std::uint32_t>(c.block_k), 1, 1}, 128};
+}
+
+CUtensorMapDataType data_type(DType d) {
+  return d == DType::kFP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+}
+
+params::TensorMap encode(const TensorMapSpec& s, const void* base, DType dtype) {
+  const std::array<cuuint32_t, 4> element_strides = {1, 1, 1, 1};
+  const CUtensorMapSwizzle swizzle = s.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  CUtensorMap map;
+  MOEJIT_CU(cuda::driver().cuTensorMapEncodeTiled(
+      &map, data_type(dtype), static_cast<cuuint32_t>(s.rank), const_cast<void*>(base), s.dims.data(), s.strides.data(),
+      s.box.data(), element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+  static_assert(sizeof(CUtensorMap) == sizeof(params::TensorMap), "a tensor map is 128 opaque bytes");
+  params::TensorMap out;
+  std::memcpy(&out, &map, sizeof(out));
+  return out;
+}
+
+}  // namespace
+
+std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, const MoeShape& shape) {
+  if (!c.use_tma || !tma_eligible(role, shape)) {
+    throw InternalError(fmt::format("{} config '{}' copies no tile with TMA for this shape", role_name(role), c.name()));
+  }
+  const std::uint64_t tk = static_cast<std::uint64_t>(shape.pairs()), h = shape.hidden, i = shape.intermediate,
+                      e = shape.experts;
+  const std::uint32_t bm = c.block_m, bn = c.block_n;
+  switch (role) {
+    case Role::kFwdUp:
+      // W1 [E, 2I, H] as [E, 2, I, H]; each warpgroup's gate and up halves are one box each.
+      return {k_major(4, {h, i, 2, e}, {h * kElem, i * h * kElem, 2 * i * h * kElem},
+                      static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c)};
+    case Role::kFwdDown:
+      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                      // act [TK, I]
+              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};          // W2 [E, H, I]
+    case Role::kBwdDown:
+      return {panels({i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};                   // W2 [E, H, I]
+    case Role::kBwdDx:
+      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),              // d_pre_act [TK, 2I]
+              panels({h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};          // W1 [E, 2I, H]
+    default: break;
+  }
+  throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
+}
+
+void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, void* params) {
+  if (!c.use_tma) return;
+  const std::vector<TensorMapSpec> s = tensor_map_specs(role, c, shape);
+  switch (role) {
+    case Role::kFwdUp: {
+      auto& p = *static_cast<params::FwdUp*>(params);
+      p.w1_map = encode(s[0], p.w1, shape.dtype);
+      return;
+    }
+    case Role::kFwdDown: {
+      auto& p = *static_cast<params::FwdDown*>(params);
+      p.act_map = encode(s[0], p.act, shape.dtype);
+      p.w2_map = encode(s[1], p.w2, shape.dtype);
+      return;
+    }
+    case Role::kBwdDown: {
+      auto& p = *static_cast<params::BwdDown*>(params);
+      p.w2_map = encode(s[0], p.w2, shape.dtype);
+      return;
+    }
+    case Role::kBwdDx: {
+      auto& p = *static_cast<params::BwdDx*>(params);
+      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
+      p.w1_map = encode(s[1], p.w1, shape.dtype);
+      return;
+    }
+    default: break;
+  }
+  throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
+}
+
+}  // namespace moejit

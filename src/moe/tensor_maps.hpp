@@ -1,0 +1,35 @@
+// TMA tensor maps of the token GEMMs (templates/common/tma_sm90.cuh): how each role views the
+// tensors it copies with TMA and the box one copy moves at a config (pure), and their encoding
+// through the driver into the role's parameters at launch.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "jit/role.hpp"
+#include "moe/shape.hpp"
+#include "tuner/tile_config.hpp"
+
+namespace moejit {
+
+struct TensorMapSpec {
+  int rank = 0;
+  std::array<std::uint64_t, 4> dims{};     // elements, innermost first
+  std::array<std::uint64_t, 3> strides{};  // bytes between consecutive indices of dims 1..rank-1
+  std::array<std::uint32_t, 4> box{};      // elements one copy moves, per dimension
+  int swizzle_bytes = 0;                   // 64 or 128: the box's rows, swizzled as wgmma reads them
+
+  friend bool operator==(const TensorMapSpec&, const TensorMapSpec&) = default;
+};
+
+// The maps a TMA config of `role` reads, in the order of the map fields of the role's parameter
+// struct (src/moe/kernel_params.hpp). Throws InternalError for roles or configs without TMA.
+std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& config, const MoeShape& shape);
+
+// For a TMA config: encodes tensor_map_specs over the tensors `params` (the role's params::
+// struct) points to, into its map fields. Nothing for other configs. Throws CudaError when the
+// driver rejects a map.
+void bind_tensor_maps(Role role, const TileConfig& config, const MoeShape& shape, void* params);
+
+}  // namespace moejit
