@@ -67,6 +67,20 @@ bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, 
   return gemm_warp_rows(role, c) > 0 && role_smem_bytes(role, c, shape) <= device.smem_optin_per_block;
 }
 
+// Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table
+// (session 4) per role and token-tile height. The warp-specialized TMA pipeline wins fwd_up,
+// fwd_down and bwd_dx; bwd_down, whose A tile is gathered and whose epilogue is the heaviest,
+// stays multistage.
+TileConfig hopper_tma_default(Role role, int bm) {
+  const bool tall = bm >= 128;
+  switch (role) {
+    case Role::kFwdUp: return tall ? warp_specialized(gemm(bm, 128, 64, 4, 8), true) : warp_specialized(gemm(bm, 64, 64, 4, 4), true);
+    case Role::kFwdDown: return warp_specialized(gemm(bm, 128, 64, tall ? 3 : 4, 4), true);
+    case Role::kBwdDown: return hopper(gemm(bm, 128, 32, 4, tall ? 8 : 4));
+    default: return tall ? warp_specialized(gemm(bm, 256, 64, 3, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
+  }
+}
+
 }  // namespace
 
 int min_block_n(Role role) {
@@ -166,9 +180,13 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
-      // wgmma, multistage: the most frequent winners of the tuned H200 table (session 3).
-      // 128-row tiles: fwd_up 128 x (128 gate + 128 up), BK 64, 4 stages; the other roles
-      // 128 x 128, BK 32, 6 stages. 64-row tiles: one warpgroup, BK 64, 4 stages.
+      if (device.is_hopper() && bm >= 64 && tma_eligible(role, shape)) {
+        c = hopper_tma_default(role, bm);
+        if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) return c;
+      }
+      // wgmma, multistage, where TMA cannot copy: the most frequent multistage winners of the
+      // session 3 table. 128-row tiles: fwd_up 128 x (128 gate + 128 up), BK 64, 4 stages; the
+      // other roles 128 x 128, BK 32, 6 stages. 64-row tiles: one warpgroup, BK 64, 4 stages.
       const int wg_bn = bm >= 128 ? 128 : bn;
       if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
         const bool deep_k = role == Role::kFwdUp || bm < 128;
@@ -180,10 +198,12 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm:
-      // wgmma, multistage, 128 x 128, BK 32, 4 stages: the most frequent dW winner of the tuned
-      // H200 table (session 3).
+      // wgmma, multistage, the most frequent dW winners of the tuned H200 table (session 4):
+      // 128 x 256, BK 64, 4 stages when experts get 128 rows or more (long K), else 128 x 128,
+      // BK 32, 4 stages.
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        c = hopper(gemm(128, 128, 32, 4, 8));
+        const bool long_k = token_block_m(shape) >= 128 && d.n >= 256;
+        c = long_k ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);

@@ -1,11 +1,12 @@
 # The ctypes binding without torch or a GPU: loading, version, status names, host memory sizes,
 # and library errors surfacing as Python exceptions with the library's message.
+import itertools
 import threading
 
 import pytest
 
 import moejit
-from moejit import _library
+from moejit import _layout, _library
 
 
 def test_library_loads_and_reports_its_version():
@@ -27,6 +28,17 @@ def test_problem_memory_is_computed_on_the_host():
     assert train.saved_bytes == 6 * 256 + 2 * 512 + 128 * 128 * 2
     assert infer.saved_bytes == 0 and infer.backward_workspace_bytes == 0
     assert memeff.backward_workspace_bytes < train.backward_workspace_bytes
+
+
+@pytest.mark.parametrize("mode", ["train", "infer", "memeff"])
+def test_saved_size_arithmetic_matches_the_library(mode):
+    # _layout mirrors the library's layout for PyTorch's symbolic shapes: a drift shows here.
+    # Token counts cross the tile-height buckets and the routing chunk size (512 pairs).
+    for t, e, i, k in itertools.product((1, 7, 64, 255, 256, 257, 1000, 4096, 33000), (1, 7, 8, 128), (47, 64, 768),
+                                        (1, 2, 8)):
+        if k <= e:
+            want = _library.problem_memory(_library.make_problem(t, e, 128, i, k, "bf16", mode)).saved_bytes
+            assert _layout.saved_bytes(t, e, i, k, mode == "infer") == want, (t, e, i, k)
 
 
 @pytest.mark.parametrize("field, value, argument", [

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
+from moejit import _library  # noqa: E402
 
 E, H, I, K = 8, 128, 64, 2
 
@@ -72,6 +73,37 @@ def test_torch_compile_traces_one_opaque_op(dynamic):
         assert out.shape == (t, H) and x.grad.shape == (t, H) and weights.grad.shape == (t, K)
     calls = [n for g in graphs for n in g.graph.nodes if n.op == "call_function" and "moejit" in str(n.target)]
     assert len(calls) == len(graphs) >= 1
+
+
+def test_symbolic_token_count_keeps_the_saved_size_an_expression():
+    # An unbacked size would make inductor run the op outside its CUDA-graph partitions, where
+    # cudagraph trees reject the outputs (docs/python.md); the size must instead be an
+    # expression of T that evaluates to the library's.
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    forwards = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        def forward_compiler(gm, example_inputs):
+            forwards.extend(n for n in gm.graph.nodes if n.target is torch.ops.moejit.fused_moe_forward.default)
+            return _boxed(gm, example_inputs)
+        return aot_autograd(fw_compiler=forward_compiler, bw_compiler=_boxed)(gm, example_inputs)
+
+    @torch.compile(backend=backend, fullgraph=True, dynamic=True)
+    def layer(x, w1, w2, ids, weights):
+        return mt.fused_moe(x, w1, w2, ids, weights)
+
+    for t in (64, 100, 1000):
+        layer(*meta_inputs(t)).float().sum().backward()
+    assert forwards
+    for node in forwards:
+        out, saved = node.meta["val"]
+        assert not node.meta.get("unbacked_bindings") and not free_unbacked_symbols(saved.shape[0])
+        tokens = out.shape[0].node.require_hint()  # the traced call's T
+        assert saved.shape[0].node.require_hint() == _library.problem_memory(
+            _library.make_problem(tokens, E, H, I, K)).saved_bytes
 
 
 def _boxed(gm, example_inputs):

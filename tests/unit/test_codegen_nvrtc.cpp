@@ -98,18 +98,20 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
 
 TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not", "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
+  const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
   std::vector<KernelSpec> specs;
   for (const std::string arch : {"sm_90a", "sm_80"}) {
+    const cuda::DeviceInfo device = cuda::fabricated::for_arch(arch);
     for (Role r : kAllRoles) {
-      const TileConfig c = default_config(r, shape, cuda::fabricated::for_arch(arch));
+      const TileConfig c = default_config(r, shape, device);
       specs.push_back({r, c, DType::kBF16, arch, true, false});
       if (arch == "sm_90a") {
-        specs.push_back({r, c, DType::kFP16, arch, false, false});
+        specs.push_back({r, default_config(r, unaligned, device), DType::kFP16, arch, false, false});
         if (r == Role::kBwdDw2) specs.push_back({r, c, DType::kBF16, arch, true, true});
         // The same tile on the warp-specialized pipeline with TMA copies, where the role has them.
         TileConfig tma = c;
         tma.warp_specialized = tma.use_tma = true;
-        if (!prune_reason(r, tma, shape, cuda::fabricated::h200())) specs.push_back({r, tma, DType::kBF16, arch, true, false});
+        if (!c.use_tma && !prune_reason(r, tma, shape, device)) specs.push_back({r, tma, DType::kBF16, arch, true, false});
       }
     }
   }

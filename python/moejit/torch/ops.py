@@ -12,7 +12,7 @@ Inputs must already be checked and converted (functional.fused_moe does that).
 
 import torch
 
-from .. import _library
+from .. import _layout, _library
 from ..errors import StateError
 from . import plans
 
@@ -56,8 +56,12 @@ def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode,
     if all(isinstance(d, int) for d in dims):
         saved_bytes = _library.problem_memory(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids)).saved_bytes
     else:
-        # A symbolic token count: the size is a host function of T with branches, not an expression.
-        saved_bytes = torch.library.get_ctx().new_dynamic_size()
+        # Symbolic dimensions (dynamic shapes): the library's layout as arithmetic on SymInts, so
+        # the size stays an expression of T. An unbacked size (ctx.new_dynamic_size) would make
+        # inductor run the op between its CUDA-graph partitions, and cudagraph trees then reject
+        # its outputs ("storage data ptrs are not allocated in pool"; docs/python.md, Tests).
+        saved_bytes = _layout.saved_bytes(x.shape[0], gate_up_proj.shape[0], gate_up_proj.shape[1] // 2,
+                                          topk_ids.shape[1], plan_mode == INFER)
     return torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8)
 
 
