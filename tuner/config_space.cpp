@@ -19,9 +19,9 @@ constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 //     fit two blocks per SM (<= 113 KB) let one block's barrier waits and epilogue overlap the
 //     other's MMAs.
 //   warp-specialized: a producer warpgroup refills a stage as soon as the tensor cores are done
-//     with it; one MMA warpgroup runs two blocks per SM, two run one. Token GEMMs whose shape
-//     allows it copy their weight (and ungathered) tiles with TMA, which frees the producer's
-//     threads for the gathered rows; the cp.async producer stays for the other shapes.
+//     with it; one MMA warpgroup runs two blocks per SM, two run one. Roles whose shape allows
+//     it copy their ungathered tiles (weights, sorted rows) with TMA, which frees the
+//     producer's threads for the gathered rows; the cp.async producer stays for the rest.
 // Pruning drops what exceeds shared memory.
 constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
 constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}};
@@ -134,7 +134,9 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       for (int bn : {128, 256}) {
         for (auto [bk, stages] : kHopperDepths) out.push_back(hopper(gemm(128, bn, bk, stages, 8)));
         for (auto [bk, stages] : kWarpSpecializedDepths)
-          for (int warps : {4, 8}) out.push_back(warp_specialized(gemm(128, bn, bk, stages, warps), false));
+          for (int warps : {4, 8}) {
+            out.push_back(warp_specialized(gemm(128, bn, bk, stages, warps), tma_eligible(role, shape)));
+          }
       }
       break;
     case RoleKind::kGather:

@@ -74,7 +74,8 @@ int gemm_accumulators(Role r, const TileConfig& c) {
 }
 
 bool tma_eligible(Role r, const MoeShape& s) {
-  return role_kind(r) == RoleKind::kTokenGemm && s.hidden % 8 == 0 && s.intermediate % 8 == 0;
+  const bool copies = role_kind(r) == RoleKind::kTokenGemm || r == Role::kBwdDw1;
+  return copies && s.hidden % 8 == 0 && s.intermediate % 8 == 0;
 }
 
 namespace {

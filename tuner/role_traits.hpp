@@ -44,8 +44,9 @@ int gemm_wgmma_n(Role r, const TileConfig& c);
 // fp32 accumulator registers per thread.
 int gemm_accumulators(Role r, const TileConfig& c);
 
-// Whether the role's tiles can be TMA copies for this shape (a token GEMM, every row stride a
-// multiple of 16 bytes: H and I multiples of 8). The tuning key records it (use_tma).
+// Whether the role's tiles can be TMA copies for this shape: a role with an ungathered operand
+// (the token GEMMs' weights, bwd_dw1's d_pre_act; src/moe/tensor_maps.cpp) and every row stride
+// a multiple of 16 bytes (H and I multiples of 8). The tuning key records it (use_tma).
 bool tma_eligible(Role r, const MoeShape& shape);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.

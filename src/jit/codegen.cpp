@@ -66,9 +66,10 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       const char* ws = c.warp_specialized ? "true" : "false";
       std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
                                      c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, wgmma, ws, aligned);
-      require(!c.use_tma || (c.warp_specialized && spec.aligned && role_kind(spec.role) == RoleKind::kTokenGemm), spec,
-              "a warp-specialized token GEMM on 16-byte rows (TMA)");
-      if (role_kind(spec.role) == RoleKind::kTokenGemm) args += c.use_tma ? ", true" : ", false";
+      const bool tma_role = role_kind(spec.role) == RoleKind::kTokenGemm || spec.role == Role::kBwdDw1;
+      require(!c.use_tma || (c.warp_specialized && spec.aligned && tma_role), spec,
+              "a warp-specialized pipeline in a role with TMA copies, on 16-byte rows");
+      if (tma_role) args += c.use_tma ? ", true" : ", false";
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

@@ -119,6 +119,7 @@ struct BwdDw1 {  // templates/bwd_dw1.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap d_pre_act_map;
 };
 
 }  // namespace moejit::params

@@ -22,8 +22,9 @@ TensorMapSpec k_major(int rank, std::array<std::uint64_t, 4> dims, std::array<st
 }
 
 // An MN-major tile as 64-column panels: boxes of 64 columns (128 bytes) by BLOCK_K rows.
-TensorMapSpec panels(std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides, const TileConfig& c) {
-  return {3, dims, strides, {64, static_cast<std::uint32_t>(c.block_k), 1, 1}, 128};
+TensorMapSpec panels(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
+                     const TileConfig& c) {
+  return {rank, dims, strides, {64, static_cast<std::uint32_t>(c.block_k), 1, 1}, 128};
 }
 
 CUtensorMapDataType data_type(DType d) {
@@ -62,10 +63,12 @@ std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, cons
       return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                      // act [TK, I]
               k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};          // W2 [E, H, I]
     case Role::kBwdDown:
-      return {panels({i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};                   // W2 [E, H, I]
+      return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};                   // W2 [E, H, I]
     case Role::kBwdDx:
       return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),              // d_pre_act [TK, 2I]
-              panels({h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};          // W1 [E, 2I, H]
+              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};          // W1 [E, 2I, H]
+    case Role::kBwdDw1:
+      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c)};                   // d_pre_act [TK, 2I]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
@@ -95,6 +98,11 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
       auto& p = *static_cast<params::BwdDx*>(params);
       p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
       p.w1_map = encode(s[1], p.w1, shape.dtype);
+      return;
+    }
+    case Role::kBwdDw1: {
+      auto& p = *static_cast<params::BwdDw1*>(params);
+      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
       return;
     }
     default: break;

@@ -78,11 +78,13 @@ __device__ __forceinline__ bool tma_thread() {
 // Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them), the
 // `full` ones first. TMA_BYTES: what the TMA copies of one stage bring, which load(stage, kt)
 // issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
+// landed(stage, kt) runs in every MMA thread once stage kt has landed, before its MMAs: where a
+// copy brought more than the tile should hold.
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
 // false in the producer threads, which have nothing more to do.
-template <int STAGES, int TMA_BYTES, typename Mma, typename T, typename Load>
+template <int STAGES, int TMA_BYTES, typename Mma, typename T, typename Load, typename Landed>
 __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
-                                                           int k_tiles, Load load) {
+                                                           int k_tiles, Load load, Landed landed) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaWarps = kMmaThreads / 32;
   uint64* full = barriers;
@@ -118,6 +120,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % STAGES;
     mbarrier_wait(full + s, (kt / STAGES) & 1);
+    landed(s, kt);
     // The stage was written by cp.async / st.shared (generic proxy); wgmma reads it through
     // the async proxy.
     fence_proxy_async_shared();

@@ -4,7 +4,7 @@
 // counted in bytes on an mbarrier (the warp-specialized pipeline's `full` barrier).
 #pragma once
 
-#include "common/mma_sm80.cuh"
+#include "common/gemm_sm80.cuh"
 
 namespace moejit {
 
@@ -46,13 +46,28 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap& map, uint64
       : "memory");
 }
 
-// An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows of a 3-D
-// [E, K, N] map: panel p holds columns n0 + 64p.
-template <typename Tile, typename T>
-__device__ __forceinline__ void tma_load_panels(T* dst, const TensorMap& map, uint64* bar, int32 n0, int32 k0,
-                                                int32 expert) {
+// An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows: panel p
+// holds columns col0 + 64p; `outer` are the box's other coordinates (its first row, ...).
+template <typename Tile, typename T, typename... Outer>
+__device__ __forceinline__ void tma_load_panels(T* dst, const TensorMap& map, uint64* bar, int32 col0, Outer... outer) {
 #pragma unroll
-  for (int p = 0; p < Tile::kCols / 64; ++p) tma_load(dst + p * Tile::kPanelElems, map, bar, n0 + 64 * p, k0, expert);
+  for (int p = 0; p < Tile::kCols / 64; ++p) tma_load(dst + p * Tile::kPanelElems, map, bar, col0 + 64 * p, outer...);
+}
+
+// Zeroes rows [first, kRows) of an MN-major tile (PanelTile) in the THREADS MMA threads, fenced
+// for wgmma's reads and synchronized among them; every MMA thread calls it with the same
+// `first`. A TMA box cannot stop at an expert's last row: rows past it hold other data.
+template <typename Tile, int THREADS, typename T>
+__device__ __forceinline__ void zero_panel_rows(T* tile, int first) {
+  constexpr int kChunks = Tile::kCols / 8;
+  for (int idx = static_cast<int>(threadIdx.x); idx < (Tile::kRows - first) * kChunks; idx += THREADS) {
+    const int r = first + idx / kChunks, col = (idx % kChunks) * 8;
+    uint4 zero;
+    zero.x = zero.y = zero.z = zero.w = 0;
+    *reinterpret_cast<uint4*>(tile + Tile::offset(r, col)) = zero;
+  }
+  fence_proxy_async_shared();
+  sync_mma_threads<THREADS>();
 }
 
 }  // namespace moejit

@@ -212,7 +212,7 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(ms.name() == "bm128_bn128_bk32_s6_w4_g8_wg");
 }
 
-TEST_CASE("TMA configs: warp-specialized token GEMMs on 16-byte rows only", "[prune][tma]") {
+TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows only", "[prune][tma]") {
   const MoeShape aligned = shape(32768, 128, 8);
   MoeShape odd = aligned;
   odd.hidden = 2052;  // rows of 4104 bytes: not a multiple of 16
@@ -231,7 +231,7 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs on 16-byte rows only", "[pr
       multistage.warp_specialized = false;
       CHECK(prune_reason(r, multistage, aligned, fab::h200()));
     }
-    CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm));
+    CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm || r == Role::kBwdDw1));
     for (const TileConfig& c : config_space(r, odd)) CHECK_FALSE(c.use_tma);
   }
 }
@@ -271,7 +271,11 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   auto bd = tensor_map_specs(Role::kBwdDown, c, s);
   REQUIRE(bd.size() == 1);
   CHECK(bd[0] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 32, 1, 1}, 128});
-  CHECK_THROWS_AS(tensor_map_specs(Role::kBwdDw1, c, s), InternalError);
+  // bwd_dw1: d_pre_act [TK, 2I] as panels of its BLOCK_M columns by BLOCK_K sorted rows.
+  auto dw1 = tensor_map_specs(Role::kBwdDw1, c, s);
+  REQUIRE(dw1.size() == 1);
+  CHECK(dw1[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK_THROWS_AS(tensor_map_specs(Role::kBwdDw2, c, s), InternalError);
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
 }
