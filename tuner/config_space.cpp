@@ -200,12 +200,17 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm:
-      // wgmma, multistage, the most frequent dW winners of the tuned H200 table (session 4):
-      // 128 x 256, BK 64, 4 stages when experts get 128 rows or more (long K), else 128 x 128,
-      // BK 32, 4 stages.
+      // The most frequent dW winners of the tuned H200 table (session 4). When experts get 128
+      // rows or more (long K): bwd_dw1 warp-specialized with TMA, one MMA warpgroup, 128 x 128,
+      // BK 64, 3 stages; bwd_dw2 (or dw1 without TMA) multistage 128 x 256, BK 64, 4 stages.
+      // Shorter K: multistage 128 x 128, BK 32, 4 stages.
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
-        const bool long_k = token_block_m(shape) >= 128 && d.n >= 256;
-        c = long_k ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
+        const bool long_k = token_block_m(shape) >= 128;
+        if (long_k && tma_eligible(role, shape)) {
+          c = warp_specialized(gemm(128, 128, 64, 3, 4), true);
+        } else {
+          c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
+        }
         if (hopper_default_fits(role, c, shape, device)) return c;
       }
       c = gemm(128, 128, 32, 3, 8);
