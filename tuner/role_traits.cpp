@@ -75,7 +75,9 @@ int gemm_accumulators(Role r, const TileConfig& c) {
 
 bool tma_eligible(Role r, const MoeShape& s) {
   const bool copies = role_kind(r) == RoleKind::kTokenGemm || r == Role::kBwdDw1;
-  return copies && s.hidden % 8 == 0 && s.intermediate % 8 == 0;
+  // A tensor map's strides stay below 2^40 bytes; the largest is one expert's W1, 2I x H x 2.
+  const bool strides_fit = 4LL * s.hidden * s.intermediate < (1LL << 40);
+  return copies && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && strides_fit;
 }
 
 namespace {

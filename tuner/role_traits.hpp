@@ -45,8 +45,9 @@ int gemm_wgmma_n(Role r, const TileConfig& c);
 int gemm_accumulators(Role r, const TileConfig& c);
 
 // Whether the role's tiles can be TMA copies for this shape: a role with an ungathered operand
-// (the token GEMMs' weights, bwd_dw1's d_pre_act; src/moe/tensor_maps.cpp) and every row stride
-// a multiple of 16 bytes (H and I multiples of 8). The tuning key records it (use_tma).
+// (the token GEMMs' weights, bwd_dw1's d_pre_act; src/moe/tensor_maps.cpp), every row stride
+// a multiple of 16 bytes (H and I multiples of 8) and every stride below the driver's 2^40
+// bytes. The tuning key records it (use_tma).
 bool tma_eligible(Role r, const MoeShape& shape);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.

@@ -45,12 +45,8 @@ params::TensorMap encode(const TensorMapSpec& s, const void* base, DType dtype) 
   return out;
 }
 
-}  // namespace
-
-std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, const MoeShape& shape) {
-  if (!c.use_tma || !tma_eligible(role, shape)) {
-    throw InternalError(fmt::format("{} config '{}' copies no tile with TMA for this shape", role_name(role), c.name()));
-  }
+// The maps of tensor_map_specs, unchecked.
+std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeShape& shape) {
   const std::uint64_t tk = static_cast<std::uint64_t>(shape.pairs()), h = shape.hidden, i = shape.intermediate,
                       e = shape.experts;
   const std::uint32_t bm = c.block_m, bn = c.block_n;
@@ -60,19 +56,53 @@ std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, cons
       return {k_major(4, {h, i, 2, e}, {h * kElem, i * h * kElem, 2 * i * h * kElem},
                       static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c)};
     case Role::kFwdDown:
-      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                      // act [TK, I]
-              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};          // W2 [E, H, I]
+      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),              // act [TK, I]
+              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};  // W2 [E, H, I]
     case Role::kBwdDown:
-      return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};                   // W2 [E, H, I]
+      return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};  // W2 [E, H, I]
     case Role::kBwdDx:
-      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),              // d_pre_act [TK, 2I]
-              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};          // W1 [E, 2I, H]
+      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),           // d_pre_act [TK, 2I]
+              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // W1 [E, 2I, H]
     case Role::kBwdDw1:
-      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c)};                   // d_pre_act [TK, 2I]
+      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c)};  // d_pre_act [TK, 2I]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
 }
+
+}  // namespace
+
+std::optional<std::string> tensor_map_problem(const TensorMapSpec& s) {
+  if (s.rank < 1 || s.rank > 4) return fmt::format("rank {} (1 to 4 here)", s.rank);
+  if (s.swizzle_bytes != 64 && s.swizzle_bytes != 128) return fmt::format("swizzle of {} bytes", s.swizzle_bytes);
+  for (int d = 0; d < s.rank; ++d) {
+    if (s.dims[d] < 1 || s.dims[d] > (1ULL << 32)) return fmt::format("dimension {} of {} elements", d, s.dims[d]);
+    if (s.box[d] < 1 || s.box[d] > 256) return fmt::format("box of {} elements in dimension {}", s.box[d], d);
+    if (d > 0 && (s.strides[d - 1] % 16 != 0 || s.strides[d - 1] >= (1ULL << 40))) {
+      return fmt::format("stride of {} bytes in dimension {}", s.strides[d - 1], d);
+    }
+  }
+  const std::uint64_t row_bytes = s.box[0] * kElem;
+  if (row_bytes % 16 != 0 || row_bytes > static_cast<std::uint64_t>(s.swizzle_bytes)) {
+    return fmt::format("box rows of {} bytes with a {}-byte swizzle", row_bytes, s.swizzle_bytes);
+  }
+  return std::nullopt;
+}
+
+std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, const MoeShape& shape) {
+  if (!c.use_tma || !tma_eligible(role, shape)) {
+    throw InternalError(fmt::format("{} config '{}' copies no tile with TMA for this shape", role_name(role), c.name()));
+  }
+  std::vector<TensorMapSpec> maps = role_maps(role, c, shape);
+  for (const TensorMapSpec& m : maps) {
+    if (auto why = tensor_map_problem(m)) {
+      throw InternalError(fmt::format("{} config '{}': a tensor map the driver would reject: {}", role_name(role),
+                                      c.name(), *why));
+    }
+  }
+  return maps;
+}
+
 
 void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, void* params) {
   if (!c.use_tma) return;

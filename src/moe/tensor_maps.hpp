@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "jit/role.hpp"
@@ -23,8 +25,14 @@ struct TensorMapSpec {
   friend bool operator==(const TensorMapSpec&, const TensorMapSpec&) = default;
 };
 
+// What the driver would reject in a spec (its documented limits for tiled maps of 16-bit
+// elements: dims 1..2^32, strides multiples of 16 below 2^40, boxes of 1..256 with an inner row
+// of at most the swizzle span), or nullopt.
+std::optional<std::string> tensor_map_problem(const TensorMapSpec& spec);
+
 // The maps a TMA config of `role` reads, in the order of the map fields of the role's parameter
-// struct (src/moe/kernel_params.hpp). Throws InternalError for roles or configs without TMA.
+// struct (src/moe/kernel_params.hpp). Throws InternalError for roles or configs without TMA and
+// for maps tensor_map_problem() rejects (pruning keeps such configs out of every plan).
 std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& config, const MoeShape& shape);
 
 // For a TMA config: encodes tensor_map_specs over the tensors `params` (the role's params::

@@ -279,3 +279,44 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
 }
+
+TEST_CASE("TMA tensor maps stay inside the driver's limits, or the shape takes no TMA", "[tma]") {
+  // Every unpruned TMA config of every role, over shapes from tiny to the largest strides allowed.
+  const MoeShape shapes[] = {{1, 8, 64, 32, 2, DType::kBF16},
+                             {32768, 128, 2048, 768, 8, DType::kBF16},
+                             {4096, 8, 4096, 14336, 2, DType::kFP16},
+                             {1 << 20, 64, 1 << 18, 1 << 19, 8, DType::kBF16}};  // 4 H I = 2^39
+  int checked = 0;
+  for (const MoeShape& s : shapes) {
+    for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1}) {
+      for (const TileConfig& c : config_space(r, s)) {
+        if (!c.use_tma || prune_reason(r, c, s, fab::h200())) continue;
+        INFO(role_name(r) << " " << c.name() << " H=" << s.hidden << " I=" << s.intermediate);
+        for (const TensorMapSpec& m : tensor_map_specs(r, c, s)) CHECK_FALSE(tensor_map_problem(m));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 50);
+  // One expert's W1 at 2^40 bytes or more: no TMA for any role, so no key asks for it.
+  const MoeShape huge{1024, 4, 1 << 19, 1 << 19, 2, DType::kBF16};
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1}) {
+    CHECK_FALSE(tma_eligible(r, huge));
+    for (const TileConfig& c : config_space(r, huge)) CHECK_FALSE(c.use_tma);
+  }
+  // The checks themselves.
+  TensorMapSpec ok{2, {64, 100, 1, 1}, {128, 0, 0}, {64, 32, 1, 1}, 128};
+  CHECK_FALSE(tensor_map_problem(ok));
+  TensorMapSpec bad = ok;
+  bad.strides[0] = 136 + 4;  // not a multiple of 16
+  CHECK(tensor_map_problem(bad));
+  bad = ok;
+  bad.box[1] = 512;
+  CHECK(tensor_map_problem(bad));
+  bad = ok;
+  bad.swizzle_bytes = 64;  // 128-byte box rows under a 64-byte swizzle
+  CHECK(tensor_map_problem(bad));
+  bad = ok;
+  bad.dims[1] = (1ULL << 32) + 1;
+  CHECK(tensor_map_problem(bad));
+}
