@@ -4,8 +4,10 @@
 //   d_pre_act     = [dg | du] of act, with s folded into d(act) = s * d_act
 //   weighted_act  = s * act                      (for dW2; skipped when null)
 // d_pre_act may alias pre_act (memory-efficient mode): each element is read before it is
-// written, by the same thread, and no other block touches it. TMA (warp-specialized wgmma): the
-// W2 tile comes as 64-column panels of W2 viewed as [E, H, I].
+// written, by the same thread, and no other block touches it. TMA (warp-specialized wgmma): both
+// tiles are bulk copies: the A tile from d_out_rows, dO already scattered into sorted order
+// (gather_sum's scatter; rows past the tile's expert feed only rows that are not stored), the
+// W2 tile as 64-column panels of W2 viewed as [E, H, I].
 #pragma once
 
 #include "common/gemm.cuh"
@@ -16,7 +18,8 @@
 namespace moejit {
 
 struct BwdDownParams {
-  const void* d_out;    // [T, H]
+  const void* d_out;       // [T, H]
+  const void* d_out_rows;  // [TK, H] dO in sorted order; TMA only
   const void* w2;       // [E, H, I]
   const void* scores;   // [T, K]
   const void* pre_act;  // [TK, 2I]
@@ -26,14 +29,14 @@ struct BwdDownParams {
   RoutingView routing;
   int32 hidden;
   int32 inter;
-  TensorMap w2_map;  // TMA: W2 as [E, H, I], boxes 64 x BK x 1
+  TensorMap w2_map;          // TMA: W2 as [E, H, I], boxes 64 x BK x 1
+  TensorMap d_out_rows_map;  // TMA: d_out_rows as [TK, H], boxes BK x BM
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
-  static_assert(!TMA || WS, "TMA copies complete on the warp-specialized pipeline's barriers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
@@ -41,25 +44,26 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
   TokenTile tile;
   if (!token_tile<BM>(p.routing, m, tile)) return;
-  gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
+  if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* d_out = static_cast<const T*>(p.d_out);
   const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? Mma::BTile::kElems * 2 : 0>(
+  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, d_out, k0,
-                                                                        p.hidden - k0);
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
+            tma_load(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0, tile.row0);
             tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.w2_map, sm.full(stage), n0, k0, tile.expert);
           }
         } else {
+          load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, d_out, k0,
+                                                                          p.hidden - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },

@@ -1,8 +1,9 @@
 // bwd_dw1: dW1[e] = d_pre_act[rows of e]^T . x[gathered rows of e], expert-major like bwd_dw2:
 // each block owns a BM x BN tile of one expert's [2I, H] gradient and loops over the expert's
-// rows. Experts without rows write zeros. TMA (warp-specialized wgmma): the d_pre_act tile is
-// 64-column panels of d_pre_act as [TK, 2I]; in an expert's last k tile the rows past its end
-// (another expert's, or never written) are zeroed before the MMAs read them.
+// rows. Experts without rows write zeros. TMA (warp-specialized wgmma): both tiles are 64-column
+// panels, of d_pre_act as [TK, 2I] and of x_rows, x already scattered into sorted order
+// (gather_sum's scatter); in an expert's last k tile the rows past its end (another expert's,
+// or never written) are zeroed before the MMAs read them.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -13,18 +14,19 @@ namespace moejit {
 struct BwdDw1Params {
   const void* d_pre_act;  // [TK, 2I]
   const void* x;          // [T, H]
+  const void* x_rows;     // [TK, H] x in sorted order; TMA only
   void* dw1;              // [E, 2I, H]
   RoutingView routing;
   int32 hidden;
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes 64 x BK
+  TensorMap x_rows_map;     // TMA: x_rows as [TK, H], boxes 64 x BK
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
-  static_assert(!TMA || WS, "TMA copies complete on the warp-specialized pipeline's barriers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
@@ -39,25 +41,31 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? Mma::ATile::kElems * 2 : 0>(
+  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
-        tokens.begin(kt);
         if constexpr (TMA) {
-          if (tma_thread<kThreads>()) tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), m0, k0);
+          if (tma_thread<kThreads>()) {
+            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), m0, k0);
+            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), n0, k0);
+          }
         } else {
+          tokens.begin(kt);
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
               [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
               m_total - m0);
+          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - n0);
+          tokens.end(kt);
         }
-        tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - n0);
-        tokens.end(kt);
       },
       [&](int stage, int kt) {
         const int32 rows = r_end - (r_begin + kt * BK);
-        if (TMA && rows < BK) zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
+        if (TMA && rows < BK) {
+          zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
+          zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
+        }
       });
   if (!mma_thread) return;
 

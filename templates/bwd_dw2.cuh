@@ -3,6 +3,10 @@
 // (the K dimension). Experts without rows run no iterations and write zeros, so dW2 is never
 // pre-zeroed. FUSED_ACT (memory-efficient mode) recomputes s * silu(g) * u from the saved
 // pre-activations while filling the B tile instead of reading a weighted-activation buffer.
+// TMA (warp-specialized wgmma): the A tile is 64-column panels of d_out_rows, dO already
+// scattered into sorted order (gather_sum's scatter), and, without FUSED_ACT, the B tile
+// 64-column panels of weighted_act; in an expert's last k tile the rows past its end are
+// zeroed before the MMAs read them.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -13,6 +17,7 @@ namespace moejit {
 
 struct BwdDw2Params {
   const void* d_out;         // [T, H]
+  const void* d_out_rows;    // [TK, H] dO in sorted order; TMA only
   const void* weighted_act;  // [TK, I]; unused with FUSED_ACT
   const void* pre_act;       // [TK, 2I]; FUSED_ACT only
   const void* scores;        // [T, K]; FUSED_ACT only
@@ -20,11 +25,15 @@ struct BwdDw2Params {
   RoutingView routing;
   int32 hidden;
   int32 inter;
+  TensorMap d_out_rows_map;    // TMA: d_out_rows as [TK, H], boxes 64 x BK
+  TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool FUSED_ACT>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, bool FUSED_ACT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
+  constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
+  constexpr int kTmaBytes = TMA ? (Mma::ATile::kElems + (FUSED_ACT ? 0 : Mma::BTile::kElems)) * 2 : 0;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
@@ -40,13 +49,23 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES>(
+  const bool mma_thread = gemm_main_loop<STAGES, kTmaBytes>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
       [&](int stage, int kt) {
         const int32 k0 = r_begin + kt * BK;
-        tokens.begin(kt);
-        // A = dO^T: tile row r is sorted row k0 + r, gathered from its token, columns m0..
-        tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - m0);
+        // A = dO^T: tile row r is sorted row k0 + r (its token's dO row), columns m0..
+        if constexpr (TMA) {
+          if (tma_thread<kThreads>()) {
+            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), m0, k0);
+            if (!FUSED_ACT) {
+              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), n0, k0);
+            }
+          }
+        } else {
+          tokens.begin(kt);
+          tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - m0);
+          tokens.end(kt);
+        }
         if constexpr (FUSED_ACT) {
           fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b_stage(stage), [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
@@ -74,13 +93,19 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
                         : 0;
             }
           });
-        } else {
+        } else if constexpr (!TMA) {
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
-        tokens.end(kt);
+      },
+      [&](int stage, int kt) {
+        const int32 rows = r_end - (r_begin + kt * BK);
+        if (TMA && rows < BK) {
+          zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
+          if (!FUSED_ACT) zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
+        }
       });
   if (!mma_thread) return;
 

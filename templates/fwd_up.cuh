@@ -5,8 +5,10 @@
 // The B tile holds 2*BN weight rows arranged so each warp's (wgmma: warpgroup's) N range is its
 // gate columns followed by the up columns of the same outputs; the epilogue then pairs
 // acc[.][ni] (gate) with acc[.][ni + kNi/2] (up) inside one thread. TMA (warp-specialized
-// wgmma): the B tile comes as two boxes per warpgroup, gate and up, from W1 viewed as
-// [E, 2, I, H], so gate rows past I read as zeros instead of up rows.
+// wgmma): both tiles are bulk copies. The A tile comes from x_rows, x already scattered into
+// sorted order (gather_sum's scatter); its rows past the tile's expert feed only output rows
+// that are not stored. The B tile comes as two boxes per warpgroup, gate and up, from W1
+// viewed as [E, 2, I, H], so gate rows past I read as zeros instead of up rows.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -16,14 +18,16 @@
 namespace moejit {
 
 struct FwdUpParams {
-  const void* x;    // [T, H]
-  const void* w1;   // [E, 2I, H]
+  const void* x;       // [T, H]
+  const void* x_rows;  // [TK, H] x in sorted order; TMA only
+  const void* w1;      // [E, 2I, H]
   void* act;        // [TK, I] sorted rows
   void* pre_act;    // [TK, 2I] sorted rows; null in inference
   RoutingView routing;
   int32 hidden;
   int32 inter;
-  TensorMap w1_map;  // TMA: W1 as [E, 2, I, H], boxes BK x kHalf
+  TensorMap w1_map;      // TMA: W1 as [E, 2, I, H], boxes BK x kHalf
+  TensorMap x_rows_map;  // TMA: x_rows as [TK, H], boxes BK x BM
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
@@ -32,7 +36,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
-  static_assert(!TMA || WS, "TMA copies complete on the warp-specialized pipeline's barriers");
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
@@ -40,21 +43,20 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
   TokenTile tile;
   if (!token_tile<BM>(p.routing, m, tile)) return;
-  gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
+  if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* x = static_cast<const T*>(p.x);
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * 2 * p.inter * p.hidden;
   const int n0 = static_cast<int>(n) * BN;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? Mma::BTile::kElems * 2 : 0>(
+  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
       [&](int stage, int kt) {
         const int k0 = kt * BK;
-        load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, x, k0,
-                                                                        p.hidden - k0);
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
+            tma_load(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, tile.row0);
 #pragma unroll
             for (int wn = 0; wn < kBN2 / Mma::kWarpN; ++wn) {
               T* dst = sm.b_stage(stage) + wn * Mma::kWarpN * BK;
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             }
           }
         } else {
+          load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, x, k0,
+                                                                          p.hidden - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* {

@@ -37,8 +37,7 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
     return std::string("TMA copies complete on the warp-specialized pipeline's barriers");
   }
   if (c.use_tma && !tma_eligible(role, shape)) {
-    return fmt::format("{} copies no tile with TMA here (token GEMMs and bwd_dw1, H and I multiples of 8)",
-                       role_name(role));
+    return fmt::format("{} copies no tile with TMA here (H and I multiples of 8)", role_name(role));
   }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {

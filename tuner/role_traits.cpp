@@ -74,10 +74,21 @@ int gemm_accumulators(Role r, const TileConfig& c) {
 }
 
 bool tma_eligible(Role r, const MoeShape& s) {
-  const bool copies = role_kind(r) == RoleKind::kTokenGemm || r == Role::kBwdDw1;
+  const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
   // A tensor map's strides stay below 2^40 bytes; the largest is one expert's W1, 2I x H x 2.
   const bool strides_fit = 4LL * s.hidden * s.intermediate < (1LL << 40);
-  return copies && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && strides_fit;
+  return gemm && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && strides_fit;
+}
+
+SortedRows sorted_rows_read(Role r, const TileConfig& c) {
+  if (!c.use_tma) return SortedRows::kNone;
+  switch (r) {
+    case Role::kFwdUp:
+    case Role::kBwdDw1: return SortedRows::kX;
+    case Role::kBwdDown:
+    case Role::kBwdDw2: return SortedRows::kDOut;
+    default: return SortedRows::kNone;
+  }
 }
 
 namespace {

@@ -44,11 +44,15 @@ int gemm_wgmma_n(Role r, const TileConfig& c);
 // fp32 accumulator registers per thread.
 int gemm_accumulators(Role r, const TileConfig& c);
 
-// Whether the role's tiles can be TMA copies for this shape: a role with an ungathered operand
-// (the token GEMMs' weights, bwd_dw1's d_pre_act; src/moe/tensor_maps.cpp), every row stride
-// a multiple of 16 bytes (H and I multiples of 8) and every stride below the driver's 2^40
-// bytes. The tuning key records it (use_tma).
+// Whether a GEMM role's tiles can be TMA copies for this shape (src/moe/tensor_maps.cpp): every
+// row stride a multiple of 16 bytes (H and I multiples of 8) and every stride below the
+// driver's 2^40 bytes. The tuning key records it (use_tma).
 bool tma_eligible(Role r, const MoeShape& shape);
+
+// The token rows a TMA config bulk-copies instead of gathering: x or dO, which gather_sum's
+// scatter writes in sorted order into a [TK, H] buffer before the role runs.
+enum class SortedRows { kNone, kX, kDOut };
+SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);

@@ -67,6 +67,8 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   flush_ = alloc(2 * static_cast<std::size_t>(device.l2_bytes));
   snapshot_ = alloc(std::max({2 * TK * 2 * I, 2 * TK * H, 2 * E * 2 * I * H, 2 * T * H, layout_.routing.total_bytes}));
   sums_ = alloc(3 * sizeof(double));
+  x_rows_ = alloc(TK * H * 2);
+  d_out_rows_ = alloc(TK * H * 2);
 
   utility_ = &jit::KernelCache::instance().load({Role::kUtility, TileConfig{}, problem.dtype, device.arch()});
   auto fill = [&](const cuda::DeviceBuffer& b, std::size_t count, float lo, float hi, unsigned long long seed) {
@@ -115,6 +117,10 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   // Memory-efficient kernels run on separate buffers here (tuning must not consume pre_act):
   // bwd_down only skips the weighted-activation store; bwd_dw2's fused variant reads pre_act.
   if (problem.mode == Mode::kMemoryEfficient) bwd_.bwd_down.weighted_act = nullptr;
+  fwd_.scatter_x.rows = bwd_.scatter_x.rows = x_rows_.as<void>();
+  fwd_.fwd_up.x_rows = bwd_.bwd_dw1.x_rows = x_rows_.as<void>();
+  bwd_.scatter_d_out.rows = d_out_rows_.as<void>();
+  bwd_.bwd_down.d_out_rows = bwd_.bwd_dw2.d_out_rows = d_out_rows_.as<void>();
   stream_.synchronize();
 }
 
@@ -123,6 +129,12 @@ void TuningSession::launch(Role role, const RoleKernel& k) {
   if (role == Role::kRouting) {
     launch_routing(*k.kernel, k.config, fwd_.routing);
     return;
+  }
+  const SortedRows sorted = sorted_rows_read(role, k.config);
+  if (sorted != SortedRows::kNone) {
+    if (gather_sum_.kernel == nullptr) throw InternalError("sorted token rows are scattered by the primed gather_sum");
+    const LaunchGeometry gs = launch_geometry(Role::kGatherSum, gather_sum_.config, shape_, layout_.routing.max_tiles, aligned_);
+    launch_scatter_rows(*gather_sum_.kernel, gs, sorted == SortedRows::kX ? fwd_.scatter_x : bwd_.scatter_d_out, s);
   }
   const LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
   switch (role) {
@@ -146,6 +158,7 @@ void TuningSession::run(Role role, const RoleKernel& k) {
 }
 
 void TuningSession::prime(const std::map<Role, RoleKernel>& kernels) {
+  gather_sum_ = kernels.at(Role::kGatherSum);
   for (Role r : {Role::kRouting, Role::kFwdUp, Role::kFwdDown, Role::kGatherSum, Role::kBwdDown, Role::kBwdDw2,
                  Role::kBwdDx, Role::kBwdDw1}) {
     auto it = kernels.find(r);

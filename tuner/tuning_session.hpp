@@ -31,12 +31,15 @@ class TuningSession {
     TileConfig config;
     const jit::LoadedKernel* kernel = nullptr;
   };
-  // Runs forward and backward once so every role's inputs hold real values.
+  // Runs forward and backward once so every role's inputs hold real values; keeps the gather_sum
+  // kernel for the scatters of sorted token rows.
   void prime(const std::map<Role, RoleKernel>& kernels);
 
-  // Launches one role once (resetting what it accumulates into first).
+  // Launches one role once (resetting what it accumulates into first). A config that reads
+  // sorted token rows (sorted_rows_read) gets them scattered just before, as in a step.
   void run(Role role, const RoleKernel& k);
-  // CUDA-event median over `reps` launches, L2 flushed before each.
+  // CUDA-event median over `reps` launches, L2 flushed before each; the scatter a config
+  // needs counts in its time.
   Timing time(Role role, const RoleKernel& k, int reps);
 
   // Keeps a copy of the role's current output as the reference for diff().
@@ -66,9 +69,13 @@ class TuningSession {
   cuda::Stream stream_;
   cuda::DeviceBuffer x_, w1_, w2_, ids_, scores_, d_out_, out_, dx_, dw1_, dw2_, ds_;
   cuda::DeviceBuffer saved_, fwd_ws_, bwd_ws_, flush_, snapshot_, sums_;
+  // x and dO in sorted order, apart from the workspaces a step reuses for them (y, dx_rows),
+  // which other roles write here.
+  cuda::DeviceBuffer x_rows_, d_out_rows_;
   ForwardSteps fwd_{};
   BackwardSteps bwd_{};
   const jit::LoadedKernel* utility_ = nullptr;
+  RoleKernel gather_sum_{};
 };
 
 }  // namespace moejit

@@ -52,9 +52,12 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       }
       return out;
     }
-    case RoleKind::kGather:
+    case RoleKind::kGather: {
+      // The sum, then the scatter (src/moe/launch.cpp launches them by this order).
       require(c.warps > 0, spec, "warps");
-      return {fmt::format("{}, {}, {}", element_type(spec.dtype), c.threads(), spec.aligned ? 8 : 1)};
+      const std::string args = fmt::format("{}, {}, {}", element_type(spec.dtype), c.threads(), spec.aligned ? 8 : 1);
+      return {args + ", false", args + ", true"};
+    }
     case RoleKind::kTokenGemm:
     case RoleKind::kExpertGemm: {
       require(c.block_m > 0 && c.block_n > 0 && c.block_k > 0 && c.stages >= 2 && c.warps > 0 && c.group_m > 0, spec,
@@ -66,10 +69,9 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       const char* ws = c.warp_specialized ? "true" : "false";
       std::string args = fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", element_type(spec.dtype), c.block_m,
                                      c.block_n, c.block_k, c.stages, c.warps, wm, c.group_m, wgmma, ws, aligned);
-      const bool tma_role = role_kind(spec.role) == RoleKind::kTokenGemm || spec.role == Role::kBwdDw1;
-      require(!c.use_tma || (c.warp_specialized && spec.aligned && tma_role), spec,
-              "a warp-specialized pipeline in a role with TMA copies, on 16-byte rows");
-      if (tma_role) args += c.use_tma ? ", true" : ", false";
+      require(!c.use_tma || (c.warp_specialized && spec.aligned), spec,
+              "a warp-specialized pipeline on 16-byte rows for its TMA copies");
+      args += c.use_tma ? ", true" : ", false";
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

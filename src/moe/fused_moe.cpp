@@ -79,6 +79,13 @@ struct FusedMoe::Impl {
     const RoleKernel& k = role(r);
     launch_role(r, k.config, shape, *k.kernel, k.geometry, params, stream);
   }
+
+  bool reads_sorted(Role r, SortedRows rows) const { return sorted_rows_read(r, role(r).config) == rows; }
+
+  void scatter(params::GatherSum& params, CUstream stream) const {
+    const RoleKernel& k = role(Role::kGatherSum);
+    launch_scatter_rows(*k.kernel, k.geometry, params, stream);
+  }
 };
 
 FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(std::make_unique<Impl>()) {
@@ -139,6 +146,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   s.run_routing(f.routing, f.dropped_count);
+  if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
   s.launch(Role::kFwdUp, &f.fwd_up, stream);
   s.launch(Role::kFwdDown, &f.fwd_down, stream);
   s.launch(Role::kGatherSum, &f.gather_out, stream);
@@ -155,11 +163,15 @@ void FusedMoe::backward(const BackwardArgs& a) {
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
+  if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) || s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut)) {
+    s.scatter(b.scatter_d_out, stream);
+  }
   if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
   s.launch(Role::kBwdDown, &b.bwd_down, stream);
   if (!b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
   s.launch(Role::kBwdDx, &b.bwd_dx, stream);
   s.launch(Role::kGatherSum, &b.gather_dx, stream);
+  if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);
   s.launch(Role::kBwdDw1, &b.bwd_dw1, stream);
   if (s.problem.mode == Mode::kMemoryEfficient) s.consumed.insert(a.saved);
 }

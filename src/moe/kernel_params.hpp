@@ -43,6 +43,7 @@ struct RoutingView {  // templates/common/moe_tiles.cuh
 
 struct FwdUp {  // templates/fwd_up.cuh
   const void* x;
+  const void* x_rows;
   const void* w1;
   void* act;
   void* pre_act;
@@ -50,6 +51,7 @@ struct FwdUp {  // templates/fwd_up.cuh
   std::int32_t hidden;
   std::int32_t inter;
   TensorMap w1_map;
+  TensorMap x_rows_map;
 };
 
 struct FwdDown {  // templates/fwd_down.cuh
@@ -64,11 +66,11 @@ struct FwdDown {  // templates/fwd_down.cuh
 };
 
 struct GatherSum {  // templates/gather_sum.cuh
-  const void* rows;
+  void* rows;
   const void* scores;
   const std::int32_t* pair_rows;
   const std::int32_t* expert_offsets;
-  void* out;
+  void* tokens;
   const float* ds_acc;
   void* ds_out;
   std::int32_t hidden;
@@ -78,6 +80,7 @@ struct GatherSum {  // templates/gather_sum.cuh
 
 struct BwdDown {  // templates/bwd_down.cuh
   const void* d_out;
+  const void* d_out_rows;
   const void* w2;
   const void* scores;
   const void* pre_act;
@@ -88,10 +91,12 @@ struct BwdDown {  // templates/bwd_down.cuh
   std::int32_t hidden;
   std::int32_t inter;
   TensorMap w2_map;
+  TensorMap d_out_rows_map;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh
   const void* d_out;
+  const void* d_out_rows;
   const void* weighted_act;
   const void* pre_act;
   const void* scores;
@@ -99,6 +104,8 @@ struct BwdDw2 {  // templates/bwd_dw2.cuh
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
+  TensorMap d_out_rows_map;
+  TensorMap weighted_act_map;
 };
 
 struct BwdDx {  // templates/bwd_dx.cuh
@@ -115,11 +122,13 @@ struct BwdDx {  // templates/bwd_dx.cuh
 struct BwdDw1 {  // templates/bwd_dw1.cuh
   const void* d_pre_act;
   const void* x;
+  const void* x_rows;
   void* dw1;
   RoutingView routing;
   std::int32_t hidden;
   std::int32_t inter;
   TensorMap d_pre_act_map;
+  TensorMap x_rows_map;
 };
 
 }  // namespace moejit::params

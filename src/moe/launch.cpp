@@ -11,6 +11,11 @@
 namespace moejit {
 namespace {
 
+// A role's kernel is its module's first function; gather_sum's module has the scatter second
+// (jit/codegen.cpp's instantiation order).
+constexpr int kRoleKernel = 0;
+constexpr int kScatterRowsKernel = 1;
+
 long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
 
 unsigned grid_extent(long long blocks, Role role) {
@@ -51,7 +56,13 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);
   void* args[] = {params};
-  kernel.launch(0, g.grid, g.block, g.smem_bytes, stream, args);
+  kernel.launch(kRoleKernel, g.grid, g.block, g.smem_bytes, stream, args);
+}
+
+void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,
+                         CUstream stream) {
+  void* args[] = {&params};
+  gather_sum.launch(kScatterRowsKernel, g.grid, g.block, g.smem_bytes, stream, args);
 }
 
 }  // namespace moejit

@@ -6,6 +6,7 @@
 
 #include "jit/kernel_cache.hpp"
 #include "jit/role.hpp"
+#include "moe/kernel_params.hpp"
 #include "moe/shape.hpp"
 #include "tuner/tile_config.hpp"
 
@@ -22,9 +23,14 @@ struct LaunchGeometry {
 LaunchGeometry launch_geometry(Role role, const TileConfig& config, const MoeShape& shape, long long max_tiles,
                                bool vector);
 
-// Enqueues the role's single kernel, compiled for `config`, with `params` (a pointer to its
-// parameter struct; a TMA config's tensor maps are encoded into it first).
+// Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
+// struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum.
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
                  const LaunchGeometry& g, void* params, CUstream stream);
+
+// Enqueues the gather_sum module's scatter (templates/gather_sum.cuh) with `params`, on the
+// gather_sum geometry `g`.
+void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,
+                         CUstream stream);
 
 }  // namespace moejit

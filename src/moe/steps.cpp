@@ -5,6 +5,13 @@ namespace {
 
 char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
 
+// gather_sum's scatter of `tokens` [T, H] into `rows` [TK, H] in sorted order (the kernel
+// only reads `tokens`).
+params::GatherSum scatter(const void* tokens, void* rows, const RoutingBuffers& b, const MoeProblem& p) {
+  return {rows, nullptr, b.pair_rows, b.expert_offsets, const_cast<void*>(tokens), nullptr, nullptr,
+          p.hidden, p.topk, p.experts};
+}
+
 params::RoutingView routing_view(const RoutingBuffers& b, const MoeProblem& p, const MemoryLayout& l) {
   return {b.sorted_pairs, b.expert_offsets,    b.expert_tile_offsets, b.tile_expert, b.tile_row_begin,
           p.experts,      p.topk,              static_cast<std::int32_t>(l.routing.max_tiles)};
@@ -25,7 +32,8 @@ ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const Memo
                reinterpret_cast<CUdeviceptr>(routing_base), l.routing.total_bytes,
                reinterpret_cast<CUstream>(a.stream)};
   s.dropped_count = rb.expert_counts + p.experts;
-  s.fwd_up = {a.x, a.w1, act, pre_act, view, h, i};
+  s.scatter_x = scatter(a.x, y, rb, p);
+  s.fwd_up = {a.x, y, a.w1, act, pre_act, view, h, i};
   s.fwd_down = {act, a.w2, y, view, h, i};
   s.gather_out = {y, a.topk_weights, rb.pair_rows, rb.expert_offsets, a.out, nullptr, nullptr, h, p.topk, p.experts};
   return s;
@@ -43,12 +51,14 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   BackwardSteps s{};
   s.ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));
   s.ds_count = static_cast<std::size_t>(p.tokens * p.topk);
-  s.bwd_down = {a.d_out, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, s.ds_acc, view, h, i};
-  s.bwd_dw2 = {a.d_out, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
+  s.scatter_d_out = scatter(a.d_out, dx_rows, rb, p);
+  s.bwd_down = {a.d_out, dx_rows, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, s.ds_acc, view, h, i};
+  s.bwd_dw2 = {a.d_out, dx_rows, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
                  h,       p.topk,  p.experts};
-  s.bwd_dw1 = {d_pre_act, a.x, a.dw1, view, h, i};
+  s.scatter_x = scatter(a.x, dx_rows, rb, p);
+  s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
   s.dw2_first = memeff;
   return s;
 }

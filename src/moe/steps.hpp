@@ -13,6 +13,7 @@ namespace moejit {
 struct ForwardSteps {
   RoutingArgs routing;
   std::int32_t* dropped_count;  // device counter of expert ids outside [0, E)
+  params::GatherSum scatter_x;  // x into y in sorted order, before a fwd_up that reads x_rows
   params::FwdUp fwd_up;
   params::FwdDown fwd_down;
   params::GatherSum gather_out;  // weighted by the router scores
@@ -21,10 +22,14 @@ struct ForwardSteps {
 struct BackwardSteps {
   float* ds_acc;  // zeroed before bwd_down, which accumulates into it
   std::size_t ds_count;
+  // dO into dx_rows in sorted order, before bwd_down and bwd_dw2 (when they read d_out_rows);
+  // bwd_dx overwrites it.
+  params::GatherSum scatter_d_out;
   params::BwdDown bwd_down;
   params::BwdDw2 bwd_dw2;
   params::BwdDx bwd_dx;
   params::GatherSum gather_dx;  // unweighted; also writes d_topk_weights
+  params::GatherSum scatter_x;  // x into dx_rows once gather_dx has read it, for bwd_dw1's x_rows
   params::BwdDw1 bwd_dw1;
   // Memory-efficient mode: bwd_dw2 reads pre_act, which bwd_down then overwrites, so dW2 runs
   // first.

@@ -54,17 +54,23 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
     case Role::kFwdUp:
       // W1 [E, 2I, H] as [E, 2, I, H]; each warpgroup's gate and up halves are one box each.
       return {k_major(4, {h, i, 2, e}, {h * kElem, i * h * kElem, 2 * i * h * kElem},
-                      static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c)};
+                      static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c),
+              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};  // x_rows [TK, H]
     case Role::kFwdDown:
       return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),              // act [TK, I]
               k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};  // W2 [E, H, I]
     case Role::kBwdDown:
-      return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};  // W2 [E, H, I]
+      return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
+              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};      // d_out_rows [TK, H]
+    case Role::kBwdDw2:
+      return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),   // d_out_rows [TK, H]
+              panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c)};  // weighted_act [TK, I]
     case Role::kBwdDx:
       return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),           // d_pre_act [TK, 2I]
               panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // W1 [E, 2I, H]
     case Role::kBwdDw1:
-      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c)};  // d_pre_act [TK, 2I]
+      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),  // d_pre_act [TK, 2I]
+              panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};         // x_rows [TK, H]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
@@ -111,6 +117,7 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
     case Role::kFwdUp: {
       auto& p = *static_cast<params::FwdUp*>(params);
       p.w1_map = encode(s[0], p.w1, shape.dtype);
+      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
       return;
     }
     case Role::kFwdDown: {
@@ -122,6 +129,14 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
     case Role::kBwdDown: {
       auto& p = *static_cast<params::BwdDown*>(params);
       p.w2_map = encode(s[0], p.w2, shape.dtype);
+      p.d_out_rows_map = encode(s[1], p.d_out_rows, shape.dtype);
+      return;
+    }
+    case Role::kBwdDw2: {
+      // The memory-efficient variant recomputes the weighted activation: no buffer to map.
+      auto& p = *static_cast<params::BwdDw2*>(params);
+      p.d_out_rows_map = encode(s[0], p.d_out_rows, shape.dtype);
+      if (p.weighted_act != nullptr) p.weighted_act_map = encode(s[1], p.weighted_act, shape.dtype);
       return;
     }
     case Role::kBwdDx: {
@@ -133,6 +148,7 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
     case Role::kBwdDw1: {
       auto& p = *static_cast<params::BwdDw1*>(params);
       p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
+      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
       return;
     }
     default: break;

@@ -1,4 +1,4 @@
-// TMA tensor maps (templates/common/tma_sm90.cuh) of the token GEMMs and bwd_dw1: how each role
+// TMA tensor maps (templates/common/tma_sm90.cuh) of the GEMM roles: how each role
 // views the tensors it copies with TMA and the box one copy moves at a config (pure), and their
 // encoding through the driver into the role's parameters at launch.
 #pragma once

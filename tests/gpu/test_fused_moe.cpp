@@ -274,6 +274,9 @@ int sweep_configs(const test::Gpu& gpu, const CaseSpec& spec, Keep keep) {
     Options opt;
     opt.config_overrides[role_name(role)] = config.name();
     check_outputs(run_case(data, Mode::kTraining, opt), ref);
+    // The memory-efficient variants (bwd_down without the weighted activation, bwd_dw2
+    // recomputing it) of the same config.
+    if (role == Role::kBwdDown || role == Role::kBwdDw2) check_outputs(run_case(data, Mode::kMemoryEfficient, opt), ref);
     ++runs;
   }
   return runs;

@@ -40,6 +40,13 @@ TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
   CHECK(u.source.size() < 512);
   c.items = 0;
   CHECK_THROWS_AS(generate_unit({Role::kRouting, c, DType::kBF16, "sm_90a"}), InvalidArgument);
+  // gather_sum's module: the sum, then the scatter of token rows into sorted order.
+  TileConfig g;
+  g.warps = 4;
+  u = generate_unit({Role::kGatherSum, g, DType::kBF16, "sm_90a"});
+  REQUIRE(u.name_expressions.size() == 2);
+  CHECK(u.name_expressions[0] == "moejit::gather_sum_kernel<moejit::bf16, 128, 8, false>");
+  CHECK(u.name_expressions[1] == "moejit::gather_sum_kernel<moejit::bf16, 128, 8, true>");
 }
 
 TEST_CASE("every routing config compiles for sm_90a and sm_80", "[codegen][nvrtc]") {
@@ -111,7 +118,10 @@ TEST_CASE("the default config of every role compiles for sm_90a and sm_80, align
         // The same tile on the warp-specialized pipeline with TMA copies, where the role has them.
         TileConfig tma = c;
         tma.warp_specialized = tma.use_tma = true;
-        if (!c.use_tma && !prune_reason(r, tma, shape, device)) specs.push_back({r, tma, DType::kBF16, arch, true, false});
+        if (!c.use_tma && !prune_reason(r, tma, shape, device)) {
+          specs.push_back({r, tma, DType::kBF16, arch, true, false});
+          if (r == Role::kBwdDw2) specs.push_back({r, tma, DType::kBF16, arch, true, true});
+        }
       }
     }
   }

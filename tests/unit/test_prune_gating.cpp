@@ -231,7 +231,7 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
       multistage.warp_specialized = false;
       CHECK(prune_reason(r, multistage, aligned, fab::h200()));
     }
-    CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm || r == Role::kBwdDw1));
+    CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm));
     for (const TileConfig& c : config_space(r, odd)) CHECK_FALSE(c.use_tma);
   }
 }
@@ -251,9 +251,11 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   const std::uint64_t tk = 32768 * 8, h = 2048, i = 768, e = 128;
   // fwd_up: W1 [E, 2I, H] as [E, 2, I, H]; the two warpgroups split M, so each wgmma spans all
   // 128 gate and 128 up rows: boxes of 128 rows. Split along N (64-row tiles), 64-row boxes.
+  // x_rows [TK, H] (x scattered into sorted order) in BLOCK_M-row boxes.
   auto up = tensor_map_specs(Role::kFwdUp, c, s);
-  REQUIRE(up.size() == 1);
+  REQUIRE(up.size() == 2);
   CHECK(up[0] == TensorMapSpec{4, {h, i, 2, e}, {2 * h, 2 * i * h, 4 * i * h}, {64, 128, 1, 1}, 128});
+  CHECK(up[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});
   TileConfig split_n = c;
   split_n.block_m = 64;
   CHECK(tensor_map_specs(Role::kFwdUp, split_n, s)[0].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
@@ -268,16 +270,39 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   REQUIRE(dx.size() == 2);
   CHECK(dx[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {32, 128, 1, 1}, 64});
   CHECK(dx[1] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 32, 1, 1}, 128});
+  // bwd_down: W2 panels; d_out_rows [TK, H] (dO in sorted order) in BLOCK_M-row boxes.
   auto bd = tensor_map_specs(Role::kBwdDown, c, s);
-  REQUIRE(bd.size() == 1);
+  REQUIRE(bd.size() == 2);
   CHECK(bd[0] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 32, 1, 1}, 128});
-  // bwd_dw1: d_pre_act [TK, 2I] as panels of its BLOCK_M columns by BLOCK_K sorted rows.
+  CHECK(bd[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {32, 128, 1, 1}, 64});
+  // The dW roles: both operands as panels of 64 columns by BLOCK_K sorted rows: d_pre_act
+  // [TK, 2I] and x_rows [TK, H]; d_out_rows [TK, H] and weighted_act [TK, I].
   auto dw1 = tensor_map_specs(Role::kBwdDw1, c, s);
-  REQUIRE(dw1.size() == 1);
+  REQUIRE(dw1.size() == 2);
   CHECK(dw1[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 32, 1, 1}, 128});
-  CHECK_THROWS_AS(tensor_map_specs(Role::kBwdDw2, c, s), InternalError);
+  CHECK(dw1[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
+  auto dw2 = tensor_map_specs(Role::kBwdDw2, c, s);
+  REQUIRE(dw2.size() == 2);
+  CHECK(dw2[0] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dw2[1] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK_THROWS_AS(tensor_map_specs(Role::kGatherSum, c, s), InternalError);
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
+}
+
+TEST_CASE("TMA configs of the roles with gathered token rows read them pre-scattered", "[tma]") {
+  TileConfig c;
+  c.use_tma = true;
+  CHECK(sorted_rows_read(Role::kFwdUp, c) == SortedRows::kX);
+  CHECK(sorted_rows_read(Role::kBwdDw1, c) == SortedRows::kX);
+  CHECK(sorted_rows_read(Role::kBwdDown, c) == SortedRows::kDOut);
+  CHECK(sorted_rows_read(Role::kBwdDw2, c) == SortedRows::kDOut);
+  // fwd_down and bwd_dx read rows already in sorted order; gather_sum does the scatter.
+  for (Role r : {Role::kFwdDown, Role::kBwdDx, Role::kGatherSum, Role::kRouting}) {
+    CHECK(sorted_rows_read(r, c) == SortedRows::kNone);
+  }
+  c.use_tma = false;
+  for (Role r : kAllRoles) CHECK(sorted_rows_read(r, c) == SortedRows::kNone);
 }
 
 TEST_CASE("TMA tensor maps stay inside the driver's limits, or the shape takes no TMA", "[tma]") {
@@ -288,7 +313,7 @@ TEST_CASE("TMA tensor maps stay inside the driver's limits, or the shape takes n
                              {1 << 20, 64, 1 << 18, 1 << 19, 8, DType::kBF16}};  // 4 H I = 2^39
   int checked = 0;
   for (const MoeShape& s : shapes) {
-    for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1}) {
+    for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw2, Role::kBwdDw1}) {
       for (const TileConfig& c : config_space(r, s)) {
         if (!c.use_tma || prune_reason(r, c, s, fab::h200())) continue;
         INFO(role_name(r) << " " << c.name() << " H=" << s.hidden << " I=" << s.intermediate);

@@ -75,10 +75,10 @@ TEST_CASE("tuning keys name the kernel variant, not the caller's mode", "[tuner]
   CHECK(key_mode(Role::kBwdDx, Mode::kMemoryEfficient) == "train");
   const db::TuningKey k = tuning_key(Role::kFwdUp, kProblem, cuda::fabricated::h200());
   CHECK(k.id() == "NVIDIA H200|sm_90a|fwd_up|bf16|H2048|I768|E128|K8|bm128|tma1|tpe512|train");
-  // use_tma: whether the shape lets the role copy tiles with TMA (token GEMMs and bwd_dw1,
-  // 16-byte rows).
+  // use_tma: whether the shape lets the role copy tiles with TMA (GEMM roles, 16-byte rows).
   CHECK(tuning_key(Role::kBwdDw1, kProblem, cuda::fabricated::h200()).use_tma);
-  CHECK_FALSE(tuning_key(Role::kBwdDw2, kProblem, cuda::fabricated::h200()).use_tma);
+  CHECK(tuning_key(Role::kBwdDw2, kProblem, cuda::fabricated::h200()).use_tma);
+  CHECK_FALSE(tuning_key(Role::kGatherSum, kProblem, cuda::fabricated::h200()).use_tma);
   MoeProblem odd = kProblem;
   odd.intermediate = 772;
   CHECK_FALSE(tuning_key(Role::kFwdUp, odd, cuda::fabricated::h200()).use_tma);
