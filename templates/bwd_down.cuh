@@ -40,14 +40,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
-  int64 m, n;
-  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.inter, BN), GROUP_M, m, n);
   TokenTile tile;
-  if (!token_tile<BM>(p.routing, m, tile)) return;
+  int n0;
+  if (!token_block<BM, BN, GROUP_M>(p.routing, p.inter, tile, n0)) return;
   if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* d_out = static_cast<const T*>(p.d_out);
-  const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
 
   Mma mma;

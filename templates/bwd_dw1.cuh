@@ -31,11 +31,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
   const int m_total = 2 * p.inter;
-  int32 e;
-  int64 m, n;
-  expert_tile(blockIdx.x, ceil_div(m_total, BM), ceil_div(p.hidden, BN), GROUP_M, e, m, n);
-  const int32 r_begin = p.routing.expert_offsets[e], r_end = p.routing.expert_offsets[e + 1];
-  const int m0 = static_cast<int>(m) * BM, n0 = static_cast<int>(n) * BN;
+  const ExpertBlock blk = expert_block<BM, BN, GROUP_M>(p.routing, m_total, p.hidden);
+  const int32 e = blk.expert, r_begin = blk.r_begin, r_end = blk.r_end;
+  const int m0 = blk.m0, n0 = blk.n0;
   const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
   const T* x = static_cast<const T*>(p.x) + n0;
 

@@ -37,11 +37,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
 
-  int32 e;
-  int64 m, n;
-  expert_tile(blockIdx.x, ceil_div(p.hidden, BM), ceil_div(p.inter, BN), GROUP_M, e, m, n);
-  const int32 r_begin = p.routing.expert_offsets[e], r_end = p.routing.expert_offsets[e + 1];
-  const int m0 = static_cast<int>(m) * BM, n0 = static_cast<int>(n) * BN;
+  const ExpertBlock blk = expert_block<BM, BN, GROUP_M>(p.routing, p.hidden, p.inter);
+  const int32 e = blk.expert, r_begin = blk.r_begin, r_end = blk.r_end;
+  const int m0 = blk.m0, n0 = blk.n0;
   const T* d_out = static_cast<const T*>(p.d_out) + m0;
   const T* wact = static_cast<const T*>(p.weighted_act) + n0;
   const T* pre = static_cast<const T*>(p.pre_act) + n0;

@@ -28,14 +28,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
-  int64 m, n;
-  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
   TokenTile tile;
-  if (!token_tile<BM>(p.routing, m, tile)) return;
+  int n0;
+  if (!token_block<BM, BN, GROUP_M>(p.routing, p.hidden, tile, n0)) return;
 
   const int k_total = 2 * p.inter;
   const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
-  const int n0 = static_cast<int>(n) * BN;
   const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
 
   Mma mma;

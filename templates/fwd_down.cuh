@@ -27,13 +27,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
 
-  int64 m, n;
-  grouped_tile(blockIdx.x, p.routing.max_tiles, ceil_div(p.hidden, BN), GROUP_M, m, n);
   TokenTile tile;
-  if (!token_tile<BM>(p.routing, m, tile)) return;
+  int n0;
+  if (!token_block<BM, BN, GROUP_M>(p.routing, p.hidden, tile, n0)) return;
 
   const T* act = static_cast<const T*>(p.act) + static_cast<int64>(tile.row0) * p.inter;
-  const int n0 = static_cast<int>(n) * BN;
   const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
 
   Mma mma;

@@ -130,12 +130,12 @@ void TuningSession::launch(Role role, const RoleKernel& k) {
     launch_routing(*k.kernel, k.config, fwd_.routing);
     return;
   }
+  // A step scatters x once for fwd_up and once for bwd_dw1, and dO once for bwd_down and bwd_dw2
+  // together: bwd_dw2, whose TMA configs win wherever measured, pays for dO's; bwd_down reads
+  // the rows prime() left.
   const SortedRows sorted = sorted_rows_read(role, k.config);
-  if (sorted != SortedRows::kNone) {
-    if (gather_sum_.kernel == nullptr) throw InternalError("sorted token rows are scattered by the primed gather_sum");
-    const LaunchGeometry gs = launch_geometry(Role::kGatherSum, gather_sum_.config, shape_, layout_.routing.max_tiles, aligned_);
-    launch_scatter_rows(*gather_sum_.kernel, gs, sorted == SortedRows::kX ? fwd_.scatter_x : bwd_.scatter_d_out, s);
-  }
+  if (sorted == SortedRows::kX) scatter(fwd_.scatter_x);
+  if (sorted == SortedRows::kDOut && role == Role::kBwdDw2) scatter(bwd_.scatter_d_out);
   const LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
   switch (role) {
     case Role::kFwdUp: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.fwd_up, s); break;
@@ -157,12 +157,22 @@ void TuningSession::run(Role role, const RoleKernel& k) {
   launch(role, k);
 }
 
+void TuningSession::scatter(params::GatherSum& params) {
+  if (gather_sum_.kernel == nullptr) throw InternalError("token rows are scattered by the primed gather_sum kernel");
+  const LaunchGeometry g = launch_geometry(Role::kGatherSum, gather_sum_.config, shape_, layout_.routing.max_tiles, aligned_);
+  launch_scatter_rows(*gather_sum_.kernel, g, params, stream_.get());
+}
+
 void TuningSession::prime(const std::map<Role, RoleKernel>& kernels) {
   gather_sum_ = kernels.at(Role::kGatherSum);
   for (Role r : {Role::kRouting, Role::kFwdUp, Role::kFwdDown, Role::kGatherSum, Role::kBwdDown, Role::kBwdDw2,
                  Role::kBwdDx, Role::kBwdDw1}) {
     auto it = kernels.find(r);
     if (it != kernels.end()) run(r, it->second);
+    if (r == Role::kRouting) {
+      scatter(fwd_.scatter_x);
+      scatter(bwd_.scatter_d_out);
+    }
   }
   stream_.synchronize();
 }

@@ -31,15 +31,16 @@ class TuningSession {
     TileConfig config;
     const jit::LoadedKernel* kernel = nullptr;
   };
-  // Runs forward and backward once so every role's inputs hold real values; keeps the gather_sum
-  // kernel for the scatters of sorted token rows.
+  // Runs forward and backward once so every role's inputs hold real values, x and dO scattered
+  // into sorted order among them; keeps the gather_sum kernel for the scatters.
   void prime(const std::map<Role, RoleKernel>& kernels);
 
   // Launches one role once (resetting what it accumulates into first). A config that reads
-  // sorted token rows (sorted_rows_read) gets them scattered just before, as in a step.
+  // sorted token rows (sorted_rows_read) gets the scatter a step would spend on it first
+  // (see launch()).
   void run(Role role, const RoleKernel& k);
   // CUDA-event median over `reps` launches, L2 flushed before each; the scatter a config
-  // needs counts in its time.
+  // pays for counts in its time.
   Timing time(Role role, const RoleKernel& k, int reps);
 
   // Keeps a copy of the role's current output as the reference for diff().
@@ -59,6 +60,7 @@ class TuningSession {
 
  private:
   void launch(Role role, const RoleKernel& k);
+  void scatter(params::GatherSum& params);
 
   MoeProblem problem_;
   MoeShape shape_;

@@ -104,13 +104,38 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 
 namespace moejit {
 
-// Expert-major grids (the dW roles): blocks [e * m_tiles * n_tiles, (e+1) * ...) cover expert
-// e's weight-gradient tiles, ordered in groups of `group_m` m tiles.
-__device__ __forceinline__ void expert_tile(int64 pid, int64 m_tiles, int64 n_tiles, int group_m, int32& expert,
-                                            int64& m, int64& n) {
-  const int64 per_expert = m_tiles * n_tiles;
-  expert = static_cast<int32>(pid / per_expert);
-  grouped_tile(pid % per_expert, m_tiles, n_tiles, group_m, m, n);
+// The work of a token GEMM's block: its token tile and output columns [n0, n0 + BN) of
+// n_extent, over a grid of max_tiles x ceil(n_extent / BN) grouped by GROUP_M m tiles. False for
+// blocks past the device-side tile count, which exit at once.
+template <int BM, int BN, int GROUP_M>
+__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0) {
+  int64 m, n;
+  grouped_tile(blockIdx.x, r.max_tiles, ceil_div(n_extent, BN), GROUP_M, m, n);
+  n0 = static_cast<int>(n) * BN;
+  return token_tile<BM>(r, m, tile);
+}
+
+// The work of an expert-major (dW) block: blocks [e * m_tiles * n_tiles, (e+1) * ...) cover
+// expert e's [m_extent, n_extent] gradient, BM x BN tiles grouped by GROUP_M; the K range is
+// the expert's sorted rows.
+struct ExpertBlock {
+  int32 expert;
+  int m0, n0;            // first row and column of the gradient tile
+  int32 r_begin, r_end;  // the expert's sorted rows
+};
+
+template <int BM, int BN, int GROUP_M>
+__device__ __forceinline__ ExpertBlock expert_block(const RoutingView& r, int m_extent, int n_extent) {
+  const int64 m_tiles = ceil_div(m_extent, BM), n_tiles = ceil_div(n_extent, BN), per_expert = m_tiles * n_tiles;
+  ExpertBlock b;
+  b.expert = static_cast<int32>(blockIdx.x / per_expert);
+  int64 m, n;
+  grouped_tile(blockIdx.x % per_expert, m_tiles, n_tiles, GROUP_M, m, n);
+  b.m0 = static_cast<int>(m) * BM;
+  b.n0 = static_cast<int>(n) * BN;
+  b.r_begin = r.expert_offsets[b.expert];
+  b.r_end = r.expert_offsets[b.expert + 1];
+  return b;
 }
 
 }  // namespace moejit
