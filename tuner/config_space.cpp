@@ -68,15 +68,14 @@ bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, 
 }
 
 // Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table
-// (session 4) per role and token-tile height. The warp-specialized TMA pipeline wins fwd_up,
-// fwd_down and bwd_dx; bwd_down, whose A tile is gathered and whose epilogue is the heaviest,
-// stays multistage.
+// (session 5, every tile bulk-copied, gathered rows pre-scattered) per role and token-tile
+// height.
 TileConfig hopper_tma_default(Role role, int bm) {
   const bool tall = bm >= 128;
   switch (role) {
     case Role::kFwdUp: return tall ? warp_specialized(gemm(bm, 128, 64, 4, 8), true) : warp_specialized(gemm(bm, 64, 64, 4, 4), true);
-    case Role::kFwdDown: return warp_specialized(gemm(bm, 128, 64, tall ? 3 : 4, 4), true);
-    case Role::kBwdDown: return hopper(gemm(bm, 128, 32, 4, tall ? 8 : 4));
+    case Role::kFwdDown:
+    case Role::kBwdDown: return tall ? warp_specialized(gemm(bm, 256, 32, 6, 8), true) : warp_specialized(gemm(bm, 128, 64, 4, 4), true);
     default: return tall ? warp_specialized(gemm(bm, 256, 64, 3, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
   }
 }
@@ -200,14 +199,15 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm:
-      // The most frequent dW winners of the tuned H200 table (session 4). When experts get 128
-      // rows or more (long K): bwd_dw1 warp-specialized with TMA, one MMA warpgroup, 128 x 128,
-      // BK 64, 3 stages; bwd_dw2 (or dw1 without TMA) multistage 128 x 256, BK 64, 4 stages.
-      // Shorter K: multistage 128 x 128, BK 32, 4 stages.
+      // The most frequent dW winners of the tuned H200 tables. Where TMA copies (session 5):
+      // warp-specialized, one MMA warpgroup, 128 x 128, BK 32, 6 stages, at every K. Otherwise
+      // (session 4) multistage 128 x 256, BK 64, 4 stages when experts get 128 rows or more,
+      // else 128 x 128, BK 32, 4 stages. The memory-efficient bwd_dw2 (recomputed activation)
+      // wins on mma.sync in the tables; its default stays this one.
       if (device.is_hopper() && d.m >= 128 && d.n >= 128) {
         const bool long_k = token_block_m(shape) >= 128;
-        if (long_k && tma_eligible(role, shape)) {
-          c = warp_specialized(gemm(128, 128, 64, 3, 4), true);
+        if (tma_eligible(role, shape)) {
+          c = warp_specialized(gemm(128, 128, 32, 6, 4), true);
         } else {
           c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
         }
