@@ -1,0 +1,81 @@
+// The launch parameters a step derives from the caller's pointers: where the pre-scattered token
+// rows of TMA configs live, and that each buffer holds what its readers need.
+#include <catch2/catch.hpp>
+
+#include "moe/memory_layout.hpp"
+#include "moe/steps.hpp"
+#include "tuner/role_traits.hpp"
+
+using namespace moejit;
+
+namespace {
+
+// Distinct fake addresses: the steps only do pointer arithmetic on them.
+template <typename T = void>
+T* fake(std::uintptr_t a) {
+  return reinterpret_cast<T*>(a << 32);
+}
+
+char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
+
+}  // namespace
+
+TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA roles read", "[steps]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    MoeProblem p;
+    p.tokens = 4096;
+    p.experts = 64;
+    p.hidden = 2048;
+    p.intermediate = 1408;
+    p.topk = 6;
+    p.mode = mode;
+    const MemoryLayout l = memory_layout(p);
+    const std::size_t rows_bytes = static_cast<std::size_t>(p.tokens) * p.topk * p.hidden * 2;
+
+    ForwardArgs f;
+    f.x = fake(1);
+    f.w1 = fake(2);
+    f.w2 = fake(3);
+    f.topk_weights = fake(4);
+    f.out = fake(5);
+    f.saved = fake(6);
+    f.workspace = fake(7);
+    const ForwardSteps fs = forward_steps(f, p, l, token_block_m(MoeShape{p.tokens, p.experts, p.hidden,
+                                                                        p.intermediate, p.topk, p.dtype}));
+    void* y = at(f.workspace, l.y);
+    CHECK(fs.scatter_x.tokens == f.x);
+    CHECK(fs.scatter_x.rows == y);
+    CHECK(fs.scatter_x.scores == nullptr);
+    CHECK(fs.fwd_up.x_rows == y);
+    CHECK(fs.fwd_up.x == f.x);
+    CHECK(fs.fwd_down.y == y);  // written only after fwd_up has read the rows
+    CHECK(l.forward_bytes - l.y >= rows_bytes);
+
+    BackwardArgs b;
+    b.d_out = fake(8);
+    b.x = f.x;
+    b.w1 = f.w1;
+    b.w2 = f.w2;
+    b.topk_weights = f.topk_weights;
+    b.saved = f.saved;
+    b.dx = fake(9);
+    b.dw1 = fake(10);
+    b.dw2 = fake(11);
+    b.d_topk_weights = fake(12);
+    b.workspace = fake(13);
+    const BackwardSteps bs = backward_steps(b, p, l);
+    void* dx_rows = at(b.workspace, l.dx_rows);
+    CHECK(bs.scatter_d_out.tokens == b.d_out);
+    CHECK(bs.scatter_d_out.rows == dx_rows);
+    CHECK(bs.bwd_down.d_out_rows == dx_rows);
+    CHECK(bs.bwd_dw2.d_out_rows == dx_rows);
+    CHECK(bs.bwd_dx.dx_rows == dx_rows);  // overwrites dO's rows after bwd_down and bwd_dw2
+    CHECK(bs.gather_dx.rows == dx_rows);
+    CHECK(bs.scatter_x.tokens == b.x);
+    CHECK(bs.scatter_x.rows == dx_rows);  // after gather_dx has read bwd_dx's rows
+    CHECK(bs.bwd_dw1.x_rows == dx_rows);
+    CHECK(bs.scatter_x.pair_rows == bs.gather_dx.pair_rows);
+    CHECK(l.backward_bytes - l.dx_rows >= rows_bytes);
+  }
+}
