@@ -93,12 +93,19 @@ TEST_CASE("prune: instructions the arch lacks", "[prune]") {
 }
 
 TEST_CASE("the default config survives pruning for small and large problems", "[prune]") {
-  for (auto s : {shape(1, 1, 1), shape(1, 8, 8), shape(3000, 64, 1), shape(32768, 128, 8), shape(1 << 20, 256, 8),
-                 shape(32768, 4096, 8)}) {
+  std::vector<MoeShape> shapes = {shape(1, 1, 1),       shape(1, 8, 8),         shape(3000, 64, 1),
+                                  shape(32768, 128, 8), shape(1 << 20, 256, 8), shape(32768, 4096, 8)};
+  shapes.push_back({4096, 8, 4096, 14336, 2, DType::kBF16});  // Mixtral-8x7B
+  shapes.push_back({2048, 8, 264, 136, 2, DType::kBF16});     // H, I not multiples of the tile
+  shapes.push_back({512, 8, 97, 47, 2, DType::kFP16});        // rows not 16-byte multiples
+  for (const MoeShape& s : shapes) {
     for (auto dev : {fab::h200(), fab::a100(), fab::rtx5090(), fab::b200()}) {
-      TileConfig c = default_config(Role::kRouting, s, dev);
-      INFO(dev.name << " T=" << s.tokens << " E=" << s.experts << " " << c.name());
-      CHECK_FALSE(prune_reason(Role::kRouting, c, s, dev));
+      for (Role r : kAllRoles) {
+        const TileConfig c = default_config(r, s, dev);
+        INFO(dev.name << " T=" << s.tokens << " E=" << s.experts << " H=" << s.hidden << " " << role_name(r) << " "
+                      << c.name());
+        CHECK_FALSE(prune_reason(r, c, s, dev));
+      }
     }
   }
 }
