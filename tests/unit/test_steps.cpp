@@ -23,13 +23,7 @@ char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + off
 TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA roles read", "[steps]") {
   for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
     INFO(mode_name(mode));
-    MoeProblem p;
-    p.tokens = 4096;
-    p.experts = 64;
-    p.hidden = 2048;
-    p.intermediate = 1408;
-    p.topk = 6;
-    p.mode = mode;
+    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};  // DeepSeek-V2-Lite
     const MemoryLayout l = memory_layout(p);
     const std::size_t rows_bytes = static_cast<std::size_t>(p.tokens) * p.topk * p.hidden * 2;
 
