@@ -1,0 +1,74 @@
+// Launch geometry: the grid each role's kernel decodes (templates/common/moe_tiles.cuh:
+// token_block, expert_block; gather_sum's token x column-block grid), its block and shared memory.
+#include <catch2/catch.hpp>
+
+#include "moe/launch.hpp"
+#include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
+
+using namespace moejit;
+
+namespace {
+
+TileConfig gemm(int bm, int bn, int bk, int stages, int warps, bool ws) {
+  TileConfig c;
+  c.block_m = bm;
+  c.block_n = bn;
+  c.block_k = bk;
+  c.stages = stages;
+  c.warps = warps;
+  c.group_m = 8;
+  c.arch_tag = ArchTag::kHopper;
+  c.warp_specialized = c.use_tma = ws;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("token GEMM grids cover the routing's tile bound times the output column blocks", "[launch]") {
+  const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  const long long max_tiles = 2176;
+  const TileConfig c = gemm(128, 128, 64, 4, 8, true);
+  // N: I for fwd_up (per gate/up half) and bwd_down, H for fwd_down and bwd_dx.
+  CHECK(launch_geometry(Role::kFwdUp, c, s, max_tiles, true).grid.x == max_tiles * 6);
+  CHECK(launch_geometry(Role::kBwdDown, c, s, max_tiles, true).grid.x == max_tiles * 6);
+  CHECK(launch_geometry(Role::kFwdDown, c, s, max_tiles, true).grid.x == max_tiles * 16);
+  const TileConfig wide = gemm(128, 256, 64, 3, 8, true);
+  const LaunchGeometry dx = launch_geometry(Role::kBwdDx, wide, s, max_tiles, true);
+  CHECK(dx.grid.x == max_tiles * 8);
+  CHECK(dx.grid.y == 1);
+  CHECK(dx.block.x == 256 + 128);  // MMA warps plus the producer warpgroup
+  CHECK(dx.smem_bytes == role_smem_bytes(Role::kBwdDx, wide, s));
+  // Partial column blocks round up.
+  const MoeShape odd{2048, 8, 264, 136, 2, DType::kBF16};
+  CHECK(launch_geometry(Role::kFwdUp, c, odd, 40, true).grid.x == 40 * 2);
+  CHECK(launch_geometry(Role::kFwdDown, c, odd, 40, true).grid.x == 40 * 3);
+}
+
+TEST_CASE("dW grids are experts times the gradient's tiles", "[launch]") {
+  const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  const TileConfig c = gemm(128, 128, 32, 6, 4, true);
+  // dW1 [2I, H], dW2 [H, I], whatever the token count.
+  CHECK(launch_geometry(Role::kBwdDw1, c, s, 1, true).grid.x == 128u * 12 * 16);
+  CHECK(launch_geometry(Role::kBwdDw2, c, s, 1, true).grid.x == 128u * 16 * 6);
+  CHECK(launch_geometry(Role::kBwdDw2, c, s, 1, true).block.x == 128 + 128);
+}
+
+TEST_CASE("gather_sum runs one block row per token and enough column blocks for H", "[launch]") {
+  const MoeShape s{1000, 128, 2048, 768, 8, DType::kBF16};
+  TileConfig c;
+  c.warps = 2;
+  const LaunchGeometry vec = launch_geometry(Role::kGatherSum, c, s, 1, true);
+  CHECK(vec.grid.x == 1000);
+  CHECK(vec.grid.y == 4);  // 64 threads x 8 columns
+  CHECK(vec.block.x == 64);
+  CHECK(vec.smem_bytes == 0);
+  CHECK(launch_geometry(Role::kGatherSum, c, s, 1, false).grid.y == 32);  // one column per thread
+}
+
+TEST_CASE("launch geometry refuses roles with their own launcher and grids past 2^31 blocks", "[launch]") {
+  const MoeShape s{1024, 8, 256, 128, 2, DType::kBF16};
+  CHECK_THROWS_AS(launch_geometry(Role::kRouting, TileConfig{}, s, 1, true), InternalError);
+  CHECK_THROWS_AS(launch_geometry(Role::kFwdDown, gemm(64, 64, 32, 4, 4, false), s, 1LL << 31, true),
+                  UnsupportedError);
+}
