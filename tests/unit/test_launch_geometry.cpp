@@ -4,22 +4,17 @@
 
 #include "moe/launch.hpp"
 #include "moejit/error.hpp"
+#include "support/tile_configs.hpp"
 #include "tuner/role_traits.hpp"
 
 using namespace moejit;
 
 namespace {
 
+// Warp-specialized configs copy with TMA here, as in the tuned spaces.
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps, bool ws) {
-  TileConfig c;
-  c.block_m = bm;
-  c.block_n = bn;
-  c.block_k = bk;
-  c.stages = stages;
-  c.warps = warps;
-  c.group_m = 8;
-  c.arch_tag = ArchTag::kHopper;
-  c.warp_specialized = c.use_tma = ws;
+  TileConfig c = test::hopper_gemm(bm, bn, bk, stages, warps, ws);
+  c.use_tma = ws;
   return c;
 }
 

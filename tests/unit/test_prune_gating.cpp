@@ -6,6 +6,7 @@
 #include "moe/routing_layout.hpp"
 #include "moe/tensor_maps.hpp"
 #include "moejit/error.hpp"
+#include "support/tile_configs.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/gating.hpp"
 #include "tuner/prune.hpp"
@@ -187,18 +188,7 @@ TEST_CASE("wgmma warp layout: warpgroups along M, N of 64, 128 or 256 per warpgr
 
 TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-bound wgmma N", "[prune]") {
   const MoeShape large = shape(32768, 128, 8);
-  auto cfg = [](int bm, int bn, int bk, int stages, int warps, bool ws) {
-    TileConfig c;
-    c.block_m = bm;
-    c.block_n = bn;
-    c.block_k = bk;
-    c.stages = stages;
-    c.warps = warps;
-    c.group_m = 8;
-    c.arch_tag = ArchTag::kHopper;
-    c.warp_specialized = ws;
-    return c;
-  };
+  const auto cfg = test::hopper_gemm;
   const TileConfig ms = cfg(128, 128, 32, 6, 4, false), ws = cfg(128, 128, 32, 6, 4, true);
   CHECK(ms.block_threads() == 128);
   CHECK(ws.block_threads() == 256);  // + the producer warpgroup
