@@ -51,7 +51,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   std::vector<jit::KernelSpec> specs = {{Role::kUtility, TileConfig{}, problem.dtype, arch}};
   std::map<Role, TileConfig> defaults;
   for (Role r : roles_of(problem.mode)) {
-    defaults[r] = default_config(r, shape, device);
+    defaults[r] = default_config(r, shape, device, problem.mode);
     specs.push_back(role_kernel_spec(r, defaults[r], problem, arch));
   }
   for (Role r : roles) {

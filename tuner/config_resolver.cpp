@@ -112,7 +112,7 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
     if (res.source == db::Resolved::Source::kNearestBucket && legal(r, res.config)) {
       out[r] = {res.config, res.source_name()};
     } else {
-      out[r] = {default_config(r, shape, device), "heuristic"};
+      out[r] = {default_config(r, shape, device, problem.mode), "heuristic"};
     }
   }
   return out;

@@ -6,6 +6,7 @@
 #include "cuda/device.hpp"
 #include "jit/role.hpp"
 #include "moe/shape.hpp"
+#include "moejit/moejit.hpp"
 #include "tuner/tile_config.hpp"
 
 namespace moejit {
@@ -15,8 +16,10 @@ namespace moejit {
 std::vector<TileConfig> config_space(Role role, const MoeShape& shape);
 
 // A config expected to be good without tuning; it survives pruning for every problem moejit
-// accepts on every sm_80+ device.
-TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo& device);
+// accepts on every sm_80+ device. `mode` picks the role's kernel variant (tuning_keys.hpp,
+// key_mode): the memory-efficient bwd_dw2 recomputes its B operand and prefers other tiles.
+TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceInfo& device,
+                          Mode mode = Mode::kTraining);
 
 // Smallest BLOCK_N (fwd_up: columns of act) and BLOCK_M in a role's space: tiles up to these
 // sizes are never pruned as wider than the problem.

@@ -102,12 +102,29 @@ TEST_CASE("the default config survives pruning for small and large problems", "[
   for (const MoeShape& s : shapes) {
     for (auto dev : {fab::h200(), fab::a100(), fab::rtx5090(), fab::b200()}) {
       for (Role r : kAllRoles) {
-        const TileConfig c = default_config(r, s, dev);
-        INFO(dev.name << " T=" << s.tokens << " E=" << s.experts << " H=" << s.hidden << " " << role_name(r) << " "
-                      << c.name());
-        CHECK_FALSE(prune_reason(r, c, s, dev));
+        for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+          const TileConfig c = default_config(r, s, dev, mode);
+          INFO(dev.name << " T=" << s.tokens << " E=" << s.experts << " H=" << s.hidden << " " << role_name(r) << " "
+                        << mode_name(mode) << " " << c.name());
+          CHECK_FALSE(prune_reason(r, c, s, dev));
+        }
       }
     }
+  }
+}
+
+TEST_CASE("the memory-efficient bwd_dw2 defaults to mma.sync on Hopper past 32 tokens per expert", "[prune]") {
+  // Its B operand is recomputed while filling the stage, which the TMA tiles cannot copy.
+  const MoeShape large = shape(32768, 128, 8), small = shape(512, 128, 8);  // 2048 and 32 pairs per expert
+  const TileConfig eff = default_config(Role::kBwdDw2, large, fab::h200(), Mode::kMemoryEfficient);
+  CHECK(eff.arch_tag == ArchTag::kPortable);
+  CHECK(eff.block_n == 64);
+  CHECK(default_config(Role::kBwdDw2, large, fab::h200(), Mode::kTraining).use_tma);
+  CHECK(default_config(Role::kBwdDw2, small, fab::h200(), Mode::kMemoryEfficient).use_tma);
+  // Only bwd_dw2 has a memory-efficient tile of its own.
+  for (Role r : kAllRoles) {
+    if (r == Role::kBwdDw2) continue;
+    CHECK(default_config(r, large, fab::h200(), Mode::kMemoryEfficient) == default_config(r, large, fab::h200()));
   }
 }
 

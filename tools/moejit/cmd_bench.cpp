@@ -33,12 +33,12 @@ int run_bench(int argc, char** argv, int start) {
     std::map<Role, TuningSession::RoleKernel> heuristic, tuned;
     std::vector<jit::KernelSpec> specs;
     for (const auto& [r, c] : stored) {
-      specs.push_back(role_kernel_spec(r, default_config(r, shape, device), p, device.arch()));
+      specs.push_back(role_kernel_spec(r, default_config(r, shape, device, p.mode), p, device.arch()));
       specs.push_back(role_kernel_spec(r, c.config, p, device.arch()));
     }
     cache.compile_all(specs, env::compile_jobs());
     for (const auto& [r, c] : stored) {
-      const TileConfig d = default_config(r, shape, device);
+      const TileConfig d = default_config(r, shape, device, p.mode);
       heuristic[r] = {d, &cache.load(role_kernel_spec(r, d, p, device.arch()))};
       tuned[r] = {c.config, &cache.load(role_kernel_spec(r, c.config, p, device.arch()))};
     }
