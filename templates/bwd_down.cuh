@@ -7,7 +7,9 @@
 // written, by the same thread, and no other block touches it. TMA (warp-specialized wgmma): both
 // tiles are bulk copies: the A tile from d_out_rows, dO already scattered into sorted order
 // (gather_sum's scatter; rows past the tile's expert feed only rows that are not stored), the
-// W2 tile as 64-column panels of W2 viewed as [E, H, I].
+// W2 tile as 64-column panels of W2 viewed as [E, H, I]; and the epilogue reads the tile's g and
+// u from shared memory, bulk-copied into the freed stages after the main loop (per-thread loads
+// of 4 bytes a row stalled the MMA warps for ~30 % of the role).
 #pragma once
 
 #include "common/gemm.cuh"
@@ -31,6 +33,7 @@ struct BwdDownParams {
   int32 inter;
   TensorMap w2_map;          // TMA: W2 as [E, H, I], boxes 64 x BK x 1
   TensorMap d_out_rows_map;  // TMA: d_out_rows as [TK, H], boxes BK x BM
+  TensorMap pre_act_map;     // TMA: pre_act as [TK, 2I], boxes 64 x BM
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
@@ -47,6 +50,19 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   const T* d_out = static_cast<const T*>(p.d_out);
   const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
+
+  // TMA: the epilogue's g and u tiles, BN / 64 panels each (SmemTile<BM, 64>, 128-byte swizzle)
+  // in the pipeline's memory once the main loop is done; their barrier takes the unused row
+  // offsets' place.
+  using PrePanel = SmemTile<BM, 64>;
+  static_assert(!TMA || 2 * BN * BM <= GemmSmem<Mma, STAGES, BM>::kPipelineBytes / 2, "g and u fit the stages");
+  T* const g_tile = sm.a;
+  T* const u_tile = sm.a + BN * BM;
+  uint64* const pre_bar = reinterpret_cast<uint64*>(sm.rows);
+  if (TMA && threadIdx.x == 0) {
+    mbarrier_init(pre_bar, 1);
+    mbarrier_init_fence();  // the main loop's block barrier publishes it
+  }
 
   Mma mma;
   const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
@@ -69,6 +85,19 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       });
   if (!mma_thread) return;
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      mbarrier_arrive_expect_tx(pre_bar, 2 * BN * BM * 2);
+#pragma unroll
+      for (int panel = 0; panel < BN / 64; ++panel) {
+        tma_load(g_tile + panel * PrePanel::kElems, p.pre_act_map, pre_bar, n0 + 64 * panel, tile.row0);
+        tma_load(u_tile + panel * PrePanel::kElems, p.pre_act_map, pre_bar, p.inter + n0 + 64 * panel, tile.row0);
+      }
+    }
+    mbarrier_wait(pre_bar, 0);
+  }
+  // Tile-local element (r, c) of the g or u tile in shared memory.
+  auto pre_smem = [](const T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
 
   const T* scores = static_cast<const T*>(p.scores);
   const T* pre = static_cast<const T*>(p.pre_act);
@@ -94,7 +123,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         float g[2], u[2], dg[2], du[2], wa[2];
         // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
         const bool pair = ALIGNED || col + 1 < p.inter;
-        if (ALIGNED) {
+        if (TMA) {
+          load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
+          load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
+        } else if (ALIGNED) {
           load_float2(pre + gi, g[0], g[1]);
           load_float2(pre + gi + p.inter, u[0], u[1]);
         } else {

@@ -61,7 +61,8 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
               k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};  // W2 [E, H, I]
     case Role::kBwdDown:
       return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
-              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};      // d_out_rows [TK, H]
+              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),       // d_out_rows [TK, H]
+              {2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, {64, bm, 1, 1}, 128}};  // pre_act [TK, 2I]
     case Role::kBwdDw2:
       return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),   // d_out_rows [TK, H]
               panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c)};  // weighted_act [TK, I]
@@ -130,6 +131,7 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
       auto& p = *static_cast<params::BwdDown*>(params);
       p.w2_map = encode(s[0], p.w2, shape.dtype);
       p.d_out_rows_map = encode(s[1], p.d_out_rows, shape.dtype);
+      p.pre_act_map = encode(s[2], p.pre_act, shape.dtype);
       return;
     }
     case Role::kBwdDw2: {
