@@ -36,8 +36,9 @@ struct BwdDownParams {
   TensorMap pre_act_map;     // TMA: pre_act as [TK, 2I], boxes 64 x BM
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
+  static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
@@ -45,7 +46,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   TokenTile tile;
   int n0;
-  if (!token_block<BM, BN, GROUP_M>(p.routing, p.inter, tile, n0)) return;
+  ClusterPair pair;
+  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.inter, tile, n0, pair)) return;
   if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* d_out = static_cast<const T*>(p.d_out);
@@ -73,7 +75,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             tma_load(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0, tile.row0);
-            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.w2_map, sm.full(stage), n0, k0, tile.expert);
+            using BTile = typename Mma::BTile;
+            pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
+              tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w2_map, sm.full(stage), mask,
+                                 n0 + 64 * panel, k0, tile.expert);
+            });
           }
         } else {
           load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, d_out, k0,
@@ -83,7 +89,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },
               p.inter - n0);
         }
-      });
+      },
+      NothingToFix{}, pair.paired);
   if (!mma_thread) return;
   if constexpr (TMA) {
     if (threadIdx.x == 0) {

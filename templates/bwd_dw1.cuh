@@ -23,8 +23,9 @@ struct BwdDw1Params {
   TensorMap x_rows_map;     // TMA: x_rows as [TK, H], boxes 64 x BK
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
+  static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms

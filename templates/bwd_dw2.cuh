@@ -29,8 +29,9 @@ struct BwdDw2Params {
   TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, bool FUSED_ACT>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool FUSED_ACT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
+  static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   constexpr int kTmaBytes = TMA ? (Mma::ATile::kElems + (FUSED_ACT ? 0 : Mma::BTile::kElems)) * 2 : 0;

@@ -21,8 +21,9 @@ struct BwdDxParams {
   TensorMap w1_map;         // TMA: W1 as [E, 2I, H], boxes 64 x BK x 1
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
+  static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
@@ -30,7 +31,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   TokenTile tile;
   int n0;
-  if (!token_block<BM, BN, GROUP_M>(p.routing, p.hidden, tile, n0)) return;
+  ClusterPair pair;
+  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.hidden, tile, n0, pair)) return;
 
   const int k_total = 2 * p.inter;
   const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
@@ -45,7 +47,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             tma_load(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), k0, tile.row0);
-            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.w1_map, sm.full(stage), n0, k0, tile.expert);
+            using BTile = typename Mma::BTile;
+            pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
+              tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w1_map, sm.full(stage), mask,
+                                 n0 + 64 * panel, k0, tile.expert);
+            });
           }
         } else {
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
@@ -57,7 +63,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
               p.hidden - n0);
         }
-      });
+      },
+      NothingToFix{}, pair.paired);
   if (!mma_thread) return;
 
   T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;

@@ -17,11 +17,12 @@ struct FwdDownParams {
   int32 hidden;
   int32 inter;
   TensorMap act_map;  // TMA: act as [TK, I], boxes BK x BM
-  TensorMap w2_map;   // TMA: W2 as [E, H, I], boxes BK x BN x 1
+  TensorMap w2_map;   // TMA: W2 as [E, H, I], boxes BK x (BN / CLUSTER) x 1
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_down_kernel(const __grid_constant__ FwdDownParams p) {
+  static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, true>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
@@ -29,7 +30,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   TokenTile tile;
   int n0;
-  if (!token_block<BM, BN, GROUP_M>(p.routing, p.hidden, tile, n0)) return;
+  ClusterPair pair;
+  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.hidden, tile, n0, pair)) return;
 
   const T* act = static_cast<const T*>(p.act) + static_cast<int64>(tile.row0) * p.inter;
   const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
@@ -42,7 +44,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             tma_load(sm.a_stage(stage), p.act_map, sm.full(stage), k0, tile.row0);
-            tma_load(sm.b_stage(stage), p.w2_map, sm.full(stage), k0, n0, tile.expert);
+            // W2's tile as CLUSTER boxes of BN / CLUSTER rows.
+            pair.copy_weight_tile<CLUSTER>([&](int part, uint16 mask) {
+              constexpr int kRows = BN / CLUSTER;
+              tma_load_multicast(sm.b_stage(stage) + part * kRows * BK, p.w2_map, sm.full(stage), mask, k0,
+                                 n0 + part * kRows, tile.expert);
+            });
           }
         } else {
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
@@ -54,7 +61,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               [&](int r) -> const T* { return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr; },
               p.inter - k0);
         }
-      });
+      },
+      NothingToFix{}, pair.paired);
   if (!mma_thread) return;
 
   T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;

@@ -30,8 +30,9 @@ struct FwdUpParams {
   TensorMap x_rows_map;  // TMA: x_rows as [TK, H], boxes BK x BM
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
+  static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   TokenTile tile;
   int n0;
-  if (!token_block<BM, BN, GROUP_M>(p.routing, p.inter, tile, n0)) return;
+  ClusterPair pair;
+  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.inter, tile, n0, pair)) return;
   if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
 
   const T* x = static_cast<const T*>(p.x);
@@ -55,12 +57,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             tma_load(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, tile.row0);
-#pragma unroll
-            for (int wn = 0; wn < kBN2 / Mma::kWarpN; ++wn) {
-              T* dst = sm.b_stage(stage) + wn * Mma::kWarpN * BK;
-              tma_load(dst, p.w1_map, sm.full(stage), k0, n0 + wn * kHalf, 0, tile.expert);
-              tma_load(dst + kHalf * BK, p.w1_map, sm.full(stage), k0, n0 + wn * kHalf, 1, tile.expert);
-            }
+            // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) box.
+            pair.copy_weight_tile<2 * kBN2 / Mma::kWarpN>([&](int part, uint16 mask) {
+              const int wn = part / 2, h = part % 2;
+              tma_load_multicast(sm.b_stage(stage) + (wn * Mma::kWarpN + h * kHalf) * BK, p.w1_map, sm.full(stage),
+                                 mask, k0, n0 + wn * kHalf, h, tile.expert);
+            });
           }
         } else {
           load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, x, k0,
@@ -75,7 +77,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               },
               p.hidden - k0);
         }
-      });
+      },
+      NothingToFix{}, pair.paired);
   if (!mma_thread) return;
 
   // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory

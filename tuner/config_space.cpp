@@ -122,6 +122,15 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
               out.push_back(warp_specialized(gemm(bm, bn, bk, stages, warps), tma_eligible(role, shape)));
             }
         }
+        // Cluster pairs of the widest two-warpgroup TMA tiles: neighbouring m tiles of one expert
+        // share the weight tile, each block copying half of it into both.
+        if (bm >= 128 && tma_eligible(role, shape)) {
+          for (auto [bk, stages] : kWarpSpecializedDepths) {
+            TileConfig c = warp_specialized(gemm(bm, 4 * n_min, bk, stages, 8), true);
+            c.cluster = 2;
+            out.push_back(c);
+          }
+        }
       }
       break;
     }

@@ -39,6 +39,10 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
   if (c.use_tma && !tma_eligible(role, shape)) {
     return fmt::format("{} copies no tile with TMA here (H and I multiples of 8)", role_name(role));
   }
+  if (c.cluster != 1 && (c.cluster != 2 || !c.use_tma || role_kind(role) != RoleKind::kTokenGemm)) {
+    return fmt::format("clusters of {}: only pairs, of token GEMM blocks sharing TMA copies of the weight tile",
+                       c.cluster);
+  }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
     return fmt::format("BLOCK_N {} is wider than the padded problem (N = {})", c.block_n, d.n);

@@ -17,7 +17,7 @@ namespace moejit::cuda {
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)              \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
-  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel)                             \
+  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)          \
   X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                \
   X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync)                            \
   X(cuMemsetD8Async) X(cuMemsetD32Async)                                                    \

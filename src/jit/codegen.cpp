@@ -72,6 +72,9 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       require(!c.use_tma || (c.warp_specialized && spec.aligned), spec,
               "a warp-specialized pipeline on 16-byte rows for its TMA copies");
       args += c.use_tma ? ", true" : ", false";
+      require(c.cluster == 1 || (c.cluster == 2 && c.use_tma && role_kind(spec.role) == RoleKind::kTokenGemm), spec,
+              "a token GEMM's TMA copies for a cluster (pairs share the weight tile)");
+      args += fmt::format(", {}", c.cluster);
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

@@ -171,14 +171,38 @@ void KernelCache::forget_compiled() {
 }
 
 void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
-                          void** args) const {
+                          void** args, unsigned cluster) const {
   if (index >= functions.size()) throw InternalError("kernel function index out of range");
   if (static_cast<int>(smem_bytes) > max_dynamic_smem) {
     throw UnsupportedError(fmt::format("{} needs {} bytes of shared memory; the device allows {}",
                                        compiled->key.readable, smem_bytes, max_dynamic_smem));
   }
-  MOEJIT_CU(cuda::driver().cuLaunchKernel(functions[index], grid.x, grid.y, grid.z, block.x, block.y, block.z,
-                                          smem_bytes, stream, args, nullptr));
+  if (cluster <= 1) {
+    MOEJIT_CU(cuda::driver().cuLaunchKernel(functions[index], grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                            smem_bytes, stream, args, nullptr));
+    return;
+  }
+  if (grid.x % cluster != 0) {
+    throw InternalError(fmt::format("{}: a grid of {} blocks is not made of clusters of {}", compiled->key.readable,
+                                    grid.x, cluster));
+  }
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attr.value.clusterDim.x = cluster;
+  attr.value.clusterDim.y = 1;
+  attr.value.clusterDim.z = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid.x;
+  config.gridDimY = grid.y;
+  config.gridDimZ = grid.z;
+  config.blockDimX = block.x;
+  config.blockDimY = block.y;
+  config.blockDimZ = block.z;
+  config.sharedMemBytes = smem_bytes;
+  config.hStream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&config, functions[index], args, nullptr));
 }
 
 }  // namespace moejit::jit

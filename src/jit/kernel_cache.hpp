@@ -38,8 +38,10 @@ struct LoadedKernel {
   std::vector<CUfunction> functions;  // aligned with compiled->name_expressions
   int max_dynamic_smem = 0;           // opt-in bytes set on every function at load
 
-  // Launches functions[index]. Dynamic shared memory beyond max_dynamic_smem throws.
-  void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args) const;
+  // Launches functions[index], in clusters of `cluster` blocks along x when above 1 (grid.x a
+  // multiple of it). Dynamic shared memory beyond max_dynamic_smem throws.
+  void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args,
+              unsigned cluster = 1) const;
 };
 
 class KernelCache {

@@ -35,7 +35,9 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
   const GemmDims d = gemm_dims(role, shape);
   switch (role_kind(role)) {
     case RoleKind::kTokenGemm:
-      g.grid = {grid_extent(max_tiles * cdiv(d.n, c.block_n), role)};
+      // A cluster's padding block has no tile and exits at once (templates/common/moe_tiles.cuh).
+      g.cluster = static_cast<unsigned>(c.cluster);
+      g.grid = {grid_extent(cdiv(max_tiles * cdiv(d.n, c.block_n), c.cluster) * c.cluster, role)};
       break;
     case RoleKind::kExpertGemm:
       g.grid = {grid_extent(static_cast<long long>(shape.experts) * cdiv(d.m, c.block_m) * cdiv(d.n, c.block_n), role)};
@@ -56,7 +58,7 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);
   void* args[] = {params};
-  kernel.launch(kRoleKernel, g.grid, g.block, g.smem_bytes, stream, args);
+  kernel.launch(kRoleKernel, g.grid, g.block, g.smem_bytes, stream, args, g.cluster);
 }
 
 void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,

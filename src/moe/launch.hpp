@@ -16,6 +16,7 @@ struct LaunchGeometry {
   jit::Dim3 grid;
   jit::Dim3 block;
   unsigned smem_bytes = 0;
+  unsigned cluster = 1;  // blocks per cluster along x; grid.x is a multiple of it
 };
 
 // max_tiles: the routing bound on token tiles (token GEMMs' m extent). vector: gather_sum's

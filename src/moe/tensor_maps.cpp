@@ -58,7 +58,7 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};  // x_rows [TK, H]
     case Role::kFwdDown:
       return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),              // act [TK, I]
-              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn, c)};  // W2 [E, H, I]
+              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c)};  // W2 [E, H, I]
     case Role::kBwdDown:
       return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),       // d_out_rows [TK, H]

@@ -72,13 +72,14 @@ struct NothingToFix {
 // (with load_tile / fill_tile over Mma::kLoaders threads, and, warp-specialized only, TMA copies
 // of TMA_BYTES per stage, after which landed(stage, k_tile) runs in the MMA threads; see
 // warp_specialized_main_loop). `barriers` points at 2 * STAGES uint64 of shared memory, used by
-// the warp-specialized loop only. Returns false in threads that hold no accumulators (the
-// producer warpgroup), which must leave the epilogue to the rest.
+// the warp-specialized loop only, as is `paired` (a cluster pair's, ClusterPair). Returns false
+// in threads that hold no accumulators (the producer warpgroup), which must leave the epilogue
+// to the rest.
 template <int STAGES, int TMA_BYTES = 0, typename Mma, typename T, typename Load, typename Landed = NothingToFix>
 __device__ __forceinline__ bool gemm_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers, int k_tiles,
-                                               Load load, Landed landed = {}) {
+                                               Load load, Landed landed = {}, bool paired = false) {
   if constexpr (Mma::kWarpSpecialized) {
-    return warp_specialized_main_loop<STAGES, TMA_BYTES>(mma, sa, sb, barriers, k_tiles, load, landed);
+    return warp_specialized_main_loop<STAGES, TMA_BYTES>(mma, sa, sb, barriers, k_tiles, load, landed, paired);
   } else {
     static_assert(TMA_BYTES == 0, "TMA copies complete on the warp-specialized pipeline's barriers");
     multistage_main_loop<STAGES>(mma, sa, sb, k_tiles, load);

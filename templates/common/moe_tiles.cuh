@@ -4,6 +4,7 @@
 
 #include "common/gemm_sm80.cuh"
 #include "common/tile_order.cuh"
+#include "common/tma_sm90.cuh"
 #include "common/types.cuh"
 
 namespace moejit {
@@ -104,15 +105,41 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 
 namespace moejit {
 
-// The work of a token GEMM's block: its token tile and output columns [n0, n0 + BN) of
+// The work of a token GEMM's block `id`: its token tile and output columns [n0, n0 + BN) of
 // n_extent, over a grid of max_tiles x ceil(n_extent / BN) grouped by GROUP_M m tiles. False for
-// blocks past the device-side tile count, which exit at once.
+// ids past the device-side tile count or past the grid's tiles (a cluster's padding block),
+// which exit at once.
 template <int BM, int BN, int GROUP_M>
-__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0) {
+__device__ __forceinline__ bool token_work(const RoutingView& r, int n_extent, int64 id, TokenTile& tile, int& n0) {
+  const int64 n_tiles = ceil_div(n_extent, BN);
+  if (id >= r.max_tiles * n_tiles) return false;
   int64 m, n;
-  grouped_tile(blockIdx.x, r.max_tiles, ceil_div(n_extent, BN), GROUP_M, m, n);
+  grouped_tile(id, r.max_tiles, n_tiles, GROUP_M, m, n);
   n0 = static_cast<int>(n) * BN;
   return token_tile<BM>(r, m, tile);
+}
+
+template <int BM, int BN, int GROUP_M>
+__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0) {
+  return token_work<BM, BN, GROUP_M>(r, n_extent, blockIdx.x, tile, n0);
+}
+
+// The same in a cluster of CLUSTER blocks along the grid (1 or 2), with the block's pair: blocks
+// 2c and 2c + 1, whose grouped tiles are neighbouring m tiles of the same columns, mostly of one
+// expert.
+template <int BM, int BN, int GROUP_M, int CLUSTER>
+__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0,
+                                            ClusterPair& pair) {
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
+  if (!token_block<BM, BN, GROUP_M>(r, n_extent, tile, n0)) return false;
+  if constexpr (CLUSTER == 2) {
+    TokenTile other;
+    int other_n0;
+    pair.rank = cluster_rank();
+    pair.paired = token_work<BM, BN, GROUP_M>(r, n_extent, blockIdx.x ^ 1u, other, other_n0);
+    pair.shared = pair.paired && other.expert == tile.expert && other_n0 == n0;
+  }
+  return true;
 }
 
 // The work of an expert-major (dW) block: blocks [e * m_tiles * n_tiles, (e+1) * ...) cover

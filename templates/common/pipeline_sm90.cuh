@@ -6,7 +6,9 @@
 //             producer thread, one arrival per producer warp covering synchronous fills, and,
 //             when the role copies tiles with TMA, the first producer thread's arrival that
 //             expects their bytes)
-//   empty[s]  every MMA warp is done reading stage s (its wgmmas completed)
+//   empty[s]  every MMA warp is done reading stage s (its wgmmas completed); in a cluster
+//             pair (ClusterPair::paired) the other block's MMA warps too, since its producer
+//             may copy into this block's stage s
 // so the producer runs up to STAGES k tiles ahead of the tensor cores.
 #pragma once
 
@@ -27,6 +29,13 @@ __device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbar
 
 __device__ __forceinline__ void mbarrier_arrive(uint64* bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Arrives on the barrier at the same offset in CTA `rank` of the cluster.
+__device__ __forceinline__ void mbarrier_arrive_remote(uint64* bar, uint32 rank) {
+  uint32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // Arrives once this thread's earlier cp.asyncs have completed; the arrival is counted in the
@@ -80,11 +89,13 @@ __device__ __forceinline__ bool tma_thread() {
 // issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
 // landed(stage, kt) runs in every MMA thread once stage kt has landed, before its MMAs: where a
 // copy brought more than the tile should hold.
+// `paired` (a ClusterPair's): both blocks of the pair run this loop over the same k tiles, and
+// leave it together, so neither exits while the other may still arrive on its barriers.
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
 // false in the producer threads, which have nothing more to do.
 template <int STAGES, int TMA_BYTES, typename Mma, typename T, typename Load, typename Landed>
 __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
-                                                           int k_tiles, Load load, Landed landed) {
+                                                           int k_tiles, Load load, Landed landed, bool paired) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaWarps = kMmaThreads / 32;
   uint64* full = barriers;
@@ -93,12 +104,17 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
-      mbarrier_init(empty + s, kMmaWarps);
+      mbarrier_init(empty + s, kMmaWarps * (paired ? 2 : 1));
     }
     mbarrier_init_fence();
   }
-  __syncthreads();
+  if (paired) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
   const bool lane0 = (threadIdx.x & 31) == 0;
+  const uint32 peer = cluster_rank() ^ 1;
 
   if (threadIdx.x >= kMmaThreads) {
     setmaxnreg_dec<RegisterSplit<kMmaWarps>::kProducer>();
@@ -112,6 +128,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
       if (lane0) mbarrier_arrive(full + s);
     }
     cp_async_wait<0>();
+    if (paired) cluster_sync();
     return false;
   }
 
@@ -126,10 +143,17 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     fence_proxy_async_shared();
     mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
     // compute() returns with k tile kt - 1's wgmmas complete: its stage may be refilled.
-    if (kt > 0 && lane0) mbarrier_arrive(empty + (kt - 1) % STAGES);
+    if (kt > 0 && lane0) {
+      mbarrier_arrive(empty + (kt - 1) % STAGES);
+      if (paired) mbarrier_arrive_remote(empty + (kt - 1) % STAGES, peer);
+    }
   }
   mma.drain();
-  sync_mma_threads<kMmaThreads>();  // every warpgroup is done with the stages the epilogue reuses
+  if (paired) {
+    cluster_sync();
+  } else {
+    sync_mma_threads<kMmaThreads>();  // every warpgroup is done with the stages the epilogue reuses
+  }
   return true;
 }
 

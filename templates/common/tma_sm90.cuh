@@ -46,6 +46,62 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap& map, uint64
       : "memory");
 }
 
+// The multicast form of the 3-d and 4-d copies (cluster configs): the box lands at `dst` and
+// completes its bytes on `bar`, both at the same offsets, in every CTA of the cluster named in
+// `cta_mask`; 0 copies into this CTA alone.
+__device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap& map, uint64* bar, uint16 cta_mask,
+                                                   int32 c0, int32 c1, int32 c2) {
+  if (cta_mask == 0) return tma_load(dst, map, bar, c0, c1, c2);
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%2, %3, %4}], [%5], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(&map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar)), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap& map, uint64* bar, uint16 cta_mask,
+                                                   int32 c0, int32 c1, int32 c2, int32 c3) {
+  if (cta_mask == 0) return tma_load(dst, map, bar, c0, c1, c2, c3);
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%2, %3, %4, %5}], [%6], %7;\n" ::"r"(smem_u32(dst)),
+      "l"(&map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)), "h"(cta_mask)
+      : "memory");
+}
+
+// A token GEMM block's place in a cluster of CLUSTER blocks (1 or 2) along the grid. The pair
+// is `paired` when both blocks have a tile: their pipelines then wait on each other's consumers
+// (warp_specialized_main_loop), and it is `shared` when the tiles also have the same expert and
+// columns: each block then copies only its part of the weight tile, into both. Both blocks
+// compute the same values.
+struct ClusterPair {
+  bool paired = false;
+  bool shared = false;
+  uint32 rank = 0;  // %cluster_ctarank
+
+  // Issues the PARTS copies of a weight tile, copy(part, cta_mask): all of them alone, or,
+  // shared, the parts of this block's rank (part % 2) into both blocks.
+  template <int PARTS, typename Copy>
+  __device__ __forceinline__ void copy_weight_tile(Copy copy) const {
+#pragma unroll
+    for (int part = 0; part < PARTS; ++part) {
+      if (!shared) copy(part, uint16{0});
+      else if (static_cast<uint32>(part % 2) == rank) copy(part, uint16{0b11});
+    }
+  }
+};
+
+__device__ __forceinline__ uint32 cluster_rank() {
+  uint32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of the cluster's CTAs; orders shared-memory writes and barrier initializations
+// before the other CTA's accesses to them.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows: panel p
 // holds columns col0 + 64p; `outer` are the box's other coordinates (its first row, ...).
 template <typename Tile, typename T, typename... Outer>

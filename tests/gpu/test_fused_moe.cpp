@@ -308,6 +308,22 @@ TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the ti
   CHECK(tma >= 8);
 }
 
+TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: cluster pairs are sm_90 TMA configs");
+    return;
+  }
+  // Pairs across expert boundaries next to experts without tokens; every pair on one expert
+  // (weight tiles shared); few tiles per expert at odd counts, so blocks pair with padding.
+  for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kEvenExpertsOnly, 41},
+                               CaseSpec{700, 4, 256, 128, 1, DType::kBF16, Routing::kOneExpert, 42},
+                               CaseSpec{1000, 3, 136, 264, 1, DType::kBF16, Routing::kRandom, 43}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 16);
+  }
+}
+
 TEST_CASE("inference output equals the training output bit for bit", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   for (const CaseSpec& spec : {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}}) {

@@ -6,6 +6,7 @@
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptxas_info.hpp"
+#include "support/tile_configs.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
@@ -47,6 +48,18 @@ TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
   REQUIRE(u.name_expressions.size() == 2);
   CHECK(u.name_expressions[0] == "moejit::gather_sum_kernel<moejit::bf16, 128, 8, false>");
   CHECK(u.name_expressions[1] == "moejit::gather_sum_kernel<moejit::bf16, 128, 8, true>");
+  // GEMMs: the tile, the pipeline, TMA and the cluster size, the last template arguments.
+  TileConfig pair = test::hopper_gemm(128, 256, 64, 4, 8, true);
+  pair.use_tma = true;
+  pair.cluster = 2;
+  u = generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"});
+  CHECK(u.file_name == "fwd_down.bm128_bn256_bk64_s4_w8_g8_c2_tma_ws.cu");
+  REQUIRE(u.name_expressions.size() == 1);
+  CHECK(u.name_expressions[0] ==
+        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2>");
+  CHECK_THROWS_AS(generate_unit({Role::kBwdDw1, pair, DType::kBF16, "sm_90a"}), InvalidArgument);
+  pair.use_tma = false;
+  CHECK_THROWS_AS(generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"}), InvalidArgument);
 }
 
 TEST_CASE("every routing config compiles for sm_90a and sm_80", "[codegen][nvrtc]") {

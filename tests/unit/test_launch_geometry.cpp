@@ -40,6 +40,19 @@ TEST_CASE("token GEMM grids cover the routing's tile bound times the output colu
   CHECK(launch_geometry(Role::kFwdDown, c, odd, 40, true).grid.x == 40 * 3);
 }
 
+TEST_CASE("cluster pairs launch whole clusters: odd token grids gain one padding block", "[launch]") {
+  const MoeShape s{2048, 8, 264, 136, 2, DType::kBF16};
+  TileConfig c = gemm(128, 256, 64, 4, 8, true);
+  CHECK(launch_geometry(Role::kFwdDown, c, s, 41, true).cluster == 1);
+  c.cluster = 2;
+  const LaunchGeometry odd = launch_geometry(Role::kFwdDown, c, s, 41, true);  // 41 x 2 column blocks
+  CHECK(odd.cluster == 2);
+  CHECK(odd.grid.x == 82);
+  const LaunchGeometry padded = launch_geometry(Role::kBwdDown, c, s, 41, true);  // 41 x 1
+  CHECK(padded.grid.x == 42);
+  CHECK(padded.block.x == 256 + 128);
+}
+
 TEST_CASE("dW grids are experts times the gradient's tiles", "[launch]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   const TileConfig c = gemm(128, 128, 32, 6, 4, true);

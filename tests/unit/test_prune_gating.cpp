@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "cuda/device.hpp"
 #include "moe/routing_layout.hpp"
 #include "moe/tensor_maps.hpp"
@@ -250,6 +252,41 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
   }
 }
 
+TEST_CASE("cluster pairs: the token GEMMs' two-warpgroup TMA tiles, on sm_90 only", "[prune][tma]") {
+  const MoeShape large = shape(32768, 128, 8);
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    const std::vector<TileConfig> space = config_space(r, large);
+    int pairs = 0;
+    for (const TileConfig& c : space) {
+      if (c.cluster == 1) continue;
+      INFO(c.name());
+      ++pairs;
+      CHECK(c.cluster == 2);
+      CHECK(c.warps == 8);
+      CHECK_THAT(c.name(), Catch::EndsWith("_c2_tma_ws"));
+      CHECK_FALSE(prune_reason(r, c, large, fab::h200()));
+      for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
+      TileConfig solo = c;  // the same tile without the pair is in the space too
+      solo.cluster = 1;
+      CHECK(std::count(space.begin(), space.end(), solo) == 1);
+    }
+    CHECK((pairs > 0) == (role_kind(r) == RoleKind::kTokenGemm));
+    // 64-row tiles (64 pairs per expert) have no pairs.
+    for (const TileConfig& c : config_space(r, shape(1024, 128, 8))) CHECK(c.cluster == 1);
+  }
+  TileConfig c = test::hopper_gemm(128, 256, 64, 4, 8, true);
+  c.use_tma = true;
+  c.cluster = 2;
+  CHECK_FALSE(prune_reason(Role::kFwdDown, c, large, fab::h200()));
+  CHECK(prune_reason(Role::kBwdDw1, c, large, fab::h200()));  // dW tiles share no weight tile
+  c.cluster = 4;
+  CHECK(prune_reason(Role::kFwdDown, c, large, fab::h200()));
+  c.cluster = 2;
+  c.use_tma = false;
+  CHECK(prune_reason(Role::kFwdDown, c, large, fab::h200()));
+}
+
 TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config copies", "[tma]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   TileConfig c;
@@ -278,6 +315,10 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   REQUIRE(down.size() == 2);
   CHECK(down[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
   CHECK(down[1] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  // A cluster pair copies W2's tile as two boxes of BLOCK_N / 2 rows, one per block when shared.
+  TileConfig pair = c;
+  pair.cluster = 2;
+  CHECK(tensor_map_specs(Role::kFwdDown, pair, s)[1].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
   // bwd_dx: d_pre_act [TK, 2I]; W1 [E, 2I, H] read MN-major in 64-column panels.
   c.block_k = 32;
   auto dx = tensor_map_specs(Role::kBwdDx, c, s);
