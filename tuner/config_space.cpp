@@ -68,14 +68,14 @@ bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, 
 }
 
 // Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table
-// (session 5, every tile bulk-copied, gathered rows pre-scattered) per role and token-tile
-// height.
+// (session 6: every tile bulk-copied, gathered rows pre-scattered, bwd_down's g and u through
+// shared memory) per role and token-tile height.
 TileConfig hopper_tma_default(Role role, int bm) {
   const bool tall = bm >= 128;
   switch (role) {
     case Role::kFwdUp: return tall ? warp_specialized(gemm(bm, 128, 64, 4, 8), true) : warp_specialized(gemm(bm, 64, 64, 4, 4), true);
-    case Role::kFwdDown:
-    case Role::kBwdDown: return tall ? warp_specialized(gemm(bm, 256, 32, 6, 8), true) : warp_specialized(gemm(bm, 128, 64, 4, 4), true);
+    case Role::kFwdDown: return tall ? warp_specialized(gemm(bm, 256, 32, 6, 8), true) : warp_specialized(gemm(bm, 128, 64, 4, 4), true);
+    case Role::kBwdDown: return tall ? warp_specialized(gemm(bm, 256, 64, 4, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
     default: return tall ? warp_specialized(gemm(bm, 256, 64, 3, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
   }
 }
@@ -208,8 +208,9 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm: {
-      // The most frequent dW winners of the tuned H200 tables. Where TMA copies (session 5):
-      // warp-specialized, one MMA warpgroup, 128 x 128, BK 32, 6 stages, at every K. Otherwise
+      // The most frequent dW winners of the tuned H200 tables. Where TMA copies (session 6):
+      // warp-specialized, one MMA warpgroup, 128 x 128, BK 32, 6 stages; bwd_dw1 with experts of
+      // 128 rows or more BK 64, 3 stages. Otherwise
       // (session 4) multistage 128 x 256, BK 64, 4 stages when experts get 128 rows or more,
       // else 128 x 128, BK 32, 4 stages. The memory-efficient bwd_dw2 (recomputed activation)
       // wins the warp-specialized TMA config only below 32 tokens per expert; with more, where it
@@ -218,7 +219,8 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       if (device.is_hopper() && d.m >= 128 && d.n >= 128 && !(recomputed_b && token_block_m(shape) >= 64)) {
         const bool long_k = token_block_m(shape) >= 128;
         if (tma_eligible(role, shape)) {
-          c = warp_specialized(gemm(128, 128, 32, 6, 4), true);
+          c = role == Role::kBwdDw1 && long_k ? warp_specialized(gemm(128, 128, 64, 3, 4), true)
+                                              : warp_specialized(gemm(128, 128, 32, 6, 4), true);
         } else {
           c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
         }
