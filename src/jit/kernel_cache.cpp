@@ -188,20 +188,17 @@ void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned sme
   }
   CUlaunchAttribute attr{};
   attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim.x = cluster;
-  attr.value.clusterDim.y = 1;
-  attr.value.clusterDim.z = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = grid.x;
-  config.gridDimY = grid.y;
-  config.gridDimZ = grid.z;
-  config.blockDimX = block.x;
-  config.blockDimY = block.y;
-  config.blockDimZ = block.z;
-  config.sharedMemBytes = smem_bytes;
-  config.hStream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  attr.value.clusterDim = {cluster, 1, 1};
+  const CUlaunchConfig config{.gridDimX = grid.x,
+                              .gridDimY = grid.y,
+                              .gridDimZ = grid.z,
+                              .blockDimX = block.x,
+                              .blockDimY = block.y,
+                              .blockDimZ = block.z,
+                              .sharedMemBytes = smem_bytes,
+                              .hStream = stream,
+                              .attrs = &attr,
+                              .numAttrs = 1};
   MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&config, functions[index], args, nullptr));
 }
 
