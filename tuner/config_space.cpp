@@ -210,11 +210,11 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kExpertGemm: {
       // The most frequent dW winners of the tuned H200 tables. Where TMA copies (session 6):
       // warp-specialized, one MMA warpgroup, 128 x 128, BK 32, 6 stages; bwd_dw1 with experts of
-      // 128 rows or more BK 64, 3 stages. Otherwise
-      // (session 4) multistage 128 x 256, BK 64, 4 stages when experts get 128 rows or more,
-      // else 128 x 128, BK 32, 4 stages. The memory-efficient bwd_dw2 (recomputed activation)
-      // wins the warp-specialized TMA config only below 32 tokens per expert; with more, where it
-      // runs ~1.7x faster, mma.sync 128 x 64, BK 64, 3 stages, 8 warps (its most frequent winner).
+      // 128 rows or more BK 64, 3 stages. Otherwise (session 4) multistage 128 x 256, BK 64,
+      // 4 stages when experts get 128 rows or more, else 128 x 128, BK 32, 4 stages. The
+      // memory-efficient bwd_dw2 (recomputed activation) wins the warp-specialized TMA config
+      // only below 32 tokens per expert; with more, where it runs ~1.7x faster, mma.sync
+      // 128 x 64, BK 64, 3 stages, 8 warps (its most frequent winner).
       const bool recomputed_b = role == Role::kBwdDw2 && mode == Mode::kMemoryEfficient;
       if (device.is_hopper() && d.m >= 128 && d.n >= 128 && !(recomputed_b && token_block_m(shape) >= 64)) {
         const bool long_k = token_block_m(shape) >= 128;
