@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a session runs on the GPU machine (build here, carry build/release, run this there).
-#   tools/gpu-round.sh tests            every [gpu] test case in its own process, one line each
+#   tools/gpu-round.sh tests [SECONDS]  every [gpu] test case in its own process, one line each,
+#                                       each stopped after SECONDS (default 500)
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
@@ -17,12 +18,13 @@ out=${OUT:-/tmp}
 case "${1:-}" in
   tests)
     bin=build/release/tests/moejit_gpu_tests
+    limit=${2:-500}
     fails=0
     while read -r name; do
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
       start=$SECONDS
       n=${name//,/\\,}; n=${n//[/\\[}
-      timeout 500 "$bin" "$n" > /tmp/one.log 2>&1
+      timeout "$limit" "$bin" "$n" > /tmp/one.log 2>&1
       rc=$?
       echo "rc=$rc $((SECONDS - start))s $name"
       cat /tmp/one.log >> "$out/gpu-tests.log"

@@ -98,6 +98,9 @@ fused_moe_backward_consuming.register_fake(_backward_fake)
 def _setup_context(ctx, inputs, output):
     x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids = inputs
     ctx.mode, ctx.check_expert_ids = plan_mode, check_expert_ids
+    # The saved state (uint8) has no gradient; materialized, it would be a zeros tensor of its
+    # size per backward (~0.24 ms at T=32768 on the H200).
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, gate_up_proj, down_proj, topk_ids, topk_weights, output[1])
 
 
@@ -106,6 +109,8 @@ def _autograd_backward(ctx, d_out, _d_saved):
         raise StateError("moejit: this forward ran in inference mode (no input required grad), it has no backward",
                          status="state")
     x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
+    if d_out is None:  # out took no part in what is differentiated
+        return None, None, None, None, None, None, None
     op = fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
     dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, ctx.mode,
                           ctx.check_expert_ids)
