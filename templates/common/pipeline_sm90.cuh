@@ -31,11 +31,13 @@ __device__ __forceinline__ void mbarrier_arrive(uint64* bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Arrives on the barrier at the same offset in CTA `rank` of the cluster.
+// Arrives on the barrier at the same offset in CTA `rank` of the cluster. The release is the
+// default CTA-scope one: the stage's reads it publishes are this CTA's own wgmmas, complete by
+// then, and a cluster-scope release once per k tile cost the pairs a quarter of their time.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint64* bar, uint32 rank) {
   uint32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // Arrives once this thread's earlier cp.asyncs have completed; the arrival is counted in the
