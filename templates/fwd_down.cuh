@@ -43,12 +43,15 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.act_map, sm.full(stage), k0, tile.row0);
-            // W2's tile as CLUSTER boxes of BN / CLUSTER rows.
+            for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
+              tma_load(dst, p.act_map, sm.full(stage), k, tile.row0);
+            });
+            // W2's tile as CLUSTER parts of BN / CLUSTER rows.
             pair.copy_weight_tile<CLUSTER>([&](int part, uint16 mask) {
               constexpr int kRows = BN / CLUSTER;
-              tma_load_multicast(sm.b_stage(stage) + part * kRows * BK, p.w2_map, sm.full(stage), mask, k0,
-                                 n0 + part * kRows, tile.expert);
+              for_each_k_box<typename Mma::BTile>(sm.b_stage(stage), part * kRows, k0, [&](T* dst, int32 k) {
+                tma_load_multicast(dst, p.w2_map, sm.full(stage), mask, k, n0 + part * kRows, tile.expert);
+              });
             });
           }
         } else {

@@ -56,12 +56,16 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, tile.row0);
-            // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) box.
+            for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
+              tma_load(dst, p.x_rows_map, sm.full(stage), k, tile.row0);
+            });
+            // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) rows.
             pair.copy_weight_tile<2 * kBN2 / Mma::kWarpN>([&](int part, uint16 mask) {
               const int wn = part / 2, h = part % 2;
-              tma_load_multicast(sm.b_stage(stage) + (wn * Mma::kWarpN + h * kHalf) * BK, p.w1_map, sm.full(stage),
-                                 mask, k0, n0 + wn * kHalf, h, tile.expert);
+              for_each_k_box<typename Mma::BTile>(
+                  sm.b_stage(stage), wn * Mma::kWarpN + h * kHalf, k0, [&](T* dst, int32 k) {
+                    tma_load_multicast(dst, p.w1_map, sm.full(stage), mask, k, n0 + wn * kHalf, h, tile.expert);
+                  });
             });
           }
         } else {

@@ -22,9 +22,11 @@ constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 //     with it; one MMA warpgroup runs two blocks per SM, two run one. Roles whose shape allows
 //     it copy their ungathered tiles (weights, sorted rows) with TMA, which frees the
 //     producer's threads for the gathered rows; the cp.async producer stays for the rest.
+//     BK 128 (two 128-byte swizzle rows per tile row) at three stages, the fewest that keep a
+//     tile loading: 128 x 128 tiles and smaller fit.
 // Pruning drops what exceeds shared memory.
 constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
-constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}};
+constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}, {128, 3}};
 
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
@@ -126,6 +128,7 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
         // share the weight tile, each block copying half of it into both.
         if (bm >= 128 && tma_eligible(role, shape)) {
           for (auto [bk, stages] : kWarpSpecializedDepths) {
+            if (bk > 64) continue;  // three stages of these tiles at BK 128 exceed shared memory
             TileConfig c = warp_specialized(gemm(bm, 4 * n_min, bk, stages, 8), true);
             c.cluster = 2;
             out.push_back(c);

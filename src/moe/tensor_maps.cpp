@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cuda/driver.hpp"
@@ -15,10 +16,12 @@ namespace {
 
 constexpr std::uint64_t kElem = 2;  // bf16 / fp16 bytes
 
-// A K-major tile: boxes of `rows` rows by BLOCK_K elements (64 or 128 bytes per row).
+// A K-major tile: boxes of `rows` rows by BLOCK_K elements (64 or 128 bytes per row), or by 64
+// of them twice at BLOCK_K 128 (templates' for_each_k_box).
 TensorMapSpec k_major(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
                       std::uint32_t rows, const TileConfig& c) {
-  return {rank, dims, strides, {static_cast<std::uint32_t>(c.block_k), rows, 1, 1}, c.block_k * 2};
+  const std::uint32_t cols = static_cast<std::uint32_t>(std::min(c.block_k, 64));
+  return {rank, dims, strides, {cols, rows, 1, 1}, static_cast<int>(cols) * 2};
 }
 
 // An MN-major tile as 64-column panels: boxes of 64 columns (128 bytes) by BLOCK_K rows.

@@ -102,6 +102,15 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// A K-major tile (SmemTile, or KPanelTile at BLOCK_K 128) as boxes of at most 64 columns, one
+// per 128-byte swizzle row: copy(dst, k) copies columns k.. of tile rows [tile_row, ...) to dst.
+template <typename Tile, typename T, typename Copy>
+__device__ __forceinline__ void for_each_k_box(T* tile, int tile_row, int32 k0, Copy copy) {
+  constexpr int kBox = Tile::kCols < 64 ? Tile::kCols : 64;
+#pragma unroll
+  for (int p = 0; p < Tile::kCols / kBox; ++p) copy(tile + (p * Tile::kRows + tile_row) * kBox, k0 + p * kBox);
+}
+
 // An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows: panel p
 // holds columns col0 + 64p; `outer` are the box's other coordinates (its first row, ...).
 template <typename Tile, typename T, typename... Outer>

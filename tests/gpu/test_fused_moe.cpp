@@ -308,6 +308,21 @@ TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the ti
   CHECK(tma >= 8);
 }
 
+TEST_CASE("BLOCK_K 128 configs give the reference's answer, copied by TMA or by cp.async", "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: BLOCK_K 128 configs are sm_90 wgmma configs");
+    return;
+  }
+  // K tails in every role (H = 264 / 260, I = 136 / 132); the second shape's rows are not
+  // 16-byte multiples, so its producers load with cp.async into the same panels.
+  for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 51},
+                               CaseSpec{2048, 8, 260, 132, 2, DType::kBF16, Routing::kRandom, 52}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.block_k == 128; }) >= 12);
+  }
+}
+
 TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   if (!gpu->info.is_hopper()) {

@@ -252,6 +252,29 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
   }
 }
 
+TEST_CASE("BLOCK_K 128: warp-specialized, three stages, where the tiles fit shared memory", "[prune]") {
+  const MoeShape large = shape(32768, 128, 8);
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    int kept = 0;
+    for (const TileConfig& c : config_space(r, large)) {
+      if (c.block_k != 128) continue;
+      INFO(c.name());
+      CHECK(c.warp_specialized);
+      CHECK(c.stages == 3);
+      CHECK(c.cluster == 1);
+      const auto why = prune_reason(r, c, large, fab::h200());
+      if (!why) {
+        ++kept;
+        CHECK(role_smem_bytes(r, c, large) <= fab::h200().smem_optin_per_block);
+      } else if (gemm_accumulators(r, c) <= 128) {
+        CHECK_THAT(*why, Catch::Contains("shared memory"));  // 128 x 256 tiles: 288 KB
+      }
+    }
+    CHECK(kept > 0);
+  }
+}
+
 TEST_CASE("cluster pairs: the token GEMMs' two-warpgroup TMA tiles, on sm_90 only", "[prune][tma]") {
   const MoeShape large = shape(32768, 128, 8);
   for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
@@ -315,6 +338,12 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   REQUIRE(down.size() == 2);
   CHECK(down[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
   CHECK(down[1] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  // BLOCK_K 128: K-major tiles come as two boxes of 64 columns (one 128-byte swizzle row each);
+  // MN-major panels just get 128 rows.
+  TileConfig deep = c;
+  deep.block_k = 128;
+  CHECK(tensor_map_specs(Role::kFwdDown, deep, s)[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
+  CHECK(tensor_map_specs(Role::kBwdDw1, deep, s)[0].box == std::array<std::uint32_t, 4>{64, 128, 1, 1});
   // A cluster pair copies W2's tile as two boxes of BLOCK_N / 2 rows, one per block when shared.
   TileConfig pair = c;
   pair.cluster = 2;
