@@ -5,8 +5,7 @@
 // only output rows that are not stored) and W1 tiles 64-column panels of W1 as [E, 2I, H].
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/token_gemm.cuh"
 
 namespace moejit {
 
@@ -26,52 +25,48 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
+  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
-
-  TokenTile tile;
-  int n0;
-  ClusterPair pair;
-  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.hidden, tile, n0, pair)) return;
-
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM> sm(smem_raw);
   const int k_total = 2 * p.inter;
-  const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
-  const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(k_total, BK),
-      [&](int stage, int kt) {
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, p.hidden, ceil_div(k_total, BK), mma, sm,
+      [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
-              tma_load(dst, p.d_pre_act_map, sm.full(stage), k, tile.row0);
+              tma_load(dst, p.d_pre_act_map, sm.full(stage), k, w.tile.row0);
             });
             using BTile = typename Mma::BTile;
-            pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
+            w.pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
               tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w1_map, sm.full(stage), mask,
-                                 n0 + 64 * panel, k0, tile.expert);
+                                 w.n0 + 64 * panel, k0, w.tile.expert);
             });
           }
         } else {
+          const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(w.tile.row0) * k_total;
+          const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(w.tile.expert) * k_total * p.hidden + w.n0;
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
-              [&](int r) -> const T* { return r < tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
+              [&](int r) -> const T* { return r < w.tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
               k_total - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
-              p.hidden - n0);
+              p.hidden - w.n0);
         }
       },
-      NothingToFix{}, pair.paired);
-  if (!mma_thread) return;
-
-  T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return r < tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
+      [&](const TokenWork& w, T* staging) {
+        T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(w.tile.row0) * p.hidden + w.n0;
+        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
+            StagedTile<T, BM, BN>{staging}, mma,
+            [&](int r) -> T* { return w.store && r < w.tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; },
+            p.hidden - w.n0);
+      });
 }
 
 }  // namespace moejit

@@ -4,8 +4,7 @@
 // expert's end belong to the next expert and feed only output rows that are not stored.
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/token_gemm.cuh"
 
 namespace moejit {
 
@@ -25,52 +24,48 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, true>;
+  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
-
-  TokenTile tile;
-  int n0;
-  ClusterPair pair;
-  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.hidden, tile, n0, pair)) return;
-
-  const T* act = static_cast<const T*>(p.act) + static_cast<int64>(tile.row0) * p.inter;
-  const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(tile.expert) * p.hidden + n0) * p.inter;
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM> sm(smem_raw);
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(p.inter, BK),
-      [&](int stage, int kt) {
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, p.hidden, ceil_div(p.inter, BK), mma, sm,
+      [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
             for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
-              tma_load(dst, p.act_map, sm.full(stage), k, tile.row0);
+              tma_load(dst, p.act_map, sm.full(stage), k, w.tile.row0);
             });
             // W2's tile as CLUSTER parts of BN / CLUSTER rows.
-            pair.copy_weight_tile<CLUSTER>([&](int part, uint16 mask) {
+            w.pair.copy_weight_tile<CLUSTER>([&](int part, uint16 mask) {
               constexpr int kRows = BN / CLUSTER;
               for_each_k_box<typename Mma::BTile>(sm.b_stage(stage), part * kRows, k0, [&](T* dst, int32 k) {
-                tma_load_multicast(dst, p.w2_map, sm.full(stage), mask, k, n0 + part * kRows, tile.expert);
+                tma_load_multicast(dst, p.w2_map, sm.full(stage), mask, k, w.n0 + part * kRows, w.tile.expert);
               });
             });
           }
         } else {
+          const T* act = static_cast<const T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter;
+          const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(w.tile.expert) * p.hidden + w.n0) * p.inter;
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
-              [&](int r) -> const T* { return r < tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
+              [&](int r) -> const T* { return r < w.tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
               p.inter - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
-              [&](int r) -> const T* { return n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr; },
+              [&](int r) -> const T* { return w.n0 + r < p.hidden ? w2 + static_cast<int64>(r) * p.inter + k0 : nullptr; },
               p.inter - k0);
         }
       },
-      NothingToFix{}, pair.paired);
-  if (!mma_thread) return;
-
-  T* y = static_cast<T*>(p.y) + static_cast<int64>(tile.row0) * p.hidden + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return r < tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
+      [&](const TokenWork& w, T* staging) {
+        T* y = static_cast<T*>(p.y) + static_cast<int64>(w.tile.row0) * p.hidden + w.n0;
+        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
+            StagedTile<T, BM, BN>{staging}, mma,
+            [&](int r) -> T* { return w.store && r < w.tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; },
+            p.hidden - w.n0);
+      });
 }
 
 }  // namespace moejit

@@ -98,6 +98,11 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 
 }  // namespace
 
+bool persistent_grid(Role r, const TileConfig& c) {
+  const bool role = r == Role::kFwdUp || r == Role::kFwdDown || r == Role::kBwdDx;
+  return role && c.use_tma && c.warp_specialized && (c.warps == 8 || c.cluster == 2);
+}
+
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {
     case RoleKind::kRouting: {
@@ -110,7 +115,10 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
     case RoleKind::kTokenGemm:
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
       // the barriers (templates/common/gemm.cuh, GemmSmem).
-      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m + pipeline_barrier_bytes(c);
+      // A persistent grid's blocks stage the output tile (BM rows of BLOCK_N + 8 elements) past
+      // the barriers instead of keeping row offsets.
+      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
+             (persistent_grid(r, c) ? 2LL * c.block_m * (c.block_n + 8) : 8LL * c.block_m);
     case RoleKind::kExpertGemm:
       // Pipeline stages, the k rows' token ring (2 * BLOCK_K int32), the barriers.
       return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + 8LL * c.block_k + pipeline_barrier_bytes(c);

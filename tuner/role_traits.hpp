@@ -54,6 +54,11 @@ bool tma_eligible(Role r, const MoeShape& shape);
 enum class SortedRows { kNone, kX, kDOut };
 SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
+// Whether the config runs a persistent grid (templates/common/token_gemm.cuh, kPersistentGrid):
+// the TMA warp-specialized tiles of fwd_up, fwd_down and bwd_dx with two MMA warpgroups, and
+// their cluster pairs. The grid then holds only the blocks the device runs at once.
+bool persistent_grid(Role r, const TileConfig& c);
+
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);
 

@@ -1,5 +1,6 @@
 #include "jit/kernel_cache.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
 
@@ -168,6 +169,40 @@ const LoadedKernel& KernelCache::load(const KernelSpec& spec) {
 void KernelCache::forget_compiled() {
   std::lock_guard<std::mutex> lock(mu_);
   compiled_.clear();
+}
+
+unsigned LoadedKernel::resident_clusters(std::size_t index, Dim3 block, unsigned smem_bytes, unsigned cluster) const {
+  if (index >= functions.size()) throw InternalError("kernel function index out of range");
+  const std::lock_guard<std::mutex> lock(resident_mu_);
+  const auto key = std::make_tuple(index, smem_bytes, cluster);
+  if (const auto it = resident_.find(key); it != resident_.end()) return it->second;
+  const cuda::Driver& d = cuda::driver();
+  int count = 0;
+  if (cluster <= 1) {
+    int per_sm = 0, sms = 0;
+    CUdevice dev = 0;
+    MOEJIT_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, functions[index],
+                                                            static_cast<int>(block.x * block.y * block.z), smem_bytes));
+    MOEJIT_CU(d.cuCtxGetDevice(&dev));
+    MOEJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    count = per_sm * sms;
+  } else {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = {cluster, 1, 1};
+    const CUlaunchConfig config{.gridDimX = cluster,
+                                .gridDimY = 1,
+                                .gridDimZ = 1,
+                                .blockDimX = block.x,
+                                .blockDimY = block.y,
+                                .blockDimZ = block.z,
+                                .sharedMemBytes = smem_bytes,
+                                .hStream = nullptr,
+                                .attrs = &attr,
+                                .numAttrs = 1};
+    MOEJIT_CU(d.cuOccupancyMaxActiveClusters(&count, functions[index], &config));
+  }
+  return resident_[key] = static_cast<unsigned>(std::max(count, 1));
 }
 
 void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,

@@ -17,8 +17,9 @@ using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJ
                                 WarpMma<T, BM, BN, BK, WM, WARPS / WM, A_KMAJOR, B_KMAJOR>>::type;
 
 // A GEMM role's dynamic shared memory, as tuner/role_traits.cpp (role_smem_bytes) sizes it:
-// STAGES A tiles, STAGES B tiles, ROWS int64 row offsets (token GEMMs reserve BM), then the
-// warp-specialized pipeline's 2 * STAGES barriers. The base is 1024-byte aligned (wgmma
+// STAGES A tiles, STAGES B tiles, ROWS int64 row offsets (token GEMMs reserve BM, persistent
+// ones none), then the warp-specialized pipeline's 2 * STAGES barriers, then a persistent
+// loop's output tile (apart()). The base is 1024-byte aligned (wgmma
 // swizzle atoms) and every tile stage is a multiple of 1024 bytes.
 template <typename Mma, int STAGES, int ROWS>
 struct GemmSmem {
@@ -46,6 +47,10 @@ struct GemmSmem {
     static_assert(StagedTile<T, BM, BN>::kBytes <= kPipelineBytes, "the output tile fits the pipeline's shared memory");
     return {a};
   }
+
+  // Where a persistent loop's epilogue stages its output: past the barriers, since the producer
+  // refills the stages meanwhile (role_smem_bytes counts a BM x (BN + 8) tile there).
+  __device__ __forceinline__ T* apart() const { return reinterpret_cast<T*>(barriers + 2 * STAGES); }
 
   // Writes the accumulators as a BM x BN tile (store_accumulators) staged in the pipeline's
   // shared memory; row_dst and cols_valid as there.

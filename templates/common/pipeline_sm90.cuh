@@ -159,4 +159,83 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   return true;
 }
 
+// The persistent form of the loop above (src/moe/launch.cpp sizes the grid to the blocks the
+// device runs at once). Block b (a pair, b = c, in clusters of two) works through items b,
+// b + blocks, ...: schedule(item, work) gives its work of the item (false, in every block of a
+// cluster alike, to skip it). The stage ring and its phases run on across items, so the
+// producer copies the next item's first k tiles while the MMA warps run epilogue(work), which
+// therefore must not use the stages. load(stage, work, kt) as the loop above's load. One warp
+// of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
+// another warp releases it in the other block too, since that block's producer may multicast
+// into this one's stages: both blocks run the same k tiles per item, in step.
+template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
+          typename Load, typename Epilogue>
+__device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
+                                                       int64 items, int k_tiles, Schedule schedule, Load load,
+                                                     Epilogue epilogue) {
+  constexpr int kMmaThreads = Mma::kThreads;
+  constexpr int kMmaGroups = kMmaThreads / 128;
+  uint64* full = barriers;
+  uint64* empty = barriers + STAGES;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
+      mbarrier_init(empty + s, CLUSTER * kMmaGroups);
+    }
+    mbarrier_init_fence();
+  }
+  if constexpr (CLUSTER == 2) cluster_sync();
+  else __syncthreads();
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  const uint32 rank = CLUSTER == 2 ? cluster_rank() : 0;
+  const int64 first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+  uint32 it = 0;  // k tiles through the ring so far: stage it % STAGES, phase (it / STAGES) & 1
+
+  if (threadIdx.x >= kMmaThreads) {
+    setmaxnreg_dec<RegisterSplit<kMmaGroups * 4>::kProducer>();
+    for (int64 item = first; item < items; item += step) {
+      Work w;
+      if (!schedule(item, w)) continue;
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = static_cast<int>(it % STAGES);
+        if (it >= STAGES) mbarrier_wait(empty + s, ((it / STAGES) - 1) & 1);
+        if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
+        load(s, w, kt);
+        mbarrier_arrive_on_cp_async(full + s);
+        __syncwarp();
+        if (lane0) mbarrier_arrive(full + s);
+      }
+    }
+    cp_async_wait<0>();
+    if constexpr (CLUSTER == 2) cluster_sync();
+    return;
+  }
+
+  setmaxnreg_inc<RegisterSplit<kMmaGroups * 4>::kMma>();
+  // Warp 0 of each warpgroup releases a stage here, warp 1 in the other block.
+  const int warp_in_group = static_cast<int>((threadIdx.x & 127) >> 5);
+  const auto release = [&](uint32 j) {
+    if (!lane0) return;
+    if (warp_in_group == 0) mbarrier_arrive(empty + j % STAGES);
+    if (CLUSTER == 2 && warp_in_group == 1) mbarrier_arrive_remote(empty + j % STAGES, rank ^ 1);
+  };
+  for (int64 item = first; item < items; item += step) {
+    Work w;
+    if (!schedule(item, w)) continue;
+    mma.zero();
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = static_cast<int>(it % STAGES);
+      mbarrier_wait(full + s, (it / STAGES) & 1);
+      fence_proxy_async_shared();
+      mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
+      if (kt > 0) release(it - 1);
+    }
+    mma.drain();
+    release(it - 1);
+    epilogue(w);
+  }
+  if constexpr (CLUSTER == 2) cluster_sync();
+}
+
 }  // namespace moejit

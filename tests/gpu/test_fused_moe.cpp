@@ -335,8 +335,9 @@ TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's 
                                CaseSpec{700, 4, 256, 128, 1, DType::kBF16, Routing::kOneExpert, 42},
                                CaseSpec{1000, 3, 136, 264, 1, DType::kBF16, Routing::kRandom, 43}}) {
     INFO(describe(spec));
-    // Four depths per token GEMM; bwd_down's 256 columns are pruned at I = 128.
-    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 12);
+    // fwd_up's four depths and two each of fwd_down and bwd_dx (their persistent blocks' output
+    // tile leaves no room for the deepest two); bwd_down's 256 columns are pruned at I = 128.
+    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 8);
   }
 }
 

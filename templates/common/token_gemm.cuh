@@ -1,0 +1,97 @@
+// How a token GEMM's blocks find their work and run it: one tile per block, or a persistent
+// grid (persistent_main_loop) for the configs that keep one block per SM, where the producer
+// copies the next tile while the epilogue writes the last.
+#pragma once
+
+#include "common/gemm.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+// Persistent: the TMA warp-specialized configs with two MMA warpgroups (one block per SM, so
+// nothing else overlaps their epilogue) and the cluster pairs. Mirrors tuner/role_traits.cpp
+// (persistent_grid).
+template <bool TMA, bool WS, int WARPS, int CLUSTER>
+constexpr bool kPersistentGrid = TMA && WS && (WARPS == 8 || CLUSTER == 2);
+
+// A token GEMM block's work: a tile, its first output column, whether to store it, and its
+// cluster pair.
+struct TokenWork {
+  TokenTile tile;
+  int n0;
+  bool store;
+  ClusterPair pair;
+};
+
+// Item `item` of a persistent grid of CLUSTER-block clusters: tile `item` alone, or, for a pair,
+// tiles 2 * item and 2 * item + 1 to ranks 0 and 1 (neighbouring m tiles of the same columns,
+// mostly of one expert). False when no tile exists. A pair's block whose tile does not exist
+// computes its partner's and stores nothing, so both blocks always run the same k tiles.
+template <int BM, int BN, int GROUP_M, int CLUSTER>
+__device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_extent, int64 item, TokenWork& w) {
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
+  if constexpr (CLUSTER == 1) {
+    w.store = true;
+    return token_work<BM, BN, GROUP_M>(r, n_extent, item, w.tile, w.n0);
+  } else {
+    TokenTile t[2];
+    int n[2];
+    bool ok[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) ok[j] = token_work<BM, BN, GROUP_M>(r, n_extent, 2 * item + j, t[j], n[j]);
+    if (!ok[0] && !ok[1]) return false;
+    const int have = ok[0] ? 0 : 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (!ok[j]) {
+        t[j] = t[have];
+        n[j] = n[have];
+      }
+    }
+    const uint32 rank = cluster_rank();
+    w.tile = t[rank];
+    w.n0 = n[rank];
+    w.store = ok[rank];
+    w.pair.rank = rank;
+    w.pair.paired = true;
+    w.pair.shared = t[0].expert == t[1].expert && n[0] == n[1];
+    return true;
+  }
+}
+
+// A one-tile block's step before its main loop when nothing precedes it.
+struct NoPrologue {
+  __device__ __forceinline__ void operator()(const TokenWork&) const {}
+};
+
+// Runs a token GEMM over output columns [0, n_extent) in k_tiles k tiles: load(stage, work, kt)
+// fills a stage (as gemm_main_loop's load), then epilogue(work, staging) runs in the MMA threads
+// with complete accumulators, `staging` being shared memory for the output tile: the stages
+// (Smem::a) after a one-tile block's main loop, Smem::apart() in a persistent block.
+// prologue(work) runs in every thread of a one-tile block before its main loop.
+template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
+          typename Smem, typename Load, typename Epilogue, typename Prologue = NoPrologue>
+__device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
+                                               const Smem& sm, Load load, Epilogue epilogue,
+                                               Prologue prologue = {}) {
+  using T = typename Mma::Element;
+  if constexpr (PERSISTENT) {
+    const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
+    persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
+        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER), k_tiles,
+        [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
+        load, [&](const TokenWork& w) { epilogue(w, sm.apart()); });
+  } else {
+    static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes, "the output tile fits the pipeline's shared memory");
+    TokenWork w;
+    w.store = true;
+    if (!token_block<BM, BN, GROUP_M, CLUSTER>(r, n_extent, w.tile, w.n0, w.pair)) return;
+    prologue(w);
+    const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
+        mma, sm.a, sm.b, sm.barriers, k_tiles, [&](int stage, int kt) { load(stage, w, kt); }, NothingToFix{},
+        w.pair.paired);
+    if (mma_thread) epilogue(w, static_cast<T*>(sm.a));
+  }
+}
+
+}  // namespace moejit
