@@ -53,6 +53,29 @@ TEST_CASE("cluster pairs launch whole clusters: odd token grids gain one padding
   CHECK(padded.block.x == 256 + 128);
 }
 
+TEST_CASE("persistent grids: the token GEMMs' two-warpgroup TMA tiles and their pairs", "[launch]") {
+  TileConfig two = gemm(128, 256, 64, 3, 8, true);
+  two.use_tma = true;
+  TileConfig one = gemm(128, 128, 64, 3, 4, true);
+  one.use_tma = true;
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDx}) {
+    INFO(role_name(r));
+    CHECK(persistent_grid(r, two));
+    CHECK_FALSE(persistent_grid(r, one));  // two blocks per SM overlap their epilogues already
+    TileConfig pair = two;
+    pair.cluster = 2;
+    CHECK(persistent_grid(r, pair));
+    TileConfig copies = two;
+    copies.use_tma = false;
+    CHECK_FALSE(persistent_grid(r, copies));
+  }
+  // bwd_down's epilogue copies g and u into the stages; the dW roles are expert GEMMs.
+  for (Role r : {Role::kBwdDown, Role::kBwdDw1, Role::kBwdDw2}) CHECK_FALSE(persistent_grid(r, two));
+  // The geometry keeps the whole tile grid; launch_role trims it to the resident blocks.
+  const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  CHECK(launch_geometry(Role::kFwdDown, two, s, 2176, true).grid.x == 2176 * 8);
+}
+
 TEST_CASE("dW grids are experts times the gradient's tiles", "[launch]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   const TileConfig c = gemm(128, 128, 32, 6, 4, true);

@@ -216,6 +216,15 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(role_smem_bytes(Role::kFwdDown, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 128 + 16 * 6);
   // Expert GEMM: stages, the 2 * BLOCK_K int32 token ring, the barriers.
   CHECK(role_smem_bytes(Role::kBwdDw1, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 32 + 16 * 6);
+  // A persistent grid's block: stages, barriers, then its output tile (BM x (BLOCK_N + 8)), no
+  // row offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N.
+  TileConfig wide = cfg(128, 256, 64, 3, 8, true);
+  wide.use_tma = true;
+  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 264);
+  TileConfig up = cfg(128, 128, 64, 4, 8, true);
+  up.use_tma = true;
+  CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 136);
+  CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 231488 B: fits without row offsets
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
   CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
