@@ -59,6 +59,29 @@ int context_device_cc() {
   return major * 10 + minor;
 }
 
+// A launch in clusters of `cluster` blocks along x (the config points at its own attribute).
+struct ClusterLaunch {
+  CUlaunchAttribute attr{};
+  CUlaunchConfig config{};
+
+  ClusterLaunch(Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, unsigned cluster) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = {cluster, 1, 1};
+    config = CUlaunchConfig{.gridDimX = grid.x,
+                            .gridDimY = grid.y,
+                            .gridDimZ = grid.z,
+                            .blockDimX = block.x,
+                            .blockDimY = block.y,
+                            .blockDimZ = block.z,
+                            .sharedMemBytes = smem_bytes,
+                            .hStream = stream,
+                            .attrs = &attr,
+                            .numAttrs = 1};
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace
 
 KernelCache& KernelCache::instance() {
@@ -187,20 +210,8 @@ unsigned LoadedKernel::resident_clusters(std::size_t index, Dim3 block, unsigned
     MOEJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     count = per_sm * sms;
   } else {
-    CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = {cluster, 1, 1};
-    const CUlaunchConfig config{.gridDimX = cluster,
-                                .gridDimY = 1,
-                                .gridDimZ = 1,
-                                .blockDimX = block.x,
-                                .blockDimY = block.y,
-                                .blockDimZ = block.z,
-                                .sharedMemBytes = smem_bytes,
-                                .hStream = nullptr,
-                                .attrs = &attr,
-                                .numAttrs = 1};
-    MOEJIT_CU(d.cuOccupancyMaxActiveClusters(&count, functions[index], &config));
+    ClusterLaunch launch(Dim3{cluster, 1, 1}, block, smem_bytes, nullptr, cluster);
+    MOEJIT_CU(d.cuOccupancyMaxActiveClusters(&count, functions[index], &launch.config));
   }
   return resident_[key] = static_cast<unsigned>(std::max(count, 1));
 }
@@ -221,20 +232,8 @@ void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned sme
     throw InternalError(fmt::format("{}: a grid of {} blocks is not made of clusters of {}", compiled->key.readable,
                                     grid.x, cluster));
   }
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim = {cluster, 1, 1};
-  const CUlaunchConfig config{.gridDimX = grid.x,
-                              .gridDimY = grid.y,
-                              .gridDimZ = grid.z,
-                              .blockDimX = block.x,
-                              .blockDimY = block.y,
-                              .blockDimZ = block.z,
-                              .sharedMemBytes = smem_bytes,
-                              .hStream = stream,
-                              .attrs = &attr,
-                              .numAttrs = 1};
-  MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&config, functions[index], args, nullptr));
+  ClusterLaunch launch(grid, block, smem_bytes, stream, cluster);
+  MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&launch.config, functions[index], args, nullptr));
 }
 
 }  // namespace moejit::jit

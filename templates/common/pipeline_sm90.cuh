@@ -86,6 +86,19 @@ __device__ __forceinline__ bool tma_thread() {
   return threadIdx.x == MMA_THREADS;
 }
 
+// Thread 0 initializes the stages' barriers: `full` waits for the producer's arrivals (see
+// above), `empty` for `releases` arrivals. The caller publishes them (block or cluster barrier).
+template <int STAGES, int TMA_BYTES>
+__device__ __forceinline__ void init_stage_barriers(uint64* full, uint64* empty, uint32 releases) {
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
+    mbarrier_init(empty + s, releases);
+  }
+  mbarrier_init_fence();
+}
+
 // Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them), the
 // `full` ones first. TMA_BYTES: what the TMA copies of one stage bring, which load(stage, kt)
 // issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
@@ -102,14 +115,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   constexpr int kMmaWarps = kMmaThreads / 32;
   uint64* full = barriers;
   uint64* empty = barriers + STAGES;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
-      mbarrier_init(empty + s, kMmaWarps * (paired ? 2 : 1));
-    }
-    mbarrier_init_fence();
-  }
+  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, kMmaWarps * (paired ? 2 : 1));
   if (paired) {
     cluster_sync();
   } else {
@@ -172,19 +178,12 @@ template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, t
           typename Load, typename Epilogue>
 __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
                                                        int64 items, int k_tiles, Schedule schedule, Load load,
-                                                     Epilogue epilogue) {
+                                                       Epilogue epilogue) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaGroups = kMmaThreads / 128;
   uint64* full = barriers;
   uint64* empty = barriers + STAGES;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
-      mbarrier_init(empty + s, CLUSTER * kMmaGroups);
-    }
-    mbarrier_init_fence();
-  }
+  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, CLUSTER * kMmaGroups);
   if constexpr (CLUSTER == 2) cluster_sync();
   else __syncthreads();
   const bool lane0 = (threadIdx.x & 31) == 0;
