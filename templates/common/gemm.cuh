@@ -19,9 +19,8 @@ using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJ
 // A GEMM role's dynamic shared memory, as tuner/role_traits.cpp (role_smem_bytes) sizes it:
 // STAGES A tiles, STAGES B tiles, ROWS int64 row offsets (token GEMMs reserve BM, persistent
 // ones none), then the warp-specialized pipeline's 2 * STAGES barriers, then a persistent
-// loop's output tile (apart()). The base is 1024-byte aligned (wgmma swizzle atoms) and every
-// tile stage is a multiple of 1024 bytes. One-tile blocks stage their output tile in the
-// stages once the main loop is done (run_token_gemm, run_expert_gemm).
+// loop's output tile (apart()). The base is 1024-byte aligned (wgmma
+// swizzle atoms) and every tile stage is a multiple of 1024 bytes.
 template <typename Mma, int STAGES, int ROWS>
 struct GemmSmem {
   using T = typename Mma::Element;
@@ -42,9 +41,23 @@ struct GemmSmem {
   // The barrier a stage's TMA copies complete on (warp-specialized pipeline).
   __device__ __forceinline__ uint64* full(int stage) const { return barriers + stage; }
 
+  // The epilogue's output tile, staged where the pipeline's stages were.
+  template <int BM, int BN>
+  __device__ __forceinline__ StagedTile<T, BM, BN> staged() const {
+    static_assert(StagedTile<T, BM, BN>::kBytes <= kPipelineBytes, "the output tile fits the pipeline's shared memory");
+    return {a};
+  }
+
   // Where a persistent loop's epilogue stages its output: past the barriers, since the producer
   // refills the stages meanwhile (role_smem_bytes counts a BM x (BN + 8) tile there).
   __device__ __forceinline__ T* apart() const { return reinterpret_cast<T*>(barriers + 2 * STAGES); }
+
+  // Writes the accumulators as a BM x BN tile (store_accumulators) staged in the pipeline's
+  // shared memory; row_dst and cols_valid as there.
+  template <int BM, int BN, bool ALIGNED, typename RowDst>
+  __device__ __forceinline__ void store(const Mma& mma, RowDst row_dst, int cols_valid) const {
+    store_accumulators<T, BM, BN, Mma::kThreads, ALIGNED>(staged<BM, BN>(), mma, row_dst, cols_valid);
+  }
 };
 
 // A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
