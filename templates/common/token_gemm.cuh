@@ -82,7 +82,8 @@ __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_exten
         [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
         load, [&](const TokenWork& w) { epilogue(w, sm.apart()); });
   } else {
-    static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes, "the output tile fits the pipeline's shared memory");
+    static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes,
+                  "the output tile fits the pipeline's shared memory");
     TokenWork w;
     w.store = true;
     if (!token_block<BM, BN, GROUP_M, CLUSTER>(r, n_extent, w.tile, w.n0, w.pair)) return;
