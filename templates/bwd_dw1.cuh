@@ -6,8 +6,7 @@
 // or never written) are zeroed before the MMAs read them.
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/expert_gemm.cuh"
 
 namespace moejit {
 
@@ -28,50 +27,54 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
+  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
-
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const int m_total = 2 * p.inter;
-  const ExpertBlock blk = expert_block<BM, BN, GROUP_M>(p.routing, m_total, p.hidden);
-  const int32 e = blk.expert, r_begin = blk.r_begin, r_end = blk.r_end;
-  const int m0 = blk.m0, n0 = blk.n0;
-  const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
-  const T* x = static_cast<const T*>(p.x) + n0;
 
-  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
+  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
-      [&](int stage, int kt) {
-        const int32 k0 = r_begin + kt * BK;
+  run_expert_gemm<BM, BN, BK, GROUP_M, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, m_total, p.hidden, mma, sm,
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 k0 = blk.r_begin + kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), m0, k0);
-            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), n0, k0);
+            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), blk.m0, k0);
+            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), blk.n0, k0);
           }
         } else {
+          const T* dpre = static_cast<const T*>(p.d_pre_act) + blk.m0;
           tokens.begin(kt);
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
-              [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
-              m_total - m0);
-          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - n0);
+              [&](int r) -> const T* {
+                return k0 + r < blk.r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr;
+              },
+              m_total - blk.m0);
+          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), static_cast<const T*>(p.x) + blk.n0,
+                                                                   p.hidden, p.hidden - blk.n0);
           tokens.end(kt);
         }
       },
-      [&](int stage, int kt) {
-        const int32 rows = r_end - (r_begin + kt * BK);
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 rows = blk.r_end - (blk.r_begin + kt * BK);
         if (TMA && rows < BK) {
           zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
           zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
         }
+      },
+      [&](const ExpertBlock& blk, T* staging) {
+        T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(blk.expert) * m_total + blk.m0) * p.hidden + blk.n0;
+        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
+            StagedTile<T, BM, BN>{staging}, mma,
+            [&](int r) -> T* { return blk.m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; },
+            p.hidden - blk.n0);
+      },
+      [&](const ExpertBlock& blk) {
+        tokens.r_begin = blk.r_begin;
+        tokens.r_end = blk.r_end;
       });
-  if (!mma_thread) return;
-
-  T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; },
-      p.hidden - n0);
 }
 
 }  // namespace moejit

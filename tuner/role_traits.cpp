@@ -99,7 +99,7 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 }  // namespace
 
 bool persistent_grid(Role r, const TileConfig& c) {
-  const bool role = r == Role::kFwdUp || r == Role::kFwdDown || r == Role::kBwdDx;
+  const bool role = r == Role::kFwdUp || r == Role::kFwdDown || r == Role::kBwdDx || role_kind(r) == RoleKind::kExpertGemm;
   return role && c.use_tma && c.warp_specialized && (c.warps == 8 || c.cluster == 2);
 }
 
@@ -120,8 +120,10 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
              (persistent_grid(r, c) ? 2LL * c.block_m * (c.block_n + 8) : 8LL * c.block_m);
     case RoleKind::kExpertGemm:
-      // Pipeline stages, the k rows' token ring (2 * BLOCK_K int32), the barriers.
-      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + 8LL * c.block_k + pipeline_barrier_bytes(c);
+      // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
+      // persistent grid's output tile instead (it copies with TMA, needing no ring).
+      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c) +
+             (persistent_grid(r, c) ? 2LL * c.block_m * (c.block_n + 8) : 8LL * c.block_k);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

@@ -54,9 +54,10 @@ bool tma_eligible(Role r, const MoeShape& shape);
 enum class SortedRows { kNone, kX, kDOut };
 SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
-// Whether the config runs a persistent grid (templates/common/token_gemm.cuh, kPersistentGrid):
-// the TMA warp-specialized tiles of fwd_up, fwd_down and bwd_dx with two MMA warpgroups, and
-// their cluster pairs. The grid then holds only the blocks the device runs at once.
+// Whether the config runs a persistent grid (templates/common/gemm.cuh, kPersistentGrid): the
+// TMA warp-specialized tiles with two MMA warpgroups, and the cluster pairs, of fwd_up, fwd_down,
+// bwd_dx and the dW roles (bwd_down's epilogue reuses the stages). The grid then holds only the
+// blocks the device runs at once.
 bool persistent_grid(Role r, const TileConfig& c);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.

@@ -68,6 +68,19 @@ struct GemmLaunch {
   static constexpr int kMinBlocks = WS ? RegisterSplit<WS ? WARPS : 4>::kBlocksPerSm : 1;
 };
 
+// Whether a role's blocks run a persistent grid (persistent_main_loop through run_token_gemm or
+// run_expert_gemm): the TMA warp-specialized configs with two MMA warpgroups (one block per SM,
+// so nothing else overlaps their epilogue) and the cluster pairs. Mirrors tuner/role_traits.cpp
+// (persistent_grid), which also names the roles that use it.
+template <bool TMA, bool WS, int WARPS, int CLUSTER>
+constexpr bool kPersistentGrid = TMA && WS && (WARPS == 8 || CLUSTER == 2);
+
+// A one-tile block's step before its main loop when nothing precedes it.
+struct NoPrologue {
+  template <typename Work>
+  __device__ __forceinline__ void operator()(const Work&) const {}
+};
+
 // A main loop's `landed` step when nothing needs fixing after a stage's copies.
 struct NothingToFix {
   __device__ __forceinline__ void operator()(int, int) const {}

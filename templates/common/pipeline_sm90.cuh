@@ -168,17 +168,18 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // The persistent form of the loop above (src/moe/launch.cpp sizes the grid to the blocks the
 // device runs at once). Block b (a pair, b = c, in clusters of two) works through items b,
 // b + blocks, ...: schedule(item, work) gives its work of the item (false, in every block of a
-// cluster alike, to skip it). The stage ring and its phases run on across items, so the
-// producer copies the next item's first k tiles while the MMA warps run epilogue(work), which
-// therefore must not use the stages. load(stage, work, kt) as the loop above's load. One warp
+// cluster alike, to skip it), k_tiles(work) its k tiles (0: the epilogue gets zeros). The stage
+// ring and its phases run on across items, so the producer copies the next item's first k tiles
+// while the MMA warps run epilogue(work), which therefore must not use the stages.
+// load(stage, work, kt) and landed(stage, work, kt) as the loop above's load and landed. One warp
 // of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
 template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
-          typename Load, typename Epilogue>
+          typename KTiles, typename Load, typename Landed, typename Epilogue>
 __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
-                                                       int64 items, int k_tiles, Schedule schedule, Load load,
-                                                       Epilogue epilogue) {
+                                                       int64 items, Schedule schedule, KTiles k_tiles, Load load,
+                                                       Landed landed, Epilogue epilogue) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaGroups = kMmaThreads / 128;
   uint64* full = barriers;
@@ -196,7 +197,8 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     for (int64 item = first; item < items; item += step) {
       Work w;
       if (!schedule(item, w)) continue;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int kts = k_tiles(w);
+      for (int kt = 0; kt < kts; ++kt, ++it) {
         const int s = static_cast<int>(it % STAGES);
         if (it >= STAGES) mbarrier_wait(empty + s, ((it / STAGES) - 1) & 1);
         if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
@@ -222,16 +224,18 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
   for (int64 item = first; item < items; item += step) {
     Work w;
     if (!schedule(item, w)) continue;
+    const int kts = k_tiles(w);
     mma.zero();
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+    for (int kt = 0; kt < kts; ++kt, ++it) {
       const int s = static_cast<int>(it % STAGES);
       mbarrier_wait(full + s, (it / STAGES) & 1);
+      landed(s, w, kt);
       fence_proxy_async_shared();
       mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
       if (kt > 0) release(it - 1);
     }
     mma.drain();
-    release(it - 1);
+    if (kts > 0) release(it - 1);
     epilogue(w);
   }
   if constexpr (CLUSTER == 2) cluster_sync();

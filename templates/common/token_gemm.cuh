@@ -8,12 +8,6 @@
 
 namespace moejit {
 
-// Persistent: the TMA warp-specialized configs with two MMA warpgroups (one block per SM, so
-// nothing else overlaps their epilogue) and the cluster pairs. Mirrors tuner/role_traits.cpp
-// (persistent_grid).
-template <bool TMA, bool WS, int WARPS, int CLUSTER>
-constexpr bool kPersistentGrid = TMA && WS && (WARPS == 8 || CLUSTER == 2);
-
 // A token GEMM block's work: a tile, its first output column, whether to store it, and its
 // cluster pair.
 struct TokenWork {
@@ -59,11 +53,6 @@ __device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_exte
   }
 }
 
-// A one-tile block's step before its main loop when nothing precedes it.
-struct NoPrologue {
-  __device__ __forceinline__ void operator()(const TokenWork&) const {}
-};
-
 // Runs a token GEMM over output columns [0, n_extent) in k_tiles k tiles: load(stage, work, kt)
 // fills a stage (as gemm_main_loop's load), then epilogue(work, staging) runs in the MMA threads
 // with complete accumulators, `staging` being shared memory for the output tile: the stages
@@ -78,9 +67,10 @@ __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_exten
   if constexpr (PERSISTENT) {
     const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
-        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER), k_tiles,
+        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER),
         [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
-        load, [&](const TokenWork& w) { epilogue(w, sm.apart()); });
+        [&](const TokenWork&) { return k_tiles; }, load, [](int, const TokenWork&, int) {},
+        [&](const TokenWork& w) { epilogue(w, sm.apart()); });
   } else {
     static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes,
                   "the output tile fits the pipeline's shared memory");

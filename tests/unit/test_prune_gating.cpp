@@ -225,6 +225,7 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   up.use_tma = true;
   CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 136);
   CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 231488 B: fits without row offsets
+  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 264);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
   CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
