@@ -41,23 +41,9 @@ struct GemmSmem {
   // The barrier a stage's TMA copies complete on (warp-specialized pipeline).
   __device__ __forceinline__ uint64* full(int stage) const { return barriers + stage; }
 
-  // The epilogue's output tile, staged where the pipeline's stages were.
-  template <int BM, int BN>
-  __device__ __forceinline__ StagedTile<T, BM, BN> staged() const {
-    static_assert(StagedTile<T, BM, BN>::kBytes <= kPipelineBytes, "the output tile fits the pipeline's shared memory");
-    return {a};
-  }
-
   // Where a persistent loop's epilogue stages its output: past the barriers, since the producer
   // refills the stages meanwhile (role_smem_bytes counts a BM x (BN + 8) tile there).
   __device__ __forceinline__ T* apart() const { return reinterpret_cast<T*>(barriers + 2 * STAGES); }
-
-  // Writes the accumulators as a BM x BN tile (store_accumulators) staged in the pipeline's
-  // shared memory; row_dst and cols_valid as there.
-  template <int BM, int BN, bool ALIGNED, typename RowDst>
-  __device__ __forceinline__ void store(const Mma& mma, RowDst row_dst, int cols_valid) const {
-    store_accumulators<T, BM, BN, Mma::kThreads, ALIGNED>(staged<BM, BN>(), mma, row_dst, cols_valid);
-  }
 };
 
 // A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
