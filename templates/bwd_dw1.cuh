@@ -20,6 +20,7 @@ struct BwdDw1Params {
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes 64 x BK
   TensorMap x_rows_map;     // TMA: x_rows as [TK, H], boxes 64 x BK
+  TensorMap dw1_map;        // TMA: dW1 as [E, 2I, H], boxes 64 x BM x 1 (persistent grids' stores)
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
@@ -28,8 +29,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BK, kPersistent ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const int m_total = 2 * p.inter;
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
@@ -64,12 +67,25 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
         }
       },
-      [&](const ExpertBlock& blk, T* staging) {
+      [&](const ExpertBlock& blk, const Staging& staged) {
         T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(blk.expert) * m_total + blk.m0) * p.hidden + blk.n0;
-        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-            StagedTile<T, BM, BN>{staging}, mma,
-            [&](int r) -> T* { return blk.m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; },
-            p.hidden - blk.n0);
+        const auto row_dst = [&](int r) -> T* {
+          return blk.m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr;
+        };
+        if constexpr (kPersistent) {
+          // dW1 as [E, 2I, H]: a box stops at its expert's last row.
+          store_accumulators_async<kThreads, ALIGNED>(
+              staged, mma, true,
+              [&](const Staging& tile) {
+#pragma unroll
+                for (int panel = 0; panel < BN / 64; ++panel) {
+                  tma_store(p.dw1_map, tile.panel(panel), blk.n0 + 64 * panel, blk.m0, blk.expert);
+                }
+              },
+              row_dst, p.hidden - blk.n0);
+        } else {
+          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.hidden - blk.n0);
+        }
       },
       [&](const ExpertBlock& blk) {
         tokens.r_begin = blk.r_begin;

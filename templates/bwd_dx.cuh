@@ -18,6 +18,7 @@ struct BwdDxParams {
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes BK x BM
   TensorMap w1_map;         // TMA: W1 as [E, 2I, H], boxes 64 x BK x 1
+  TensorMap dx_rows_map;    // TMA: dx_rows as [TK, H], boxes 64 x BM (persistent grids' stores)
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
@@ -26,8 +27,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM, kPersistent ? BM * BN : 0> sm(smem_raw);
   const int k_total = 2 * p.inter;
 
   Mma mma;
@@ -60,12 +63,24 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               p.hidden - w.n0);
         }
       },
-      [&](const TokenWork& w, T* staging) {
+      [&](const TokenWork& w, const Staging& staged) {
         T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(w.tile.row0) * p.hidden + w.n0;
-        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-            StagedTile<T, BM, BN>{staging}, mma,
-            [&](int r) -> T* { return w.store && r < w.tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; },
-            p.hidden - w.n0);
+        const auto row_dst = [&](int r) -> T* {
+          return w.store && r < w.tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr;
+        };
+        if constexpr (kPersistent) {
+          store_accumulators_async<kThreads, ALIGNED>(
+              staged, mma, w.store && w.tile.rows == BM,
+              [&](const Staging& tile) {
+#pragma unroll
+                for (int panel = 0; panel < BN / 64; ++panel) {
+                  tma_store(p.dx_rows_map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
+                }
+              },
+              row_dst, p.hidden - w.n0);
+        } else {
+          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.hidden - w.n0);
+        }
       });
 }
 

@@ -17,6 +17,7 @@ struct FwdDownParams {
   int32 inter;
   TensorMap act_map;  // TMA: act as [TK, I], boxes BK x BM
   TensorMap w2_map;   // TMA: W2 as [E, H, I], boxes BK x (BN / CLUSTER) x 1
+  TensorMap y_map;    // TMA: Y as [TK, H], boxes 64 x BM (persistent grids' stores)
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
@@ -25,8 +26,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, true>;
   constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM, kPersistent ? BM * BN : 0> sm(smem_raw);
 
   Mma mma;
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
@@ -59,12 +62,24 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               p.inter - k0);
         }
       },
-      [&](const TokenWork& w, T* staging) {
+      [&](const TokenWork& w, const Staging& staged) {
         T* y = static_cast<T*>(p.y) + static_cast<int64>(w.tile.row0) * p.hidden + w.n0;
-        store_accumulators<T, BM, BN, kThreads, ALIGNED>(
-            StagedTile<T, BM, BN>{staging}, mma,
-            [&](int r) -> T* { return w.store && r < w.tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr; },
-            p.hidden - w.n0);
+        const auto row_dst = [&](int r) -> T* {
+          return w.store && r < w.tile.rows ? y + static_cast<int64>(r) * p.hidden : nullptr;
+        };
+        if constexpr (kPersistent) {
+          store_accumulators_async<kThreads, ALIGNED>(
+              staged, mma, w.store && w.tile.rows == BM,
+              [&](const Staging& tile) {
+#pragma unroll
+                for (int panel = 0; panel < BN / 64; ++panel) {
+                  tma_store(p.y_map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
+                }
+              },
+              row_dst, p.hidden - w.n0);
+        } else {
+          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.hidden - w.n0);
+        }
       });
 }
 

@@ -37,8 +37,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
   constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM, kPersistent ? BM * BN : 0> sm(smem_raw);
   const T* x = static_cast<const T*>(p.x);
   T* pre = static_cast<T*>(p.pre_act);
 
@@ -76,10 +78,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               p.hidden - k0);
         }
       },
-      [&](const TokenWork& w, T* staging) {
+      [&](const TokenWork& w, const Staging& staged) {
         // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared
         // memory and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
-        const StagedTile<T, BM, BN> staged{staging};
         T* act = static_cast<T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter + w.n0;
         // One pass per output, inlined with a constant `which` so each pass keeps only its own
         // values live (a runtime loop over the three spilled at 128 x 256).

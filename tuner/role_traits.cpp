@@ -115,15 +115,15 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
     case RoleKind::kTokenGemm:
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
       // the barriers (templates/common/gemm.cuh, GemmSmem).
-      // A persistent grid's blocks stage the output tile (BM rows of BLOCK_N + 8 elements) past
-      // the barriers instead of keeping row offsets.
+      // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
+      // apart from the stages instead of keeping row offsets.
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
-             (persistent_grid(r, c) ? 2LL * c.block_m * (c.block_n + 8) : 8LL * c.block_m);
+             (persistent_grid(r, c) ? 2LL * c.block_m * c.block_n : 8LL * c.block_m);
     case RoleKind::kExpertGemm:
       // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
       // persistent grid's output tile instead (it copies with TMA, needing no ring).
       return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c) +
-             (persistent_grid(r, c) ? 2LL * c.block_m * (c.block_n + 8) : 8LL * c.block_k);
+             (persistent_grid(r, c) ? 2LL * c.block_m * c.block_n : 8LL * c.block_k);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

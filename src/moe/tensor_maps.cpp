@@ -48,6 +48,13 @@ params::TensorMap encode(const TensorMapSpec& s, const void* base, DType dtype) 
   return out;
 }
 
+// An output tile's TMA store box as 64-column panels: 64 columns (128 bytes, swizzled) by BLOCK_M
+// rows (templates/common/epilogue_sm90.cuh).
+TensorMapSpec out_panels(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
+                         const TileConfig& c) {
+  return {rank, dims, strides, {64, static_cast<std::uint32_t>(c.block_m), 1, 1}, 128};
+}
+
 // The maps of tensor_map_specs, unchecked.
 std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeShape& shape) {
   const std::uint64_t tk = static_cast<std::uint64_t>(shape.pairs()), h = shape.hidden, i = shape.intermediate,
@@ -60,21 +67,25 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
                       static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c),
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};  // x_rows [TK, H]
     case Role::kFwdDown:
-      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),              // act [TK, I]
-              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c)};  // W2 [E, H, I]
+      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                          // act [TK, I]
+              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c),  // W2 [E, H, I]
+              out_panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};                          // Y [TK, H]
     case Role::kBwdDown:
       return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),       // d_out_rows [TK, H]
               {2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, {64, bm, 1, 1}, 128}};  // pre_act [TK, 2I]
     case Role::kBwdDw2:
-      return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),   // d_out_rows [TK, H]
-              panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c)};  // weighted_act [TK, I]
+      return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // d_out_rows [TK, H]
+              panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c),                           // weighted_act [TK, I]
+              out_panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};           // dW2 [E, H, I]
     case Role::kBwdDx:
-      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),           // d_pre_act [TK, 2I]
-              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // W1 [E, 2I, H]
+      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),          // d_pre_act [TK, 2I]
+              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c),  // W1 [E, 2I, H]
+              out_panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};                 // dx_rows [TK, H]
     case Role::kBwdDw1:
-      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),  // d_pre_act [TK, 2I]
-              panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};         // x_rows [TK, H]
+      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),                   // d_pre_act [TK, 2I]
+              panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // x_rows [TK, H]
+              out_panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // dW1 [E, 2I, H]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
@@ -128,6 +139,7 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
       auto& p = *static_cast<params::FwdDown*>(params);
       p.act_map = encode(s[0], p.act, shape.dtype);
       p.w2_map = encode(s[1], p.w2, shape.dtype);
+      p.y_map = encode(s[2], p.y, shape.dtype);
       return;
     }
     case Role::kBwdDown: {
@@ -142,18 +154,21 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
       auto& p = *static_cast<params::BwdDw2*>(params);
       p.d_out_rows_map = encode(s[0], p.d_out_rows, shape.dtype);
       if (p.weighted_act != nullptr) p.weighted_act_map = encode(s[1], p.weighted_act, shape.dtype);
+      p.dw2_map = encode(s[2], p.dw2, shape.dtype);
       return;
     }
     case Role::kBwdDx: {
       auto& p = *static_cast<params::BwdDx*>(params);
       p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
       p.w1_map = encode(s[1], p.w1, shape.dtype);
+      p.dx_rows_map = encode(s[2], p.dx_rows, shape.dtype);
       return;
     }
     case Role::kBwdDw1: {
       auto& p = *static_cast<params::BwdDw1*>(params);
       p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
       p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
+      p.dw1_map = encode(s[2], p.dw1, shape.dtype);
       return;
     }
     default: break;

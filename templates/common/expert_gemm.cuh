@@ -13,15 +13,15 @@ namespace moejit {
 // expert's sorted rows in BK-row k tiles. load(stage, block, kt) fills a stage and
 // landed(stage, block, kt) fixes it in the MMA threads (as gemm_main_loop's), then
 // epilogue(block, staging) runs in the MMA threads with complete accumulators (zeros for an
-// expert without rows), `staging` being shared memory for the output tile: the stages
-// (Smem::a) after a one-tile block's main loop, Smem::apart() in a persistent block.
+// expert without rows), `staging` being where to stage the output tile: Smem::in_stages() (a
+// StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
+// store_accumulators_async can store with TMA) in a persistent block.
 // prologue(block) runs in every thread of a one-tile block before its main loop.
 template <int BM, int BN, int BK, int GROUP_M, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
           typename Smem, typename Load, typename Landed, typename Epilogue, typename Prologue = NoPrologue>
 __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_extent, int n_extent, Mma& mma,
                                                 const Smem& sm, Load load, Landed landed, Epilogue epilogue,
                                                 Prologue prologue = {}) {
-  using T = typename Mma::Element;
   const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
   if constexpr (PERSISTENT) {
     persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock>(
@@ -30,16 +30,15 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
           b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, item);
           return true;
         },
-        k_tiles, load, landed, [&](const ExpertBlock& b) { epilogue(b, sm.apart()); });
+        k_tiles, load, landed, [&](const ExpertBlock& b) { epilogue(b, sm.template apart<BM, BN>()); });
+    if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
-    static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes,
-                  "the output tile fits the pipeline's shared memory");
     const ExpertBlock b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, blockIdx.x);
     prologue(b);
     const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
         mma, sm.a, sm.b, sm.barriers, k_tiles(b), [&](int stage, int kt) { load(stage, b, kt); },
         [&](int stage, int kt) { landed(stage, b, kt); });
-    if (mma_thread) epilogue(b, static_cast<T*>(sm.a));
+    if (mma_thread) epilogue(b, sm.template in_stages<BM, BN>());
   }
 }
 

@@ -286,10 +286,10 @@ struct StagedTile {
   }
 };
 
-// Stages every accumulator of `mma` in `tile` and writes the tile.
-template <typename T, int BM, int BN, int THREADS, bool ALIGNED, typename Mma, typename RowDst>
-__device__ __forceinline__ void store_accumulators(const StagedTile<T, BM, BN>& tile, const Mma& mma, RowDst row_dst,
-                                                   int cols_valid) {
+// Stages every accumulator of `mma` in `tile` (a StagedTile, or anything with its put and write)
+// and writes the tile.
+template <int THREADS, bool ALIGNED, typename Tile, typename Mma, typename RowDst>
+__device__ __forceinline__ void store_accumulators(const Tile& tile, const Mma& mma, RowDst row_dst, int cols_valid) {
   sync_mma_threads<THREADS>();
   for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
   sync_mma_threads<THREADS>();

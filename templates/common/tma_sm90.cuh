@@ -68,6 +68,26 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap& m
       : "memory");
 }
 
+// Copies the box at `coords` of `map` from `src` in shared memory (the layout tma_load writes),
+// as one bulk async-group operation of this thread; rows and columns outside the tensor are not
+// written. The writes that filled `src` must be fenced for the async proxy
+// (fence_proxy_async_shared) and the group committed (bulk_commit) after the last store.
+__device__ __forceinline__ void tma_store(const TensorMap& map, const void* src, int32 c0, int32 c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(&map), "r"(c0),
+               "r"(c1), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void tma_store(const TensorMap& map, const void* src, int32 c0, int32 c1, int32 c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(&map),
+               "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's committed stores have read their shared memory (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until this thread's committed stores have completed.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // A token GEMM block's place in a cluster of CLUSTER blocks (1 or 2) along the grid. The pair
 // is `paired` when both blocks have a tile: their pipelines then wait on each other's consumers
 // (warp_specialized_main_loop), and it is `shared` when the tiles also have the same expert and

@@ -55,25 +55,24 @@ __device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_exte
 
 // Runs a token GEMM over output columns [0, n_extent) in k_tiles k tiles: load(stage, work, kt)
 // fills a stage (as gemm_main_loop's load), then epilogue(work, staging) runs in the MMA threads
-// with complete accumulators, `staging` being shared memory for the output tile: the stages
-// (Smem::a) after a one-tile block's main loop, Smem::apart() in a persistent block.
+// with complete accumulators, `staging` being where to stage the output tile: Smem::in_stages()
+// (a StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
+// store_accumulators_async can store with TMA) in a persistent block.
 // prologue(work) runs in every thread of a one-tile block before its main loop.
 template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
           typename Smem, typename Load, typename Epilogue, typename Prologue = NoPrologue>
 __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
                                                const Smem& sm, Load load, Epilogue epilogue,
                                                Prologue prologue = {}) {
-  using T = typename Mma::Element;
   if constexpr (PERSISTENT) {
     const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
         mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER),
         [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
         [&](const TokenWork&) { return k_tiles; }, load, [](int, const TokenWork&, int) {},
-        [&](const TokenWork& w) { epilogue(w, sm.apart()); });
+        [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); });
+    if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
-    static_assert(StagedTile<T, BM, BN>::kBytes <= Smem::kPipelineBytes,
-                  "the output tile fits the pipeline's shared memory");
     TokenWork w;
     w.store = true;
     if (!token_block<BM, BN, GROUP_M, CLUSTER>(r, n_extent, w.tile, w.n0, w.pair)) return;
@@ -81,7 +80,7 @@ __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_exten
     const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
         mma, sm.a, sm.b, sm.barriers, k_tiles, [&](int stage, int kt) { load(stage, w, kt); }, NothingToFix{},
         w.pair.paired);
-    if (mma_thread) epilogue(w, static_cast<T*>(sm.a));
+    if (mma_thread) epilogue(w, sm.template in_stages<BM, BN>());
   }
 }
 

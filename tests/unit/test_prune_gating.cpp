@@ -216,16 +216,16 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(role_smem_bytes(Role::kFwdDown, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 128 + 16 * 6);
   // Expert GEMM: stages, the 2 * BLOCK_K int32 token ring, the barriers.
   CHECK(role_smem_bytes(Role::kBwdDw1, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 32 + 16 * 6);
-  // A persistent grid's block: stages, barriers, then its output tile (BM x (BLOCK_N + 8)), no
-  // row offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N.
+  // A persistent grid's block: stages, its output tile (BM x BLOCK_N), barriers, no row
+  // offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N.
   TileConfig wide = cfg(128, 256, 64, 3, 8, true);
   wide.use_tma = true;
-  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 264);
+  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
   TileConfig up = cfg(128, 128, 64, 4, 8, true);
   up.use_tma = true;
-  CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 136);
-  CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 231488 B: fits without row offsets
-  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 264);
+  CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 128);
+  CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
+  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
   CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
@@ -349,10 +349,12 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   split_n.block_m = 64;
   CHECK(tensor_map_specs(Role::kFwdUp, split_n, s)[0].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
   // fwd_down: act [TK, I] in BLOCK_M-row boxes, W2 [E, H, I] in BLOCK_N-row boxes.
+  // A persistent grid's TMA stores write Y [TK, H] in 64-column panels of BLOCK_M rows.
   auto down = tensor_map_specs(Role::kFwdDown, c, s);
-  REQUIRE(down.size() == 2);
+  REQUIRE(down.size() == 3);
   CHECK(down[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
   CHECK(down[1] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  CHECK(down[2] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});
   // BLOCK_K 128: K-major tiles come as two boxes of 64 columns (one 128-byte swizzle row each);
   // MN-major panels just get 128 rows.
   TileConfig deep = c;
@@ -366,9 +368,10 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   // bwd_dx: d_pre_act [TK, 2I]; W1 [E, 2I, H] read MN-major in 64-column panels.
   c.block_k = 32;
   auto dx = tensor_map_specs(Role::kBwdDx, c, s);
-  REQUIRE(dx.size() == 2);
+  REQUIRE(dx.size() == 3);
   CHECK(dx[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {32, 128, 1, 1}, 64});
   CHECK(dx[1] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dx[2] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});  // dx_rows
   // bwd_down: W2 panels; d_out_rows [TK, H] (dO in sorted order) in BLOCK_M-row boxes.
   // The epilogue's pre_act [TK, 2I] in 64-column panels of BLOCK_M rows, whatever BLOCK_K.
   auto bd = tensor_map_specs(Role::kBwdDown, c, s);
@@ -378,14 +381,17 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   CHECK(bd[2] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 128, 1, 1}, 128});
   // The dW roles: both operands as panels of 64 columns by BLOCK_K sorted rows: d_pre_act
   // [TK, 2I] and x_rows [TK, H]; d_out_rows [TK, H] and weighted_act [TK, I].
+  // Their stores write dW1 [E, 2I, H] and dW2 [E, H, I] per expert: a box stops at the expert.
   auto dw1 = tensor_map_specs(Role::kBwdDw1, c, s);
-  REQUIRE(dw1.size() == 2);
+  REQUIRE(dw1.size() == 3);
   CHECK(dw1[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw1[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dw1[2] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 128, 1, 1}, 128});
   auto dw2 = tensor_map_specs(Role::kBwdDw2, c, s);
-  REQUIRE(dw2.size() == 2);
+  REQUIRE(dw2.size() == 3);
   CHECK(dw2[0] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw2[1] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dw2[2] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
   CHECK_THROWS_AS(tensor_map_specs(Role::kGatherSum, c, s), InternalError);
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
