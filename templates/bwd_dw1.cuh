@@ -68,24 +68,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](const ExpertBlock& blk, const Staging& staged) {
-        T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(blk.expert) * m_total + blk.m0) * p.hidden + blk.n0;
-        const auto row_dst = [&](int r) -> T* {
-          return blk.m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr;
-        };
-        if constexpr (kPersistent) {
-          // dW1 as [E, 2I, H]: a box stops at its expert's last row.
-          store_accumulators_async<kThreads, ALIGNED>(
-              staged, mma, true,
-              [&](const Staging& tile) {
-#pragma unroll
-                for (int panel = 0; panel < BN / 64; ++panel) {
-                  tma_store(p.dw1_map, tile.panel(panel), blk.n0 + 64 * panel, blk.m0, blk.expert);
-                }
-              },
-              row_dst, p.hidden - blk.n0);
-        } else {
-          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.hidden - blk.n0);
-        }
+        store_expert_tile<kThreads, ALIGNED>(staged, mma, blk, p.dw1_map, static_cast<T*>(p.dw1), m_total, p.hidden);
       },
       [&](const ExpertBlock& blk) {
         tokens.r_begin = blk.r_begin;

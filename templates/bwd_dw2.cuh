@@ -108,24 +108,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](const ExpertBlock& blk, const Staging& staged) {
-        T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(blk.expert) * p.hidden + blk.m0) * p.inter + blk.n0;
-        const auto row_dst = [&](int r) -> T* {
-          return blk.m0 + r < p.hidden ? out + static_cast<int64>(r) * p.inter : nullptr;
-        };
-        if constexpr (kPersistent) {
-          // dW2 as [E, H, I]: a box stops at its expert's last row.
-          store_accumulators_async<kThreads, ALIGNED>(
-              staged, mma, true,
-              [&](const Staging& tile) {
-#pragma unroll
-                for (int panel = 0; panel < BN / 64; ++panel) {
-                  tma_store(p.dw2_map, tile.panel(panel), blk.n0 + 64 * panel, blk.m0, blk.expert);
-                }
-              },
-              row_dst, p.inter - blk.n0);
-        } else {
-          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.inter - blk.n0);
-        }
+        store_expert_tile<kThreads, ALIGNED>(staged, mma, blk, p.dw2_map, static_cast<T*>(p.dw2), p.hidden, p.inter);
       },
       [&](const ExpertBlock& blk) {
         tokens.r_begin = blk.r_begin;

@@ -64,23 +64,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](const TokenWork& w, const Staging& staged) {
-        T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(w.tile.row0) * p.hidden + w.n0;
-        const auto row_dst = [&](int r) -> T* {
-          return w.store && r < w.tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr;
-        };
-        if constexpr (kPersistent) {
-          store_accumulators_async<kThreads, ALIGNED>(
-              staged, mma, w.store && w.tile.rows == BM,
-              [&](const Staging& tile) {
-#pragma unroll
-                for (int panel = 0; panel < BN / 64; ++panel) {
-                  tma_store(p.dx_rows_map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
-                }
-              },
-              row_dst, p.hidden - w.n0);
-        } else {
-          store_accumulators<kThreads, ALIGNED>(staged, mma, row_dst, p.hidden - w.n0);
-        }
+        store_token_tile<kThreads, ALIGNED>(staged, mma, w, p.dx_rows_map, static_cast<T*>(p.dx_rows), p.hidden);
       });
 }
 

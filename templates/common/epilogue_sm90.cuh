@@ -18,6 +18,7 @@ template <typename T, int BM, int BN>
 struct SwizzledTile {
   using Layout = PanelTile<BM, BN>;
   static constexpr int kBytes = BM * BN * 2;
+  static constexpr bool kTmaStore = true;
   T* smem;
 
   // Two adjacent values of tile row r at columns c, c+1 (c even).
@@ -30,18 +31,8 @@ struct SwizzledTile {
   // As StagedTile::write.
   template <int THREADS, bool ALIGNED, typename RowDst>
   __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
-    constexpr int kChunks = BN / 8;
-    for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
-      const int r = idx / kChunks, col = (idx % kChunks) * 8;
-      T* dst = row_dst(r);
-      if (dst == nullptr || col >= cols_valid) continue;
-      const T* src = smem + Layout::offset(r, col);
-      if constexpr (ALIGNED) {
-        *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
-      }
-    }
+    write_staged_rows<BM, BN, THREADS, ALIGNED>([&](int r, int col) { return smem + Layout::offset(r, col); },
+                                                row_dst, cols_valid);
   }
 };
 

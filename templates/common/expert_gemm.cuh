@@ -9,6 +9,31 @@
 
 namespace moejit {
 
+// Stages the accumulators in `staged` and writes them as block b's tile of out [E, m_extent,
+// n_extent]: a one-tile block's StagedTile row by row; a persistent block's SwizzledTile with TMA
+// stores through `map` (out's as [E, m_extent, n_extent], boxes of 64 columns by BM rows, which
+// stop at the expert's last row).
+template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
+__device__ __forceinline__ void store_expert_tile(const Staging& staged, const Mma& mma, const ExpertBlock& b,
+                                                  const TensorMap& map, T* out, int m_extent, int n_extent) {
+  T* base = out + (static_cast<int64>(b.expert) * m_extent + b.m0) * n_extent + b.n0;
+  const auto row_dst = [&](int r) -> T* {
+    return b.m0 + r < m_extent ? base + static_cast<int64>(r) * n_extent : nullptr;
+  };
+  if constexpr (Staging::kTmaStore) {
+    constexpr int kBN = Staging::Layout::kCols;
+    store_accumulators_async<THREADS, ALIGNED>(
+        staged, mma, true,
+        [&](const Staging& tile) {
+#pragma unroll
+          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), b.n0 + 64 * panel, b.m0, b.expert);
+        },
+        row_dst, n_extent - b.n0);
+  } else {
+    store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - b.n0);
+  }
+}
+
 // Runs an expert GEMM over [m_extent, n_extent] gradients, one per expert, each over its
 // expert's sorted rows in BK-row k tiles. load(stage, block, kt) fills a stage and
 // landed(stage, block, kt) fixes it in the MMA threads (as gemm_main_loop's), then

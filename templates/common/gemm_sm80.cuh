@@ -252,6 +252,24 @@ __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f) {
 
 namespace moejit {
 
+// Writes a BM x BN tile staged in shared memory with 16-byte row-contiguous stores, its 8-element
+// chunk (r, col) at chunk(r, col); row_dst and cols_valid as StagedTile::write.
+template <int BM, int BN, int THREADS, bool ALIGNED, typename Chunk, typename RowDst>
+__device__ __forceinline__ void write_staged_rows(Chunk chunk, RowDst row_dst, int cols_valid) {
+  constexpr int kChunks = BN / 8;
+  for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
+    const int r = idx / kChunks, col = (idx % kChunks) * 8;
+    auto* dst = row_dst(r);
+    if (dst == nullptr || col >= cols_valid) continue;
+    const auto* src = chunk(r, col);
+    if constexpr (ALIGNED) {
+      *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
+    }
+  }
+}
+
 // An output tile staged in shared memory so that global stores are 16-byte, row-contiguous
 // and coalesced instead of the 4-byte scattered stores of the mma fragment layout. Rows
 // are padded by 8 elements so the fragment writes (8 rows x 16 bytes per warp) hit distinct
@@ -261,6 +279,7 @@ template <typename T, int BM, int BN>
 struct StagedTile {
   static constexpr int kStride = BN + 8;
   static constexpr int kBytes = BM * kStride * 2;
+  static constexpr bool kTmaStore = false;  // written by the MMA threads (SwizzledTile: by TMA)
   T* smem;
 
   // Two adjacent values of tile row r at columns c, c+1 (c even).
@@ -271,18 +290,8 @@ struct StagedTile {
   // and before the tile is reused).
   template <int THREADS, bool ALIGNED, typename RowDst>
   __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
-    constexpr int kChunks = BN / 8;
-    for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
-      const int r = idx / kChunks, col = (idx % kChunks) * 8;
-      T* dst = row_dst(r);
-      if (dst == nullptr || col >= cols_valid) continue;
-      const T* src = smem + r * kStride + col;
-      if constexpr (ALIGNED) {
-        *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
-      }
-    }
+    write_staged_rows<BM, BN, THREADS, ALIGNED>([&](int r, int col) { return smem + r * kStride + col; }, row_dst,
+                                                cols_valid);
   }
 };
 

@@ -53,6 +53,31 @@ __device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_exte
   }
 }
 
+// Stages the accumulators in `staged` and writes them as the tile at row w.tile.row0, column
+// w.n0 of out [TK, n_extent]: a one-tile block's StagedTile row by row; a persistent block's
+// SwizzledTile with TMA stores through `map` (out's, boxes of 64 columns by BM rows) when the
+// tile has all BM rows, otherwise row by row.
+template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
+__device__ __forceinline__ void store_token_tile(const Staging& staged, const Mma& mma, const TokenWork& w,
+                                                 const TensorMap& map, T* out, int n_extent) {
+  T* base = out + static_cast<int64>(w.tile.row0) * n_extent + w.n0;
+  const auto row_dst = [&](int r) -> T* {
+    return w.store && r < w.tile.rows ? base + static_cast<int64>(r) * n_extent : nullptr;
+  };
+  if constexpr (Staging::kTmaStore) {
+    constexpr int kBM = Staging::Layout::kRows, kBN = Staging::Layout::kCols;
+    store_accumulators_async<THREADS, ALIGNED>(
+        staged, mma, w.store && w.tile.rows == kBM,
+        [&](const Staging& tile) {
+#pragma unroll
+          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
+        },
+        row_dst, n_extent - w.n0);
+  } else {
+    store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - w.n0);
+  }
+}
+
 // Runs a token GEMM over output columns [0, n_extent) in k_tiles k tiles: load(stage, work, kt)
 // fills a stage (as gemm_main_loop's load), then epilogue(work, staging) runs in the MMA threads
 // with complete accumulators, `staging` being where to stage the output tile: Smem::in_stages()
