@@ -55,9 +55,8 @@ enum class SortedRows { kNone, kX, kDOut };
 SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
 // Whether the config runs a persistent grid (templates/common/gemm.cuh, kPersistentGrid): the
-// TMA warp-specialized tiles with two MMA warpgroups, and the cluster pairs, of fwd_up, fwd_down,
-// bwd_dx and the dW roles (bwd_down's epilogue reuses the stages). The grid then holds only the
-// blocks the device runs at once.
+// TMA warp-specialized tiles with two MMA warpgroups, and the cluster pairs, of every GEMM role
+// (bwd_down's up to 128 columns wide). The grid then holds only the blocks the device runs at once.
 bool persistent_grid(Role r, const TileConfig& c);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.

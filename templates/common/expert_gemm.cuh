@@ -43,7 +43,7 @@ __device__ __forceinline__ void store_expert_tile(const Staging& staged, const M
 // store_accumulators_async can store with TMA) in a persistent block.
 // prologue(block) runs in every thread of a one-tile block before its main loop.
 template <int BM, int BN, int BK, int GROUP_M, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
-          typename Smem, typename Load, typename Landed, typename Epilogue, typename Prologue = NoPrologue>
+          typename Smem, typename Load, typename Landed, typename Epilogue, typename Prologue = NoStep>
 __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_extent, int n_extent, Mma& mma,
                                                 const Smem& sm, Load load, Landed landed, Epilogue epilogue,
                                                 Prologue prologue = {}) {
@@ -55,7 +55,7 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
           b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, item);
           return true;
         },
-        k_tiles, load, landed, [&](const ExpertBlock& b) { epilogue(b, sm.template apart<BM, BN>()); });
+        k_tiles, load, NoStep{}, landed, [&](const ExpertBlock& b) { epilogue(b, sm.template apart<BM, BN>()); });
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
     const ExpertBlock b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, blockIdx.x);

@@ -76,8 +76,8 @@ struct GemmLaunch {
 template <bool TMA, bool WS, int WARPS, int CLUSTER>
 constexpr bool kPersistentGrid = TMA && WS && (WARPS == 8 || CLUSTER == 2);
 
-// A one-tile block's step before its main loop when nothing precedes it.
-struct NoPrologue {
+// A per-work step (a prologue, a producer's step after its loads) that does nothing.
+struct NoStep {
   template <typename Work>
   __device__ __forceinline__ void operator()(const Work&) const {}
 };

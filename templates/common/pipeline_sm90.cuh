@@ -171,15 +171,17 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // cluster alike, to skip it), k_tiles(work) its k tiles (0: the epilogue gets zeros). The stage
 // ring and its phases run on across items, so the producer copies the next item's first k tiles
 // while the MMA warps run epilogue(work), which therefore must not use the stages.
-// load(stage, work, kt) and landed(stage, work, kt) as the loop above's load and landed. One warp
+// load(stage, work, kt) and landed(stage, work, kt) as the loop above's load and landed;
+// after_loads(work) runs in the producer threads once they have issued the work's k tiles (for
+// copies the epilogue reads, into shared memory of the role's own, on barriers of its own). One warp
 // of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
 template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
-          typename KTiles, typename Load, typename Landed, typename Epilogue>
+          typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue>
 __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
                                                        int64 items, Schedule schedule, KTiles k_tiles, Load load,
-                                                       Landed landed, Epilogue epilogue) {
+                                                       AfterLoads after_loads, Landed landed, Epilogue epilogue) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaGroups = kMmaThreads / 128;
   uint64* full = barriers;
@@ -207,6 +209,7 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
         __syncwarp();
         if (lane0) mbarrier_arrive(full + s);
       }
+      after_loads(w);
     }
     cp_async_wait<0>();
     if constexpr (CLUSTER == 2) cluster_sync();

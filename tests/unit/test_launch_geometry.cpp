@@ -53,11 +53,16 @@ TEST_CASE("cluster pairs launch whole clusters: odd token grids gain one padding
   CHECK(padded.block.x == 256 + 128);
 }
 
-TEST_CASE("persistent grids: two-warpgroup TMA tiles and pairs, bwd_down excepted", "[launch]") {
+TEST_CASE("persistent grids: the GEMM roles' two-warpgroup TMA tiles and pairs", "[launch]") {
   TileConfig two = gemm(128, 256, 64, 3, 8, true);
   two.use_tma = true;
   TileConfig one = gemm(128, 128, 64, 3, 4, true);
   one.use_tma = true;
+  // bwd_down keeps its g and u tiles beside the stages: persistent up to 128 columns.
+  CHECK_FALSE(persistent_grid(Role::kBwdDown, two));
+  TileConfig narrow = gemm(128, 128, 64, 4, 8, true);
+  narrow.use_tma = true;
+  CHECK(persistent_grid(Role::kBwdDown, narrow));
   for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDx}) {
     INFO(role_name(r));
     CHECK(persistent_grid(r, two));
@@ -69,12 +74,11 @@ TEST_CASE("persistent grids: two-warpgroup TMA tiles and pairs, bwd_down excepte
     copies.use_tma = false;
     CHECK_FALSE(persistent_grid(r, copies));
   }
-  // bwd_down's epilogue copies g and u into the stages.
-  CHECK_FALSE(persistent_grid(Role::kBwdDown, two));
   for (Role r : {Role::kBwdDw1, Role::kBwdDw2}) {
     CHECK(persistent_grid(r, two));
     CHECK_FALSE(persistent_grid(r, one));
   }
+  for (Role r : {Role::kRouting, Role::kGatherSum}) CHECK_FALSE(persistent_grid(r, two));
   // The geometry keeps the whole tile grid; launch_role trims it to the resident blocks.
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   CHECK(launch_geometry(Role::kFwdDown, two, s, 2176, true).grid.x == 2176 * 8);

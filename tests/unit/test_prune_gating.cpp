@@ -226,6 +226,13 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 128);
   CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
   CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
+  // bwd_down's persistent block keeps the tile's g and u (2 x BM x BLOCK_N) and their two
+  // barriers; its 256-column tiles run one tile per block, with g and u in the stages.
+  TileConfig down = cfg(128, 128, 64, 4, 8, true);
+  down.use_tma = true;
+  CHECK(role_smem_bytes(Role::kBwdDown, down, large) == 2LL * 4 * (128 + 128) * 64 + 16 * 4 + 4LL * 128 * 128 + 16);
+  CHECK_FALSE(prune_reason(Role::kBwdDown, down, large, fab::h200()));
+  CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
   CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
