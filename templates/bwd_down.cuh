@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
         finish(w);
         if constexpr (kPersistent) {
+          fence_proxy_async_shared();  // the next tile's g and u come by TMA into what was read here
           __syncwarp();
           if ((threadIdx.x & 31) == 0) mbarrier_arrive(pre_empty);
         }
