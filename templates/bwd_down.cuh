@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0, w.tile.row0);
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0,
+                                                  w.tile.row0);
             using BTile = typename Mma::BTile;
             w.pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
               tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w2_map, sm.full(stage), mask,

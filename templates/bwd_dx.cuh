@@ -41,9 +41,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
-              tma_load(dst, p.d_pre_act_map, sm.full(stage), k, w.tile.row0);
-            });
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), k0, w.tile.row0);
             using BTile = typename Mma::BTile;
             w.pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
               tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w1_map, sm.full(stage), mask,

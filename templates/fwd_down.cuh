@@ -38,9 +38,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
-              tma_load(dst, p.act_map, sm.full(stage), k, w.tile.row0);
-            });
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.act_map, sm.full(stage), k0, w.tile.row0);
             // W2's tile as CLUSTER parts of BN / CLUSTER rows.
             w.pair.copy_weight_tile<CLUSTER>([&](int part, uint16 mask) {
               constexpr int kRows = BN / CLUSTER;

@@ -51,9 +51,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            for_each_k_box<typename Mma::ATile>(sm.a_stage(stage), 0, k0, [&](T* dst, int32 k) {
-              tma_load(dst, p.x_rows_map, sm.full(stage), k, w.tile.row0);
-            });
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, w.tile.row0);
             // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) rows.
             w.pair.copy_weight_tile<2 * kBN2 / Mma::kWarpN>([&](int part, uint16 mask) {
               const int wn = part / 2, h = part % 2;

@@ -46,15 +46,42 @@ __device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint64* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+__device__ __forceinline__ bool mbarrier_try_wait(uint64* bar, uint32 parity) {
   uint32 done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ uint64 global_timer_ns() {
+  uint64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// A barrier wait that lasts this long is a bug (a stage whose copies never all land, a release
+// that never comes), never a slow kernel: every wait here covers microseconds of work. The
+// thread then reports it and traps, so the launch fails with an error (the host throws
+// CudaError) instead of hanging the process.
+constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
+
+__device__ __noinline__ void barrier_wait_timed_out(uint64* bar, uint32 parity) {
+  printf("moejit: mbarrier wait timed out after %llu s: block %u, thread %u, barrier at shared 0x%x, parity %u\n",
+         kBarrierTimeoutNs / 1000000000ull, blockIdx.x, threadIdx.x, smem_u32(bar), parity);
+  __trap();
+}
+
+// Until the barrier's phase of `parity` has completed. The clock is read only once a try_wait
+// (which itself suspends a while in hardware) has failed, off the path of a barrier that is ready.
+__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+  if (mbarrier_try_wait(bar, parity)) return;
+  const uint64 start = global_timer_ns();
+  while (!mbarrier_try_wait(bar, parity)) {
+    if (global_timer_ns() - start > kBarrierTimeoutNs) barrier_wait_timed_out(bar, parity);
+  }
 }
 
 template <int REGS>

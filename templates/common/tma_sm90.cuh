@@ -131,6 +131,14 @@ __device__ __forceinline__ void for_each_k_box(T* tile, int tile_row, int32 k0, 
   for (int p = 0; p < Tile::kCols / kBox; ++p) copy(tile + (p * Tile::kRows + tile_row) * kBox, k0 + p * kBox);
 }
 
+// A K-major stage tile (SmemTile, or KPanelTile at BLOCK_K 128) of rows row0.. and columns k0..
+// of a 2-d map, box by box. A stage's copies must bring every byte the pipeline expects of it,
+// or its `full` barrier never completes; a single tma_load brings only 64 columns.
+template <typename Tile, typename T>
+__device__ __forceinline__ void tma_load_k_major(T* tile, const TensorMap& map, uint64* bar, int32 k0, int32 row0) {
+  for_each_k_box<Tile>(tile, 0, k0, [&](T* dst, int32 k) { tma_load(dst, map, bar, k, row0); });
+}
+
 // An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows: panel p
 // holds columns col0 + 64p; `outer` are the box's other coordinates (its first row, ...).
 template <typename Tile, typename T, typename... Outer>
