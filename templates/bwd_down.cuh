@@ -35,13 +35,14 @@ struct BwdDownParams {
   TensorMap pre_act_map;     // TMA: pre_act as [TK, 2I], boxes 64 x BM
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
   // Persistent where g and u fit beside the stages: up to 128 columns (tuner/role_traits.cpp).
-  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER> && BN <= 128;
+  static_assert(!PERSISTENT || (kPersistentEligible<TMA, WS, WARPS, CLUSTER> && BN <= 128),
+                "a persistent grid of two-warpgroup TMA tiles or pairs, up to 128 columns");
   // TMA: the epilogue's g and u tiles, BN / 64 panels each (SmemTile<BM, 64>, 128-byte swizzle).
   // A one-tile block copies them into its stages once the main loop is done; a persistent block's
   // producer copies them into memory of their own after issuing the tile's k tiles, so they land
@@ -51,17 +52,17 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kPreElems = 2 * BN * BM;
   // What run_token_gemm hands the epilogue to stage an output tile in; bwd_down stores from
   // registers and leaves it alone.
-  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 2 : BM, kPersistent ? kPreElems : 0> sm(smem_raw);
-  static_assert(!TMA || kPersistent || kPreElems <= decltype(sm)::kPipelineBytes / 2, "g and u fit the stages");
-  T* const g_tile = kPersistent ? sm.out : sm.a;
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 2 : BM, PERSISTENT ? kPreElems : 0> sm(smem_raw);
+  static_assert(!TMA || PERSISTENT || kPreElems <= decltype(sm)::kPipelineBytes / 2, "g and u fit the stages");
+  T* const g_tile = PERSISTENT ? sm.out : sm.a;
   T* const u_tile = g_tile + BN * BM;
   uint64* const pre_full = reinterpret_cast<uint64*>(sm.rows);
   uint64* const pre_empty = pre_full + 1;
   if (TMA && threadIdx.x == 0) {
     mbarrier_init(pre_full, 1);
-    if (kPersistent) mbarrier_init(pre_empty, WARPS);
+    if (PERSISTENT) mbarrier_init(pre_empty, WARPS);
     mbarrier_init_fence();  // the main loop's block or cluster barrier publishes them
   }
   const auto copy_pre = [&](const TokenWork& w) {
@@ -142,7 +143,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
       }
   };
-  run_token_gemm<BM, BN, GROUP_M, CLUSTER, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
@@ -169,11 +170,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w, const Staging&) {
         if constexpr (TMA) {
-          if (!kPersistent && threadIdx.x == 0) copy_pre(w);
+          if (!PERSISTENT && threadIdx.x == 0) copy_pre(w);
           mbarrier_wait(pre_full, tiles_done & 1);
         }
         finish(w);
-        if constexpr (kPersistent) {
+        if constexpr (PERSISTENT) {
           fence_proxy_async_shared();  // the next tile's g and u come by TMA into what was read here
           __syncwarp();
           if ((threadIdx.x & 31) == 0) mbarrier_arrive(pre_empty);

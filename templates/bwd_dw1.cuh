@@ -23,21 +23,22 @@ struct BwdDw1Params {
   TensorMap dw1_map;        // TMA: dW1 as [E, 2I, H], boxes 64 x BM x 1 (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
-  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BK, kPersistent ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const int m_total = 2 * p.inter;
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  run_expert_gemm<BM, BN, BK, GROUP_M, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, m_total, p.hidden, mma, sm,
       [&](int stage, const ExpertBlock& blk, int kt) {
         const int32 k0 = blk.r_begin + kt * BK;

@@ -29,22 +29,23 @@ struct BwdDw2Params {
   TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x BM x 1 (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool FUSED_ACT>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
   static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   constexpr int kTmaBytes = TMA ? (Mma::ATile::kElems + (FUSED_ACT ? 0 : Mma::BTile::kElems)) * 2 : 0;
-  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BK, kPersistent ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const T* scores = static_cast<const T*>(p.scores);
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  run_expert_gemm<BM, BN, BK, GROUP_M, kPersistent, STAGES, kTmaBytes>(
+  run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, kTmaBytes>(
       p.routing, p.hidden, p.inter, mma, sm,
       [&](int stage, const ExpertBlock& blk, int kt) {
         const int32 k0 = blk.r_begin + kt * BK;

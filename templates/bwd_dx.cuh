@@ -21,20 +21,21 @@ struct BwdDxParams {
   TensorMap dx_rows_map;    // TMA: dx_rows as [TK, H], boxes 64 x BM (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
-  constexpr bool kPersistent = kPersistentGrid<TMA, WS, WARPS, CLUSTER>;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<kPersistent, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, kPersistent ? 0 : BM, kPersistent ? BM * BN : 0> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
   const int k_total = 2 * p.inter;
 
   Mma mma;
-  run_token_gemm<BM, BN, GROUP_M, CLUSTER, kPersistent, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.hidden, ceil_div(k_total, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;

@@ -98,12 +98,14 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 
 }  // namespace
 
-bool persistent_grid(Role r, const TileConfig& c) {
+bool persistent_eligible(Role r, const TileConfig& c) {
   const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
   // bwd_down's block also keeps the tile's g and u apart from the stages: up to 128 columns fit.
   if (r == Role::kBwdDown && c.block_n > 128) return false;
   return gemm && c.use_tma && c.warp_specialized && (c.warps == 8 || c.cluster == 2);
 }
+
+bool persistent_grid(Role r, const TileConfig& c) { return c.persistent && persistent_eligible(r, c); }
 
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {

@@ -69,12 +69,13 @@ struct GemmLaunch {
   static constexpr int kMinBlocks = WS ? RegisterSplit<WS ? WARPS : 4>::kBlocksPerSm : 1;
 };
 
-// Whether a role's blocks run a persistent grid (persistent_main_loop through run_token_gemm or
-// run_expert_gemm): the TMA warp-specialized configs with two MMA warpgroups (one block per SM,
-// so nothing else overlaps their epilogue) and the cluster pairs. Mirrors tuner/role_traits.cpp
-// (persistent_grid), which also names the roles that use it.
+// Which configs may run a persistent grid (persistent_main_loop through run_token_gemm or
+// run_expert_gemm; the config's PERSISTENT says whether they do): the TMA warp-specialized
+// configs with two MMA warpgroups (one block per SM, so nothing else overlaps their epilogue) and
+// the cluster pairs. Mirrors tuner/role_traits.cpp (persistent_eligible), which also names the
+// roles that may.
 template <bool TMA, bool WS, int WARPS, int CLUSTER>
-constexpr bool kPersistentGrid = TMA && WS && (WARPS == 8 || CLUSTER == 2);
+constexpr bool kPersistentEligible = TMA && WS && (WARPS == 8 || CLUSTER == 2);
 
 // A per-work step (a prologue, a producer's step after its loads) that does nothing.
 struct NoStep {

@@ -56,7 +56,17 @@ TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
   CHECK(u.file_name == "fwd_down.bm128_bn256_bk64_s4_w8_g8_c2_tma_ws.cu");
   REQUIRE(u.name_expressions.size() == 1);
   CHECK(u.name_expressions[0] ==
-        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2>");
+        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2, false>");
+  pair.persistent = true;
+  u = generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"});
+  CHECK(u.file_name == "fwd_down.bm128_bn256_bk64_s4_w8_g8_c2_tma_ws_persistent.cu");
+  CHECK(u.name_expressions.at(0) ==
+        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2, true>");
+  TileConfig one_group = test::hopper_gemm(128, 128, 64, 4, 4, true);  // two blocks per SM: no persistent grid
+  one_group.use_tma = true;
+  one_group.persistent = true;
+  CHECK_THROWS_AS(generate_unit({Role::kFwdDown, one_group, DType::kBF16, "sm_90a"}), InvalidArgument);
+  pair.persistent = false;
   CHECK_THROWS_AS(generate_unit({Role::kBwdDw1, pair, DType::kBF16, "sm_90a"}), InvalidArgument);
   pair.use_tma = false;
   CHECK_THROWS_AS(generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"}), InvalidArgument);

@@ -166,7 +166,7 @@ TEST_CASE("wgmma GEMM configs reach only sm_90, where the large-tile defaults us
       CHECK((!c.warp_specialized || c.arch_tag == ArchTag::kHopper));
       if (c.arch_tag != ArchTag::kHopper) continue;
       ++(c.warp_specialized ? warp_specialized : multistage);
-      CHECK_THAT(c.name(), Catch::EndsWith(c.warp_specialized ? "_ws" : "_wg"));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_ws_persistent" : c.warp_specialized ? "_ws" : "_wg"));
       CHECK(c.block_threads() == c.threads() + (c.warp_specialized ? 128 : 0));
       for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
     }
@@ -217,12 +217,17 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   // Expert GEMM: stages, the 2 * BLOCK_K int32 token ring, the barriers.
   CHECK(role_smem_bytes(Role::kBwdDw1, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 32 + 16 * 6);
   // A persistent grid's block: stages, its output tile (BM x BLOCK_N), barriers, no row
-  // offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N.
+  // offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N. The same tile one block per
+  // tile keeps the row offsets (token GEMMs) or the token ring (dW) instead.
   TileConfig wide = cfg(128, 256, 64, 3, 8, true);
   wide.use_tma = true;
+  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
+  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 64);
+  wide.persistent = true;
   CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
   TileConfig up = cfg(128, 128, 64, 4, 8, true);
   up.use_tma = true;
+  up.persistent = true;
   CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 128);
   CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
   CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
@@ -230,8 +235,13 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   // barriers; its 256-column tiles run one tile per block, with g and u in the stages.
   TileConfig down = cfg(128, 128, 64, 4, 8, true);
   down.use_tma = true;
+  down.persistent = true;
   CHECK(role_smem_bytes(Role::kBwdDown, down, large) == 2LL * 4 * (128 + 128) * 64 + 16 * 4 + 4LL * 128 * 128 + 16);
   CHECK_FALSE(prune_reason(Role::kBwdDown, down, large, fab::h200()));
+  const auto not_eligible = prune_reason(Role::kBwdDown, wide, large, fab::h200());
+  REQUIRE(not_eligible);
+  CHECK_THAT(*not_eligible, Catch::Contains("persistent grids are for"));
+  wide.persistent = false;
   CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
@@ -243,6 +253,32 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(back == ws);
   CHECK(ws.name() == "bm128_bn128_bk32_s6_w4_g8_ws");
   CHECK(ms.name() == "bm128_bn128_bk32_s6_w4_g8_wg");
+  CHECK(nlohmann::json(down).get<TileConfig>() == down);
+  CHECK(down.name() == "bm128_bn128_bk64_s4_w8_g8_tma_ws_persistent");
+  // Rows stored before the flag existed read as one block per tile.
+  nlohmann::json old_row = nlohmann::json(down);
+  old_row.erase("persistent");
+  CHECK_FALSE(old_row.get<TileConfig>().persistent);
+}
+
+TEST_CASE("the space holds every tile that may run a persistent grid both ways", "[prune][launch]") {
+  const MoeShape large = shape(32768, 128, 8);
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    const std::vector<TileConfig> space = config_space(r, large);
+    int persistent = 0;
+    for (const TileConfig& c : space) {
+      INFO(c.name());
+      TileConfig other = c;
+      other.persistent = !c.persistent;
+      CHECK(std::count(space.begin(), space.end(), other) == (persistent_eligible(r, c) ? 1 : 0));
+      persistent += c.persistent;
+    }
+    CHECK(persistent > 0);
+    // The tuned defaults of the two-warpgroup TMA tiles are persistent.
+    const TileConfig d = default_config(r, large, fab::h200());
+    CHECK(d.persistent == persistent_eligible(r, d));
+  }
 }
 
 TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows only", "[prune][tma]") {
@@ -257,7 +293,7 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
       if (!c.use_tma) continue;
       ++tma;
       CHECK(c.warp_specialized);
-      CHECK_THAT(c.name(), Catch::EndsWith("_tma_ws"));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_tma_ws_persistent" : "_tma_ws"));
       CHECK(prune_reason(r, c, odd, fab::h200()));  // the same config on a shape TMA cannot take
       if (!prune_reason(r, c, aligned, fab::h200())) CHECK_FALSE(tensor_map_specs(r, c, aligned).empty());
       TileConfig multistage = c;
@@ -303,7 +339,7 @@ TEST_CASE("cluster pairs: the token GEMMs' two-warpgroup TMA tiles, on sm_90 onl
       INFO(c.name());
       CHECK(c.cluster == 2);
       CHECK(c.warps == 8);
-      CHECK_THAT(c.name(), Catch::EndsWith("_c2_tma_ws"));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_c2_tma_ws_persistent" : "_c2_tma_ws"));
       // The deepest fwd_down and bwd_dx pairs leave no room for a persistent block's output tile.
       if (const auto why = prune_reason(r, c, large, fab::h200())) {
         CHECK_THAT(*why, Catch::Contains("shared memory"));
