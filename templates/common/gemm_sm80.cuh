@@ -13,19 +13,25 @@
 
 namespace moejit {
 
-// ROWS x COLS 16-bit elements, COLS a multiple of 8.
+// The dimensions every shared-memory tile layout states: ROWS x COLS 16-bit elements, rows of
+// 16-byte chunks.
 template <int ROWS, int COLS>
-struct SmemTile {
+struct TileDims {
   static constexpr int kRows = ROWS;
   static constexpr int kCols = COLS;
   static constexpr int kChunks = COLS / 8;
   static constexpr int kElems = ROWS * COLS;
   static_assert(COLS % 8 == 0, "tile rows are made of 16-byte chunks");
+};
 
+// ROWS x COLS 16-bit elements, each row's chunks swizzled.
+template <int ROWS, int COLS>
+struct SmemTile : TileDims<ROWS, COLS> {
+  // Rows of 8, 4, 2 and 1 chunks.
   __device__ __forceinline__ static int swizzle(int row, int chunk) {
-    if constexpr (kChunks >= 8) return chunk ^ (row & 7);
-    else if constexpr (kChunks == 4) return chunk ^ ((row >> 1) & 3);
-    else if constexpr (kChunks == 2) return chunk ^ ((row >> 2) & 1);
+    if constexpr (COLS >= 64) return chunk ^ (row & 7);
+    else if constexpr (COLS == 32) return chunk ^ ((row >> 1) & 3);
+    else if constexpr (COLS == 16) return chunk ^ ((row >> 2) & 1);
     else return chunk;
   }
   // Element offset of (row, col); col's low 3 bits stay inside the chunk.

@@ -16,11 +16,7 @@ namespace moejit {
 
 // BK x COLS tile of an MN-major operand (COLS contiguous in global memory) as 64-column panels.
 template <int ROWS, int COLS>
-struct PanelTile {
-  static constexpr int kRows = ROWS;
-  static constexpr int kCols = COLS;
-  static constexpr int kChunks = COLS / 8;
-  static constexpr int kElems = ROWS * COLS;
+struct PanelTile : TileDims<ROWS, COLS> {
   static constexpr int kPanelElems = ROWS * 64;
   static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "panels are 64 columns by a multiple of 8 rows");
 
@@ -32,11 +28,7 @@ struct PanelTile {
 // ROWS x COLS tile of a K-major operand deeper than one 128-byte swizzle row (COLS = BLOCK_K =
 // 128) as COLS / 64 panels of SmemTile<ROWS, 64>.
 template <int ROWS, int COLS>
-struct KPanelTile {
-  static constexpr int kRows = ROWS;
-  static constexpr int kCols = COLS;
-  static constexpr int kChunks = COLS / 8;
-  static constexpr int kElems = ROWS * COLS;
+struct KPanelTile : TileDims<ROWS, COLS> {
   static constexpr int kPanelElems = ROWS * 64;
   static_assert(COLS % 64 == 0, "panels are 64 columns");
 

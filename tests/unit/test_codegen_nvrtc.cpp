@@ -10,6 +10,7 @@
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
+#include "tuner/role_traits.hpp"
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
 
@@ -126,10 +127,12 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
   CHECK(r[1].static_smem_bytes == 0);
 }
 
-TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not", "[codegen][nvrtc]") {
+TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles too",
+          "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
   const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
   std::vector<KernelSpec> specs;
+  int persistent_specs = 0;
   for (const std::string arch : {"sm_90a", "sm_80"}) {
     const cuda::DeviceInfo device = cuda::fabricated::for_arch(arch);
     for (Role r : kAllRoles) {
@@ -145,9 +148,22 @@ TEST_CASE("the default config of every role compiles for sm_90a and sm_80, align
           specs.push_back({r, tma, DType::kBF16, arch, true, false});
           if (r == Role::kBwdDw2) specs.push_back({r, tma, DType::kBF16, arch, true, true});
         }
+        // A two-warpgroup TMA tile of every GEMM role, one tile per block and persistent.
+        TileConfig two = test::hopper_gemm(128, 128, 64, 4, 8, true);
+        two.use_tma = true;
+        const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
+        for (bool persistent : {false, true}) {
+          if (!gemm) break;
+          two.persistent = persistent;
+          if (prune_reason(r, two, shape, device)) continue;
+          persistent_specs += persistent;
+          specs.push_back({r, two, DType::kBF16, arch, true, false});
+          if (r == Role::kBwdDw2) specs.push_back({r, two, DType::kBF16, arch, true, true});
+        }
       }
     }
   }
+  CHECK(persistent_specs == 6);  // every GEMM role
   std::vector<std::string> failures;
   std::mutex mu;
   parallel_for(specs.size(), 2, [&](std::size_t i) {
