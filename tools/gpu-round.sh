@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What a session runs on the GPU machine (build here, carry build/release, run this there).
-#   tools/gpu-round.sh tests [SECONDS]  every [gpu] test case in its own process, one line each,
-#                                       each stopped after SECONDS (default 500)
+#   tools/gpu-round.sh tests [SECONDS [FIRST]]
+#                                       every [gpu] test case in its own process, one line each,
+#                                       each stopped after SECONDS (default 500), from the
+#                                       FIRST-th case on (default 1: a second call resumes)
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
@@ -19,17 +21,22 @@ case "${1:-}" in
   tests)
     bin=build/release/tests/moejit_gpu_tests
     limit=${2:-500}
+    first=${3:-1}
     fails=0
+    index=0
     while read -r name; do
+      index=$((index + 1))
+      ((index < first)) && continue
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
       start=$SECONDS
       n=${name//,/\\,}; n=${n//[/\\[}
       timeout "$limit" "$bin" "$n" > /tmp/one.log 2>&1
       rc=$?
-      echo "rc=$rc $((SECONDS - start))s $name"
+      echo "rc=$rc $((SECONDS - start))s #$index $name"
       cat /tmp/one.log >> "$out/gpu-tests.log"
       if ((rc != 0)); then
         fails=$((fails + 1))
+        grep -a -m3 "mbarrier wait timed out" /tmp/one.log  # the watchdog's report names the barrier
         grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
       fi
     done < <("$bin" --list-test-names-only)
