@@ -177,7 +177,7 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
   p.tokens = tokens;
   TokenResult r;
   r.tokens = tokens;
-  for (StepKind k : args.steps) r.steps.push_back({k, step_flops(k, p), {}, {}, {}, {}});
+  for (StepKind k : args.steps) r.steps.push_back({k, step_flops(k, p), step_weight_bytes(k, p), {}, {}, {}, {}});
   const std::uint64_t seed = kSeed + 0x9e3779b9ull * static_cast<std::uint64_t>(tokens);
 
   try {

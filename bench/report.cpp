@@ -115,8 +115,8 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
   for (const TokenResult& r : results) print_token_block(r);
 
   bool host_bound = false;
-  fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6}\n", "T", "mode", "ms ", "min ", "p90 ",
-             "TFLOP/s", "dense_ms ", "dense_TF", "ratio");
+  fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6}\n", "T", "mode", "ms ", "min ", "p90 ",
+             "TFLOP/s", "dense_ms ", "dense_TF", "ratio", "wTB/s");
   for (const TokenResult& r : results) {
     for (const StepResult& s : r.steps) {
       host_bound |= (s.ours && s.ours->host_bound) || (s.dense && s.dense->host_bound);
@@ -125,12 +125,17 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
       const std::string ratio =
           s.ours && s.dense && s.ours->median_ms > 0 ? fmt::format("{:.3f}", s.dense->median_ms / s.ours->median_ms)
                                                      : "-";
-      fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6}\n", r.tokens, step_name(s.kind),
+      const std::string weights_tbps =
+          s.ours && s.ours->median_ms > 0 ? fmt::format("{:.2f}", s.weight_bytes / (s.ours->median_ms * 1e-3) / 1e12)
+                                          : "-";
+      fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6}\n", r.tokens, step_name(s.kind),
                  ms_cell(s.ours, &Stats::median_ms), ms_cell(s.ours, &Stats::min_ms), ms_cell(s.ours, &Stats::p90_ms),
-                 ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio);
+                 ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio, weights_tbps);
     }
   }
-  fmt::print("ratio = dense_ms / ms (fraction of the dense cuBLAS ceiling reached); TFLOP/s from the median{}\n",
+  fmt::print("ratio = dense_ms / ms (fraction of the dense cuBLAS ceiling reached); TFLOP/s from the median\n"
+             "wTB/s = the expert weights' unavoidable traffic per second (W1, W2 read per pass, dW1, dW2 written):\n"
+             "the bound at small T, against the HBM's peak{}\n",
              host_bound ? "\n* host-bound: enqueuing outlasted the GPU's head start, so times may include launch gaps"
                         : "");
   std::fflush(stdout);
@@ -157,6 +162,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
   j["iters"] = info.iters;
   j["config_overrides"] = info.overrides;
   j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward 12*H*I, full and memeff 18*H*I";
+  j["weight_bytes_model"] = "W1 and W2 read by the forward and again by the backward, dW1 and dW2 written once";
   nlohmann::json rows = nlohmann::json::array();
   for (const TokenResult& r : results) {
     nlohmann::json t = {{"tokens", r.tokens},
@@ -171,7 +177,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
     if (!r.error.empty()) t["error"] = r.error;
     nlohmann::json steps = nlohmann::json::array();
     for (const StepResult& s : r.steps) {
-      nlohmann::json e = {{"mode", step_name(s.kind)}, {"flops", s.flops}};
+      nlohmann::json e = {{"mode", step_name(s.kind)}, {"flops", s.flops}, {"weight_bytes", s.weight_bytes}};
       if (s.ours) e["ours"] = stats_json(*s.ours, s.flops);
       if (s.dense) e["dense"] = stats_json(*s.dense, s.flops);
       if (s.ours && s.dense && s.ours->median_ms > 0) e["ratio"] = s.dense->median_ms / s.ours->median_ms;

@@ -20,6 +20,7 @@ namespace moejit::bench {
 struct StepResult {
   StepKind kind = StepKind::kForward;
   double flops = 0;
+  double weight_bytes = 0;  // step_weight_bytes
   std::optional<Stats> ours, dense;    // empty when that side failed
   std::string ours_error, dense_error;
 };

@@ -30,4 +30,12 @@ double step_flops(StepKind kind, const MoeProblem& p) {
   return per_pair_hi * double(p.hidden) * p.intermediate * double(p.tokens) * p.topk;
 }
 
+double step_weight_bytes(StepKind kind, const MoeProblem& p) {
+  const double weights = 2.0 * p.experts * 3.0 * double(p.hidden) * p.intermediate;  // W1 [2I, H] + W2 [H, I], 2-byte
+  const double passes = kind == StepKind::kBackward                             ? 2.0  // read, dW written
+                        : kind == StepKind::kFull || kind == StepKind::kMemEff ? 3.0
+                                                                               : 1.0;
+  return passes * weights;
+}
+
 }  // namespace moejit::bench

@@ -21,4 +21,9 @@ StepKind parse_step(const std::string& name);  // throws InvalidArgument naming 
 // DESIGN.md's FLOP model: per (token, slot) pair, forward 6·H·I, backward 12·H·I, full 18·H·I.
 double step_flops(StepKind kind, const MoeProblem& problem);
 
+// The expert weights' traffic no step can avoid, bytes: W1 and W2 read once by the forward and
+// once more by the backward (for dx and d_act), dW1 and dW2 written once. At small T, where every
+// expert gets a few rows, this (not the dense ceiling) bounds the step: it is the same for any T.
+double step_weight_bytes(StepKind kind, const MoeProblem& problem);
+
 }  // namespace moejit::bench
