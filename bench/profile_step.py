@@ -2,7 +2,8 @@
 """Where one moejit step's device time goes, kernel by kernel, in place (not role by role in the
 tuner): torch.profiler's CUDA activity trace over a few steps after warm-up.
 
-  python3 bench/profile_step.py [--tokens 32768] [--shape 128,2048,768,8] [--mode full|forward]
+  python3 bench/profile_step.py [--tokens 32768] [--shape 128,2048,768,8]
+                                [--mode full|forward|inference]
                                 [--steps 5] [--json OUT.json]
 
 Prints, per kernel (moejit's by role, the rest by name), launches per step, mean µs per launch,
@@ -39,7 +40,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--shape", default="128,2048,768,8", help="E,H,I,K")
-    ap.add_argument("--mode", choices=("full", "forward"), default="full")
+    # inference: no input needs grad, so the op runs the inference plan (nothing saved).
+    ap.add_argument("--mode", choices=("full", "forward", "inference"), default="full")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -53,6 +55,9 @@ def main():
     sets = make_sets(a.tokens, e, h, k, torch.bfloat16, max(2, (120 << 20) // per_set + 1), gen)
 
     def step(s):
+        if a.mode == "inference":
+            mt.fused_moe(s[0].detach(), w1.detach(), w2.detach(), s[1], s[2].detach())
+            return
         out = mt.fused_moe(s[0], w1, w2, s[1], s[2])
         if a.mode == "full":
             torch.autograd.grad(out, (s[0], w1, w2, s[2]), s[3])
