@@ -111,7 +111,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         rc.results.push_back(rejected(c, fmt::format("output differs from the reference config by {:.3g}", diff)));
         continue;
       }
-      const Timing t = session.time(rc.role, k, reps);
+      const Timing t = session.time(rc.role, k, reps, options.sustained);
       rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
       // Long kernels vary little: fewer repetitions keep tuning of large problems short.
       if (i == 0 && t.median_ms > kLongKernelMs) reps = std::min(reps, 3);

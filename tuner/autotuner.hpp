@@ -21,6 +21,9 @@ namespace moejit {
 struct TuneOptions {
   double budget_s = 60;  // wall clock for compiling and timing; candidates not reached are recorded as skipped
   int reps = 7;          // timed launches per candidate (the median is kept)
+  // Time candidates back to back after a warm-up burst instead of after an L2 flush each
+  // (TuningSession::time); `moejit tune --timing sustained`.
+  bool sustained = false;
   // The config each role used before this tuning: kept when it ties with the fastest.
   std::map<Role, TileConfig> incumbents;
   std::function<void(const std::string&)> progress;  // optional progress lines

@@ -39,9 +39,11 @@ class TuningSession {
   // sorted token rows (sorted_rows_read) gets the scatter a step would spend on it first
   // (see launch()).
   void run(Role role, const RoleKernel& k);
-  // CUDA-event median over `reps` launches, L2 flushed before each; the scatter a config
-  // pays for counts in its time.
-  Timing time(Role role, const RoleKernel& k, int reps);
+  // CUDA-event median over `reps` launches; the scatter a config pays for counts in its time.
+  // Burst (default): L2 flushed before each launch. Sustained: the launches run back to back
+  // after about 25 ms of untimed ones, as a step's kernels run, with the clocks where a long run
+  // holds them; nothing is flushed (a step leaves its own data in L2).
+  Timing time(Role role, const RoleKernel& k, int reps, bool sustained = false);
 
   // Keeps a copy of the role's current output as the reference for diff().
   void snapshot(Role role);

@@ -137,6 +137,25 @@ TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][
   CHECK(found);
 }
 
+TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TuneOptions options;
+  options.sustained = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(rows.size() == 1);
+  int timed = 0;
+  for (const auto& c : rows[0].candidates) {
+    if (c.rejected) continue;
+    CHECK(c.median_ms > 0);
+    ++timed;
+  }
+  CHECK(timed > 1);
+  CHECK(rows[0].median_ms > 0);
+  CHECK(seconds >= 0.025 * timed);  // ~25 ms of back-to-back launches before each candidate's timing
+}
+
 TEST_CASE("moejit tune resumes: a second run skips every tuned key", "[gpu][tune][cli]") {
   MOEJIT_REQUIRE_GPU(gpu);
   TempDir dir("cli-tune");

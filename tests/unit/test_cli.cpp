@@ -40,6 +40,9 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   CHECK_THAT(r.output, Catch::Contains("arch"));
   r = run_command(cli() + " compile --bogus");
   CHECK(r.exit_code == 2);
+  r = run_command(cli() + " tune --shape 8,256,128,2 --tokens 512 --timing warm --db /nonexistent/x.sqlite");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--timing"));
   r = run_command(cli() + " frobnicate");
   CHECK(r.exit_code == 2);
   r = run_command(cli());

@@ -56,7 +56,7 @@ void parse_shard(const Args& a, TunePlanRequest& r) {
 
 int run_tune(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {"force"},
-                      {"shape", "tokens", "dtype", "modes", "roles", "db", "devices", "shard", "budget"});
+                      {"shape", "tokens", "dtype", "modes", "roles", "db", "devices", "shard", "budget", "timing"});
   const MoeProblem dims = parse_dims(a);
   TunePlanRequest req;
   req.experts = dims.experts;
@@ -72,6 +72,10 @@ int run_tune(int argc, char** argv, int start) {
   req.force = a.has("force");
   parse_shard(a, req);
   const double budget = a.has("budget") ? std::stod(a.get("budget")) : env::tune_budget_s();
+  const std::string timing = a.get("timing", "burst");
+  if (timing != "burst" && timing != "sustained") {
+    throw InvalidArgument("--timing", "expected burst or sustained, got '" + timing + "'");
+  }
   const std::filesystem::path db_path = a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path();
 
   const std::vector<int> devices = parse_devices(a);
@@ -106,6 +110,7 @@ int run_tune(int argc, char** argv, int start) {
         const auto t0 = std::chrono::steady_clock::now();
         TuneOptions opt;
         opt.budget_s = budget;
+        opt.sustained = timing == "sustained";
         for (Role r : item.roles) {
           auto it = existing.find(tuning_key(r, item.problem, info).id());
           if (it != existing.end()) opt.incumbents[r] = it->second;

@@ -16,7 +16,7 @@ const char* kUsage =
     "  plan [--shape E,H,I,K] [--tokens T] [--mode train|infer|memeff] [--dtype bf16]\n"
     "                                     build a plan on the GPU (self-tuning if allowed); show configs\n"
     "  tune [--shape E,H,I,K] [--tokens T,...] [--modes train,infer,memeff] [--roles R,...] [--db PATH]\n"
-    "       [--devices all|0,1,...] [--shard i/n] [--force] [--budget S]\n"
+    "       [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
     "                                     offline tuning into a database, resumable and shardable\n"
     "  bench [--shape E,H,I,K] [--tokens T,...] [--mode M] [--reps N]\n"
     "                                     per role: heuristic default vs the stored (tuned) config\n"
