@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w) {
         if (!tma_thread<kThreads>()) return;
-        if (tiles_done > 0) mbarrier_wait(pre_empty, (tiles_done - 1) & 1);
+        if (tiles_done > 0) mbarrier_wait_or_trap(pre_empty, (tiles_done - 1) & 1);
         copy_pre(w);
         ++tiles_done;
       });

@@ -62,25 +62,37 @@ __device__ __forceinline__ uint64 global_timer_ns() {
   return t;
 }
 
-// A barrier wait that lasts this long is a bug (a stage whose copies never all land, a release
-// that never comes), never a slow kernel: every wait here covers microseconds of work. The
-// thread then reports it and traps, so the launch fails with an error (the host throws
-// CudaError) instead of hanging the process.
-constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
-
-__device__ __noinline__ void barrier_wait_timed_out(uint64* bar, uint32 parity) {
-  printf("moejit: mbarrier wait timed out after %llu s: block %u, thread %u, barrier at shared 0x%x, parity %u\n",
-         kBarrierTimeoutNs / 1000000000ull, blockIdx.x, threadIdx.x, smem_u32(bar), parity);
-  __trap();
+// Until the barrier's phase of `parity` has completed: the MMA warps' wait, a bare spin, since
+// they wait with every accumulator live and a timer's registers would spill them.
+__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
 }
 
-// Until the barrier's phase of `parity` has completed. The clock is read only once a try_wait
-// (which itself suspends a while in hardware) has failed, off the path of a barrier that is ready.
-__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+// A producer's wait that lasts this long is a bug (a stage whose copies never all land, a
+// release that never comes), never a slow kernel: every wait covers microseconds of work.
+constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
+
+// mbarrier_wait for the producer warps, which have registers to spare: after kBarrierTimeoutNs
+// the thread traps, so the launch fails with an error (the host throws CudaError) instead of
+// hanging the process. Inline and silent on purpose: a call or a printf in a kernel makes ptxas
+// serialize every wgmma and ignore setmaxnreg (C7510, C7507). The clock is read only once a
+// try_wait (which itself suspends a while in hardware) has failed.
+__device__ __forceinline__ void mbarrier_wait_or_trap(uint64* bar, uint32 parity) {
   if (mbarrier_try_wait(bar, parity)) return;
   const uint64 start = global_timer_ns();
   while (!mbarrier_try_wait(bar, parity)) {
-    if (global_timer_ns() - start > kBarrierTimeoutNs) barrier_wait_timed_out(bar, parity);
+    if (global_timer_ns() - start > kBarrierTimeoutNs) asm volatile("trap;");
+  }
+}
+
+// A producer's last step: until the copies into the last min(STAGES, filled) stages have landed
+// (stage j of the ring: full[j % STAGES], phase j / STAGES). A stage short of its bytes then traps
+// here even where the producer has no later wait, since the MMA warps' waits never time out.
+template <int STAGES>
+__device__ __forceinline__ void await_last_stages(uint64* full, uint32 filled) {
+  for (uint32 j = filled > STAGES ? filled - STAGES : 0; j < filled; ++j) {
+    mbarrier_wait_or_trap(full + j % STAGES, (j / STAGES) & 1);
   }
 }
 
@@ -155,13 +167,14 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     setmaxnreg_dec<RegisterSplit<kMmaWarps>::kProducer>();
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % STAGES;
-      if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
+      if (kt >= STAGES) mbarrier_wait_or_trap(empty + s, ((kt / STAGES) - 1) & 1);
       if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
       load(s, kt);
       mbarrier_arrive_on_cp_async(full + s);
       __syncwarp();  // the warp's synchronous shared-memory fills, if any, precede lane 0's arrival
       if (lane0) mbarrier_arrive(full + s);
     }
+    if (tma_thread<kMmaThreads>()) await_last_stages<STAGES>(full, static_cast<uint32>(k_tiles));
     cp_async_wait<0>();
     if (paired) cluster_sync();
     return false;
@@ -229,7 +242,7 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
       const int kts = k_tiles(w);
       for (int kt = 0; kt < kts; ++kt, ++it) {
         const int s = static_cast<int>(it % STAGES);
-        if (it >= STAGES) mbarrier_wait(empty + s, ((it / STAGES) - 1) & 1);
+        if (it >= STAGES) mbarrier_wait_or_trap(empty + s, ((it / STAGES) - 1) & 1);
         if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
         load(s, w, kt);
         mbarrier_arrive_on_cp_async(full + s);
@@ -238,6 +251,7 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
       }
       after_loads(w);
     }
+    if (tma_thread<kMmaThreads>()) await_last_stages<STAGES>(full, it);
     cp_async_wait<0>();
     if constexpr (CLUSTER == 2) cluster_sync();
     return;
