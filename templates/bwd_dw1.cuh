@@ -38,6 +38,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* dpre = nullptr;
+  const T* x = nullptr;
   run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, m_total, p.hidden, mma, sm,
       [&](int stage, const ExpertBlock& blk, int kt) {
@@ -48,7 +53,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), blk.n0, k0);
           }
         } else {
-          const T* dpre = static_cast<const T*>(p.d_pre_act) + blk.m0;
           tokens.begin(kt);
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
@@ -56,8 +60,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
                 return k0 + r < blk.r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr;
               },
               m_total - blk.m0);
-          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), static_cast<const T*>(p.x) + blk.n0,
-                                                                   p.hidden, p.hidden - blk.n0);
+          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - blk.n0);
           tokens.end(kt);
         }
       },
@@ -74,6 +77,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       [&](const ExpertBlock& blk) {
         tokens.r_begin = blk.r_begin;
         tokens.r_end = blk.r_end;
+        dpre = static_cast<const T*>(p.d_pre_act) + blk.m0;
+        x = static_cast<const T*>(p.x) + blk.n0;
       });
 }
 

@@ -45,6 +45,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* d_out = nullptr;
+  const T* wact = nullptr;
+  const T* pre_tile = nullptr;  // the fused activation's pre-activations (one-tile blocks)
   run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, kTmaBytes>(
       p.routing, p.hidden, p.inter, mma, sm,
       [&](int stage, const ExpertBlock& blk, int kt) {
@@ -59,12 +65,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           }
         } else {
           tokens.begin(kt);
-          tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), static_cast<const T*>(p.d_out) + blk.m0,
-                                                                   p.hidden, p.hidden - blk.m0);
+          tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - blk.m0);
           tokens.end(kt);
         }
         if constexpr (FUSED_ACT) {
-          const T* pre = static_cast<const T*>(p.pre_act) + blk.n0;
+          const T* pre = PERSISTENT ? static_cast<const T*>(p.pre_act) + blk.n0 : pre_tile;
           fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b_stage(stage), [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
             const bool ok = row < blk.r_end;
@@ -92,7 +97,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             }
           });
         } else if constexpr (!TMA) {
-          const T* wact = static_cast<const T*>(p.weighted_act) + blk.n0;
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* {
@@ -114,6 +118,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       [&](const ExpertBlock& blk) {
         tokens.r_begin = blk.r_begin;
         tokens.r_end = blk.r_end;
+        d_out = static_cast<const T*>(p.d_out) + blk.m0;
+        wact = static_cast<const T*>(p.weighted_act) + blk.n0;
+        pre_tile = static_cast<const T*>(p.pre_act) + blk.n0;
       });
 }
 

@@ -35,6 +35,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const int k_total = 2 * p.inter;
 
   Mma mma;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* dpre = nullptr;
+  const T* w1 = nullptr;
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.hidden, ceil_div(k_total, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
@@ -50,8 +55,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             });
           }
         } else {
-          const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(w.tile.row0) * k_total;
-          const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(w.tile.expert) * k_total * p.hidden + w.n0;
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
               [&](int r) -> const T* { return r < w.tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
@@ -64,6 +67,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w, const Staging& staged) {
         store_token_tile<kThreads, ALIGNED>(staged, mma, w, p.dx_rows_map, static_cast<T*>(p.dx_rows), p.hidden);
+      },
+      [&](const TokenWork& w) {
+        dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(w.tile.row0) * k_total;
+        w1 = static_cast<const T*>(p.w1) + static_cast<int64>(w.tile.expert) * k_total * p.hidden + w.n0;
       });
 }
 

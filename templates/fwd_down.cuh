@@ -33,6 +33,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
 
   Mma mma;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* act = nullptr;
+  const T* w2 = nullptr;
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.hidden, ceil_div(p.inter, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
@@ -49,8 +54,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             });
           }
         } else {
-          const T* act = static_cast<const T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter;
-          const T* w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(w.tile.expert) * p.hidden + w.n0) * p.inter;
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
               [&](int r) -> const T* { return r < w.tile.rows ? act + static_cast<int64>(r) * p.inter + k0 : nullptr; },
@@ -63,6 +66,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w, const Staging& staged) {
         store_token_tile<kThreads, ALIGNED>(staged, mma, w, p.y_map, static_cast<T*>(p.y), p.hidden);
+      },
+      [&](const TokenWork& w) {
+        act = static_cast<const T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter;
+        w2 = static_cast<const T*>(p.w2) + (static_cast<int64>(w.tile.expert) * p.hidden + w.n0) * p.inter;
       });
 }
 
