@@ -57,9 +57,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
               [&](int r) -> const T* {
-                return k0 + r < blk.r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr;
+                // 2I from the parameters, not m_total: a register held across the loop for it made
+                // ptxas serialize the multistage wgmmas (C7515).
+                return k0 + r < blk.r_end ? dpre + static_cast<int64>(k0 + r) * (2 * p.inter) : nullptr;
               },
-              m_total - blk.m0);
+              2 * p.inter - blk.m0);
           tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - blk.n0);
           tokens.end(kt);
         }
