@@ -36,7 +36,8 @@ case "${1:-}" in
       cat /tmp/one.log >> "$out/gpu-tests.log"
       if ((rc != 0)); then
         fails=$((fails + 1))
-        grep -a -m3 "mbarrier wait timed out" /tmp/one.log  # the watchdog's report names the barrier
+        # A barrier watchdog's trap (templates/common/pipeline_sm90.cuh) shows as a launch failure.
+        grep -a -m3 "launch failure\|illegal instruction\|CUDA_ERROR" /tmp/one.log
         grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
       fi
     done < <("$bin" --list-test-names-only)
