@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 #include "cuda/driver.hpp"
 #include "moe/kernel_params.hpp"
@@ -125,51 +126,56 @@ std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, cons
 }
 
 
+namespace {
+
+// A map field of a role's parameters and the tensor it maps, in tensor_map_specs' order.
+struct MapBinding {
+  params::TensorMap* map;
+  const void* base;
+};
+
+// Encodes each spec into its binding; a null base (a tensor the variant does not have, such as
+// the memory-efficient bwd_dw2's weighted activation) leaves its map unset.
+void bind_all(const std::vector<TensorMapSpec>& specs, DType dtype, std::initializer_list<MapBinding> bindings) {
+  if (bindings.size() != specs.size()) throw InternalError("tensor maps and their bindings differ in number");
+  std::size_t i = 0;
+  for (const MapBinding& b : bindings) {
+    if (b.base != nullptr) *b.map = encode(specs[i], b.base, dtype);
+    ++i;
+  }
+}
+
+}  // namespace
+
 void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, void* params) {
   if (!c.use_tma) return;
   const std::vector<TensorMapSpec> s = tensor_map_specs(role, c, shape);
+  const DType dt = shape.dtype;
   switch (role) {
     case Role::kFwdUp: {
       auto& p = *static_cast<params::FwdUp*>(params);
-      p.w1_map = encode(s[0], p.w1, shape.dtype);
-      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.w1_map, p.w1}, {&p.x_rows_map, p.x_rows}});
     }
     case Role::kFwdDown: {
       auto& p = *static_cast<params::FwdDown*>(params);
-      p.act_map = encode(s[0], p.act, shape.dtype);
-      p.w2_map = encode(s[1], p.w2, shape.dtype);
-      p.y_map = encode(s[2], p.y, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.act_map, p.act}, {&p.w2_map, p.w2}, {&p.y_map, p.y}});
     }
     case Role::kBwdDown: {
       auto& p = *static_cast<params::BwdDown*>(params);
-      p.w2_map = encode(s[0], p.w2, shape.dtype);
-      p.d_out_rows_map = encode(s[1], p.d_out_rows, shape.dtype);
-      p.pre_act_map = encode(s[2], p.pre_act, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.w2_map, p.w2}, {&p.d_out_rows_map, p.d_out_rows}, {&p.pre_act_map, p.pre_act}});
     }
     case Role::kBwdDw2: {
-      // The memory-efficient variant recomputes the weighted activation: no buffer to map.
       auto& p = *static_cast<params::BwdDw2*>(params);
-      p.d_out_rows_map = encode(s[0], p.d_out_rows, shape.dtype);
-      if (p.weighted_act != nullptr) p.weighted_act_map = encode(s[1], p.weighted_act, shape.dtype);
-      p.dw2_map = encode(s[2], p.dw2, shape.dtype);
-      return;
+      return bind_all(s, dt,
+                      {{&p.d_out_rows_map, p.d_out_rows}, {&p.weighted_act_map, p.weighted_act}, {&p.dw2_map, p.dw2}});
     }
     case Role::kBwdDx: {
       auto& p = *static_cast<params::BwdDx*>(params);
-      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
-      p.w1_map = encode(s[1], p.w1, shape.dtype);
-      p.dx_rows_map = encode(s[2], p.dx_rows, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.d_pre_act_map, p.d_pre_act}, {&p.w1_map, p.w1}, {&p.dx_rows_map, p.dx_rows}});
     }
     case Role::kBwdDw1: {
       auto& p = *static_cast<params::BwdDw1*>(params);
-      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
-      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
-      p.dw1_map = encode(s[2], p.dw1, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.d_pre_act_map, p.d_pre_act}, {&p.x_rows_map, p.x_rows}, {&p.dw1_map, p.dw1}});
     }
     default: break;
   }
