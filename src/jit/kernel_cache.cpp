@@ -40,10 +40,12 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   kernel->name_expressions = unit.name_expressions;
   kernel->lowered_names = std::move(out.lowered_names);
   kernel->resources = std::move(out.resources);
+  kernel->performance_losses = std::move(out.performance_losses);
   kernel->compile_ms = out.compile_ms;
   log::debug("compiled {} in {:.1f} ms", spec.readable_name(), out.compile_ms);
-  // ptxas reports wgmma serialisation and similar silent slowdowns only as warnings in the log.
   if (out.log.find("warning") != std::string::npos) log::warn("{}: {}", spec.readable_name(), out.log);
+  // ptxas reports a serialized wgmma pipeline or an ignored setmaxnreg only as an info line.
+  for (const std::string& loss : kernel->performance_losses) log::warn("{}: ptxas: {}", spec.readable_name(), loss);
   if (disk) disk->store(*kernel);
   origin = Origin::kCompiled;
   return kernel;
