@@ -47,4 +47,9 @@ for path in sys.argv[1:]:
         sass = subprocess.run(["cuobjdump", "-sass", f.name], capture_output=True, text=True, check=True,
                               env=ENV).stdout
     ops = collections.Counter(m.group(0) for m in PATTERN.finditer(sass))
-    print(path.rsplit("/", 1)[-1], dict(sorted(ops.items())))
+    # A pipelined wgmma loop keeps a group in flight (DEPBAR.LE gsb0, 0x1) and drains once; a
+    # serialized one (ptxas C7510/C7512/C7515) waits for zero groups after every HGMMA.
+    hgmma = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
+    drains = sass.count("DEPBAR.LE gsb0, 0x0")
+    serialized = " SERIALIZED" if hgmma > 1 and drains >= hgmma else ""
+    print(path.rsplit("/", 1)[-1], dict(sorted(ops.items())), f"wait-all {drains}{serialized}")
