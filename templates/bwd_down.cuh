@@ -12,8 +12,7 @@
 // of 4 bytes a row stalled the MMA warps for ~30 % of the role).
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/token_gemm.cuh"
 #include "common/swiglu.cuh"
 #include "common/warp.cuh"
 
@@ -36,135 +35,161 @@ struct BwdDownParams {
   TensorMap pre_act_map;     // TMA: pre_act as [TK, 2I], boxes 64 x BM
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
+  // Persistent where g and u fit beside the stages: up to 128 columns (tuner/role_traits.cpp).
+  static_assert(!PERSISTENT || (kPersistentEligible<TMA, WS, WARPS, CLUSTER> && BN <= 128),
+                "a persistent grid of two-warpgroup TMA tiles or pairs, up to 128 columns");
+  // TMA: the epilogue's g and u tiles, BN / 64 panels each (SmemTile<BM, 64>, 128-byte swizzle).
+  // A one-tile block copies them into its stages once the main loop is done; a persistent block's
+  // producer copies them into memory of their own after issuing the tile's k tiles, so they land
+  // under the last k tiles. Their barriers take the unused row offsets' place: `pre_full` (the
+  // copies landed) and, persistent, `pre_empty` (every MMA warp is done with them).
+  using PrePanel = SmemTile<BM, 64>;
+  constexpr int kPreElems = 2 * BN * BM;
+  // What run_token_gemm hands the epilogue to stage an output tile in; bwd_down stores from
+  // registers and leaves it alone.
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
-
-  TokenTile tile;
-  int n0;
-  ClusterPair pair;
-  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.inter, tile, n0, pair)) return;
-  if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 2 : BM, PERSISTENT ? kPreElems : 0> sm(smem_raw);
+  static_assert(!TMA || PERSISTENT || kPreElems <= decltype(sm)::kPipelineBytes / 2, "g and u fit the stages");
+  T* const g_tile = PERSISTENT ? sm.out : sm.a;
+  T* const u_tile = g_tile + BN * BM;
+  uint64* const pre_full = reinterpret_cast<uint64*>(sm.rows);
+  uint64* const pre_empty = pre_full + 1;
+  if (TMA && threadIdx.x == 0) {
+    mbarrier_init(pre_full, 1);
+    if (PERSISTENT) mbarrier_init(pre_empty, WARPS);
+    mbarrier_init_fence();  // the main loop's block or cluster barrier publishes them
+  }
+  const auto copy_pre = [&](const TokenWork& w) {
+    mbarrier_arrive_expect_tx(pre_full, kPreElems * 2);
+#pragma unroll
+    for (int panel = 0; panel < BN / 64; ++panel) {
+      tma_load(g_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, w.n0 + 64 * panel, w.tile.row0);
+      tma_load(u_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, p.inter + w.n0 + 64 * panel, w.tile.row0);
+    }
+  };
+  uint32 tiles_done = 0;  // this thread's tiles so far: the pre barriers' phase
 
   const T* d_out = static_cast<const T*>(p.d_out);
-  const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(tile.expert) * p.hidden * p.inter + n0;
-
-  // TMA: the epilogue's g and u tiles, BN / 64 panels each (SmemTile<BM, 64>, 128-byte swizzle)
-  // in the pipeline's memory once the main loop is done; their barrier takes the unused row
-  // offsets' place.
-  using PrePanel = SmemTile<BM, 64>;
-  static_assert(!TMA || 2 * BN * BM <= GemmSmem<Mma, STAGES, BM>::kPipelineBytes / 2, "g and u fit the stages");
-  T* const g_tile = sm.a;
-  T* const u_tile = sm.a + BN * BM;
-  uint64* const pre_bar = reinterpret_cast<uint64*>(sm.rows);
-  if (TMA && threadIdx.x == 0) {
-    mbarrier_init(pre_bar, 1);
-    mbarrier_init_fence();  // the main loop's block barrier publishes it
-  }
-
+  const T* scores = static_cast<const T*>(p.scores);
+  const T* pre = static_cast<const T*>(p.pre_act);
+  T* dpre = static_cast<T*>(p.d_pre_act);
+  T* wact = static_cast<T*>(p.weighted_act);
+  // Tile-local element (r, c) of the g or u tile in shared memory.
+  const auto pre_smem = [](const T* t, int r, int c) {
+    return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64);
+  };
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
-      [&](int stage, int kt) {
+  // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
+  const auto finish = [&](const TokenWork& w) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mma.row(mi, half);
+        const bool valid = w.store && r < w.tile.rows;
+        const int64 row = w.tile.row0 + r;
+        const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
+        const float s = valid ? load_float(scores + pair) : 0.f;
+        float ds = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < Mma::kNi; ++ni) {
+          const int col = w.n0 + mma.col(ni);
+          if (!valid || col >= p.inter) continue;
+          const int64 gi = row * 2 * p.inter + col;
+          const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
+          float g[2], u[2], dg[2], du[2], wa[2];
+          // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
+          const bool both = ALIGNED || col + 1 < p.inter;
+          if (TMA) {
+            load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
+            load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
+          } else if (ALIGNED) {
+            load_float2(pre + gi, g[0], g[1]);
+            load_float2(pre + gi + p.inter, u[0], u[1]);
+          } else {
+            g[0] = load_float(pre + gi);
+            u[0] = load_float(pre + gi + p.inter);
+            g[1] = both ? load_float(pre + gi + 1) : 0.f;
+            u[1] = both ? load_float(pre + gi + 1 + p.inter) : 0.f;
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            ds += (j == 0 || both) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
+            SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
+            wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
+          }
+          if (ALIGNED) {
+            store_float2(dpre + gi, dg[0], dg[1]);
+            store_float2(dpre + gi + p.inter, du[0], du[1]);
+            if (wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
+          } else {
+            for (int j = 0; j < (both ? 2 : 1); ++j) {
+              store_float(dpre + gi + j, dg[j]);
+              store_float(dpre + gi + j + p.inter, du[j]);
+              if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
+            }
+          }
+        }
+        // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.
+        ds += __shfl_xor_sync(kFullWarp, ds, 1);
+        ds += __shfl_xor_sync(kFullWarp, ds, 2);
+        if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
+      }
+  };
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
+      [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0, tile.row0);
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), k0,
+                                                  w.tile.row0);
             using BTile = typename Mma::BTile;
-            pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
+            w.pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
               tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w2_map, sm.full(stage), mask,
-                                 n0 + 64 * panel, k0, tile.expert);
+                                 w.n0 + 64 * panel, k0, w.tile.expert);
             });
           }
         } else {
+          const T* w2 = static_cast<const T*>(p.w2) + static_cast<int64>(w.tile.expert) * p.hidden * p.inter + w.n0;
           load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, d_out, k0,
                                                                           p.hidden - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < p.hidden ? w2 + static_cast<int64>(k0 + r) * p.inter : nullptr; },
-              p.inter - n0);
+              p.inter - w.n0);
         }
       },
-      NothingToFix{}, pair.paired);
-  if (!mma_thread) return;
-  if constexpr (TMA) {
-    if (threadIdx.x == 0) {
-      mbarrier_arrive_expect_tx(pre_bar, 2 * BN * BM * 2);
-#pragma unroll
-      for (int panel = 0; panel < BN / 64; ++panel) {
-        tma_load(g_tile + panel * PrePanel::kElems, p.pre_act_map, pre_bar, n0 + 64 * panel, tile.row0);
-        tma_load(u_tile + panel * PrePanel::kElems, p.pre_act_map, pre_bar, p.inter + n0 + 64 * panel, tile.row0);
-      }
-    }
-    mbarrier_wait(pre_bar, 0);
-  }
-  // Tile-local element (r, c) of the g or u tile in shared memory.
-  auto pre_smem = [](const T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
-
-  const T* scores = static_cast<const T*>(p.scores);
-  const T* pre = static_cast<const T*>(p.pre_act);
-  T* dpre = static_cast<T*>(p.d_pre_act);
-  T* wact = static_cast<T*>(p.weighted_act);
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int mi = 0; mi < Mma::kMi; ++mi)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mma.row(mi, half);
-      const bool valid = r < tile.rows;
-      const int64 row = tile.row0 + r;
-      const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
-      const float s = valid ? load_float(scores + pair) : 0.f;
-      float ds = 0.f;
-#pragma unroll
-      for (int ni = 0; ni < Mma::kNi; ++ni) {
-        const int col = n0 + mma.col(ni);
-        if (!valid || col >= p.inter) continue;
-        const int64 gi = row * 2 * p.inter + col;
-        const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
-        float g[2], u[2], dg[2], du[2], wa[2];
-        // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
-        const bool pair = ALIGNED || col + 1 < p.inter;
-        if (TMA) {
-          load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
-          load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
-        } else if (ALIGNED) {
-          load_float2(pre + gi, g[0], g[1]);
-          load_float2(pre + gi + p.inter, u[0], u[1]);
-        } else {
-          g[0] = load_float(pre + gi);
-          u[0] = load_float(pre + gi + p.inter);
-          g[1] = pair ? load_float(pre + gi + 1) : 0.f;
-          u[1] = pair ? load_float(pre + gi + 1 + p.inter) : 0.f;
+      [&](const TokenWork& w, const Staging&) {
+        if constexpr (TMA) {
+          if (!PERSISTENT && threadIdx.x == 0) copy_pre(w);
+          mbarrier_wait(pre_full, tiles_done & 1);
         }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          ds += (j == 0 || pair) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
-          SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
-          wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
+        finish(w);
+        if constexpr (PERSISTENT) {
+          fence_proxy_async_shared();  // the next tile's g and u come by TMA into what was read here
+          __syncwarp();
+          if ((threadIdx.x & 31) == 0) mbarrier_arrive(pre_empty);
         }
-        if (ALIGNED) {
-          store_float2(dpre + gi, dg[0], dg[1]);
-          store_float2(dpre + gi + p.inter, du[0], du[1]);
-          if (wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
-        } else {
-          for (int j = 0; j < (pair ? 2 : 1); ++j) {
-            store_float(dpre + gi + j, dg[j]);
-            store_float(dpre + gi + j + p.inter, du[j]);
-            if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
-          }
-        }
-      }
-      // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.
-      ds += __shfl_xor_sync(kFullWarp, ds, 1);
-      ds += __shfl_xor_sync(kFullWarp, ds, 2);
-      if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
-    }
+        ++tiles_done;
+      },
+      [&](const TokenWork& w) {
+        if constexpr (!TMA) gather_row_offsets<BM>(p.routing, w.tile, p.hidden, sm.rows);
+      },
+      [&](const TokenWork& w) {
+        if (!tma_thread<kThreads>()) return;
+        if (tiles_done > 0) mbarrier_wait_or_trap(pre_empty, (tiles_done - 1) & 1);
+        copy_pre(w);
+        ++tiles_done;
+      });
 }
 
 }  // namespace moejit

@@ -6,8 +6,7 @@
 // or never written) are zeroed before the MMAs read them.
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/expert_gemm.cuh"
 
 namespace moejit {
 
@@ -21,57 +20,68 @@ struct BwdDw1Params {
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes 64 x BK
   TensorMap x_rows_map;     // TMA: x_rows as [TK, H], boxes 64 x BK
+  TensorMap dw1_map;        // TMA: dW1 as [E, 2I, H], boxes 64 x BM x 1 (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw1_kernel(const __grid_constant__ BwdDw1Params p) {
   static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
-
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const int m_total = 2 * p.inter;
-  const ExpertBlock blk = expert_block<BM, BN, GROUP_M>(p.routing, m_total, p.hidden);
-  const int32 e = blk.expert, r_begin = blk.r_begin, r_end = blk.r_end;
-  const int m0 = blk.m0, n0 = blk.n0;
-  const T* dpre = static_cast<const T*>(p.d_pre_act) + m0;
-  const T* x = static_cast<const T*>(p.x) + n0;
 
-  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
+  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
-      [&](int stage, int kt) {
-        const int32 k0 = r_begin + kt * BK;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* dpre = nullptr;
+  const T* x = nullptr;
+  run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, m_total, p.hidden, mma, sm,
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 k0 = blk.r_begin + kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), m0, k0);
-            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), n0, k0);
+            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), blk.m0, k0);
+            tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.x_rows_map, sm.full(stage), blk.n0, k0);
           }
         } else {
           tokens.begin(kt);
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
-              [&](int r) -> const T* { return k0 + r < r_end ? dpre + static_cast<int64>(k0 + r) * m_total : nullptr; },
-              m_total - m0);
-          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - n0);
+              [&](int r) -> const T* {
+                // 2I from the parameters, not m_total: a register held across the loop for it made
+                // ptxas serialize the multistage wgmmas (C7515).
+                return k0 + r < blk.r_end ? dpre + static_cast<int64>(k0 + r) * (2 * p.inter) : nullptr;
+              },
+              2 * p.inter - blk.m0);
+          tokens.template load_rows<typename Mma::BTile, ALIGNED>(sm.b_stage(stage), x, p.hidden, p.hidden - blk.n0);
           tokens.end(kt);
         }
       },
-      [&](int stage, int kt) {
-        const int32 rows = r_end - (r_begin + kt * BK);
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 rows = blk.r_end - (blk.r_begin + kt * BK);
         if (TMA && rows < BK) {
           zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
           zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
         }
+      },
+      [&](const ExpertBlock& blk, const Staging& staged) {
+        store_expert_tile<kThreads, ALIGNED>(staged, mma, blk, p.dw1_map, static_cast<T*>(p.dw1), m_total, p.hidden);
+      },
+      [&](const ExpertBlock& blk) {
+        tokens.r_begin = blk.r_begin;
+        tokens.r_end = blk.r_end;
+        dpre = static_cast<const T*>(p.d_pre_act) + blk.m0;
+        x = static_cast<const T*>(p.x) + blk.n0;
       });
-  if (!mma_thread) return;
-
-  T* out = static_cast<T*>(p.dw1) + (static_cast<int64>(e) * m_total + m0) * p.hidden + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return m0 + r < m_total ? out + static_cast<int64>(r) * p.hidden : nullptr; },
-      p.hidden - n0);
 }
 
 }  // namespace moejit

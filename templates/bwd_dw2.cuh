@@ -9,8 +9,7 @@
 // zeroed before the MMAs read them.
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/expert_gemm.cuh"
 #include "common/swiglu.cuh"
 
 namespace moejit {
@@ -27,51 +26,56 @@ struct BwdDw2Params {
   int32 inter;
   TensorMap d_out_rows_map;    // TMA: d_out_rows as [TK, H], boxes 64 x BK
   TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
+  TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x BM x 1 (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool FUSED_ACT>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dw2_kernel(const __grid_constant__ BwdDw2Params p) {
   static_assert(CLUSTER == 1, "expert GEMMs run without clusters");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, false, false>;
   constexpr int kTmaBytes = TMA ? (Mma::ATile::kElems + (FUSED_ACT ? 0 : Mma::BTile::kElems)) * 2 : 0;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BK> sm(smem_raw);  // rows: the 2 * BK int32 token ring
-
-  const ExpertBlock blk = expert_block<BM, BN, GROUP_M>(p.routing, p.hidden, p.inter);
-  const int32 e = blk.expert, r_begin = blk.r_begin, r_end = blk.r_end;
-  const int m0 = blk.m0, n0 = blk.n0;
-  const T* d_out = static_cast<const T*>(p.d_out) + m0;
-  const T* wact = static_cast<const T*>(p.weighted_act) + n0;
-  const T* pre = static_cast<const T*>(p.pre_act) + n0;
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const T* scores = static_cast<const T*>(p.scores);
 
-  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, r_begin, r_end, reinterpret_cast<int32*>(sm.rows)};
+  KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, kTmaBytes>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(r_end - r_begin, BK),
-      [&](int stage, int kt) {
-        const int32 k0 = r_begin + kt * BK;
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* d_out = nullptr;
+  const T* wact = nullptr;
+  const T* pre_tile = nullptr;  // the fused activation's pre-activations (one-tile blocks)
+  run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, kTmaBytes>(
+      p.routing, p.hidden, p.inter, mma, sm,
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 k0 = blk.r_begin + kt * BK;
         // A = dO^T: tile row r is sorted row k0 + r (its token's dO row), columns m0..
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), m0, k0);
+            tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), blk.m0, k0);
             if (!FUSED_ACT) {
-              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), n0, k0);
+              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), blk.n0, k0);
             }
           }
         } else {
           tokens.begin(kt);
-          tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - m0);
+          tokens.template load_rows<typename Mma::ATile, ALIGNED>(sm.a_stage(stage), d_out, p.hidden, p.hidden - blk.m0);
           tokens.end(kt);
         }
         if constexpr (FUSED_ACT) {
+          const T* pre = PERSISTENT ? static_cast<const T*>(p.pre_act) + blk.n0 : pre_tile;
           fill_tile<typename Mma::BTile, Mma::kLoaders>(sm.b_stage(stage), [&](int r, int col, uint16 (&v)[8]) {
             const int64 row = k0 + r;
-            const bool ok = row < r_end;
+            const bool ok = row < blk.r_end;
             const float s = ok ? load_float(scores + p.routing.sorted_pairs[row]) : 0.f;
             const T* g = pre + row * 2 * p.inter + col;
-            if (ALIGNED && ok && n0 + col < p.inter) {
+            if (ALIGNED && ok && blk.n0 + col < p.inter) {
               // 8 gate and 8 up values with two 16-byte loads (I is a multiple of 8).
               const uint4 gv = *reinterpret_cast<const uint4*>(g);
               const uint4 uv = *reinterpret_cast<const uint4*>(g + p.inter);
@@ -87,7 +91,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-              const bool in = ok && n0 + col + j < p.inter;
+              const bool in = ok && blk.n0 + col + j < p.inter;
               v[j] = in ? DTypeTraits<T>::from_float(SwiGlu::weighted_act(load_float(g + j), load_float(g + j + p.inter), s))
                         : 0;
             }
@@ -95,23 +99,29 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         } else if constexpr (!TMA) {
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
-              [&](int r) -> const T* { return k0 + r < r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr; },
-              p.inter - n0);
+              [&](int r) -> const T* {
+                return k0 + r < blk.r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr;
+              },
+              p.inter - blk.n0);
         }
       },
-      [&](int stage, int kt) {
-        const int32 rows = r_end - (r_begin + kt * BK);
+      [&](int stage, const ExpertBlock& blk, int kt) {
+        const int32 rows = blk.r_end - (blk.r_begin + kt * BK);
         if (TMA && rows < BK) {
           zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
           if (!FUSED_ACT) zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
         }
+      },
+      [&](const ExpertBlock& blk, const Staging& staged) {
+        store_expert_tile<kThreads, ALIGNED>(staged, mma, blk, p.dw2_map, static_cast<T*>(p.dw2), p.hidden, p.inter);
+      },
+      [&](const ExpertBlock& blk) {
+        tokens.r_begin = blk.r_begin;
+        tokens.r_end = blk.r_end;
+        d_out = static_cast<const T*>(p.d_out) + blk.m0;
+        wact = static_cast<const T*>(p.weighted_act) + blk.n0;
+        pre_tile = static_cast<const T*>(p.pre_act) + blk.n0;
       });
-  if (!mma_thread) return;
-
-  T* out = static_cast<T*>(p.dw2) + (static_cast<int64>(e) * p.hidden + m0) * p.inter + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return m0 + r < p.hidden ? out + static_cast<int64>(r) * p.inter : nullptr; },
-      p.inter - n0);
 }
 
 }  // namespace moejit

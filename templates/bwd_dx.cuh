@@ -5,8 +5,7 @@
 // only output rows that are not stored) and W1 tiles 64-column panels of W1 as [E, 2I, H].
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/token_gemm.cuh"
 
 namespace moejit {
 
@@ -19,57 +18,60 @@ struct BwdDxParams {
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes BK x BM
   TensorMap w1_map;         // TMA: W1 as [E, 2I, H], boxes 64 x BK x 1
+  TensorMap dx_rows_map;    // TMA: dx_rows as [TK, H], boxes 64 x BM (persistent grids' stores)
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_dx_kernel(const __grid_constant__ BwdDxParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
-
-  TokenTile tile;
-  int n0;
-  ClusterPair pair;
-  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.hidden, tile, n0, pair)) return;
-
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
   const int k_total = 2 * p.inter;
-  const T* dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(tile.row0) * k_total;
-  const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * k_total * p.hidden + n0;
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(k_total, BK),
-      [&](int stage, int kt) {
+  // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks
+  // only): recomputed per k tile, while a wgmma group is in flight, they made ptxas serialize
+  // the multistage loop (C7515).
+  const T* dpre = nullptr;
+  const T* w1 = nullptr;
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, p.hidden, ceil_div(k_total, BK), mma, sm,
+      [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         // W1[e] read as [K = 2I][N = H]: tile row r is W1 row k0 + r.
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), k0, tile.row0);
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.d_pre_act_map, sm.full(stage), k0, w.tile.row0);
             using BTile = typename Mma::BTile;
-            pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
+            w.pair.copy_weight_tile<BN / 64>([&](int panel, uint16 mask) {
               tma_load_multicast(sm.b_stage(stage) + panel * BTile::kPanelElems, p.w1_map, sm.full(stage), mask,
-                                 n0 + 64 * panel, k0, tile.expert);
+                                 w.n0 + 64 * panel, k0, w.tile.expert);
             });
           }
         } else {
           load_tile<typename Mma::ATile, Mma::kLoaders, ALIGNED>(
               sm.a_stage(stage),
-              [&](int r) -> const T* { return r < tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
+              [&](int r) -> const T* { return r < w.tile.rows ? dpre + static_cast<int64>(r) * k_total + k0 : nullptr; },
               k_total - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* { return k0 + r < k_total ? w1 + static_cast<int64>(k0 + r) * p.hidden : nullptr; },
-              p.hidden - n0);
+              p.hidden - w.n0);
         }
       },
-      NothingToFix{}, pair.paired);
-  if (!mma_thread) return;
-
-  T* out = static_cast<T*>(p.dx_rows) + static_cast<int64>(tile.row0) * p.hidden + n0;
-  sm.template store<BM, BN, ALIGNED>(
-      mma, [&](int r) -> T* { return r < tile.rows ? out + static_cast<int64>(r) * p.hidden : nullptr; }, p.hidden - n0);
+      [&](const TokenWork& w, const Staging& staged) {
+        store_token_tile<kThreads, ALIGNED>(staged, mma, w, p.dx_rows_map, static_cast<T*>(p.dx_rows), p.hidden);
+      },
+      [&](const TokenWork& w) {
+        dpre = static_cast<const T*>(p.d_pre_act) + static_cast<int64>(w.tile.row0) * k_total;
+        w1 = static_cast<const T*>(p.w1) + static_cast<int64>(w.tile.expert) * k_total * p.hidden + w.n0;
+      });
 }
 
 }  // namespace moejit

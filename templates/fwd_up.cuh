@@ -11,8 +11,7 @@
 // viewed as [E, 2, I, H], so gate rows past I read as zeros instead of up rows.
 #pragma once
 
-#include "common/gemm.cuh"
-#include "common/moe_tiles.cuh"
+#include "common/token_gemm.cuh"
 #include "common/swiglu.cuh"
 
 namespace moejit {
@@ -30,93 +29,94 @@ struct FwdUpParams {
   TensorMap x_rows_map;  // TMA: x_rows as [TK, H], boxes BK x BM
 };
 
-template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER>
+template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
   constexpr int kBN2 = 2 * BN;
   using Mma = GemmMma<WGMMA, WS, T, BM, kBN2, BK, WARPS, WM, true, true>;
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
+  static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
+                "a persistent grid of two-warpgroup TMA tiles or pairs");
+  // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
+  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, BM> sm(smem_raw);
-
-  TokenTile tile;
-  int n0;
-  ClusterPair pair;
-  if (!token_block<BM, BN, GROUP_M, CLUSTER>(p.routing, p.inter, tile, n0, pair)) return;
-  if constexpr (!TMA) gather_row_offsets<BM>(p.routing, tile, p.hidden, sm.rows);
-
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
   const T* x = static_cast<const T*>(p.x);
-  const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(tile.expert) * 2 * p.inter * p.hidden;
+  T* pre = static_cast<T*>(p.pre_act);
 
   Mma mma;
-  const bool mma_thread = gemm_main_loop<STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
-      mma, sm.a, sm.b, sm.barriers, ceil_div(p.hidden, BK),
-      [&](int stage, int kt) {
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+      p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
+      [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         if constexpr (TMA) {
           if (tma_thread<kThreads>()) {
-            tma_load(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, tile.row0);
-            // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) box.
-            pair.copy_weight_tile<2 * kBN2 / Mma::kWarpN>([&](int part, uint16 mask) {
+            tma_load_k_major<typename Mma::ATile>(sm.a_stage(stage), p.x_rows_map, sm.full(stage), k0, w.tile.row0);
+            // Part 2 wn + h: warpgroup wn's gate (h = 0) or up (h = 1) rows.
+            w.pair.copy_weight_tile<2 * kBN2 / Mma::kWarpN>([&](int part, uint16 mask) {
               const int wn = part / 2, h = part % 2;
-              tma_load_multicast(sm.b_stage(stage) + (wn * Mma::kWarpN + h * kHalf) * BK, p.w1_map, sm.full(stage),
-                                 mask, k0, n0 + wn * kHalf, h, tile.expert);
+              for_each_k_box<typename Mma::BTile>(
+                  sm.b_stage(stage), wn * Mma::kWarpN + h * kHalf, k0, [&](T* dst, int32 k) {
+                    tma_load_multicast(dst, p.w1_map, sm.full(stage), mask, k, w.n0 + wn * kHalf, h, w.tile.expert);
+                  });
             });
           }
         } else {
+          const T* w1 = static_cast<const T*>(p.w1) + static_cast<int64>(w.tile.expert) * 2 * p.inter * p.hidden;
           load_gathered_rows<typename Mma::ATile, Mma::kLoaders, ALIGNED>(sm.a_stage(stage), sm.rows, x, k0,
                                                                           p.hidden - k0);
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* {
                 const int wn = r / Mma::kWarpN, within = r % Mma::kWarpN;
-                const int j = n0 + wn * kHalf + within % kHalf;
+                const int j = w.n0 + wn * kHalf + within % kHalf;
                 if (j >= p.inter) return nullptr;
                 return w1 + static_cast<int64>(within < kHalf ? j : p.inter + j) * p.hidden + k0;
               },
               p.hidden - k0);
         }
       },
-      NothingToFix{}, pair.paired);
-  if (!mma_thread) return;
-
-  // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared memory
-  // and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
-  const auto staged = sm.template staged<BM, BN>();
-  T* act = static_cast<T*>(p.act) + static_cast<int64>(tile.row0) * p.inter + n0;
-  T* pre = static_cast<T*>(p.pre_act);
-  // One pass per output, inlined with a constant `which` so each pass keeps only its own values
-  // live (a runtime loop over the three spilled at 128 x 256).
-  auto write_output = [&](const int which) {
-    sync_mma_threads<kThreads>();
+      [&](const TokenWork& w, const Staging& staged) {
+        // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared
+        // memory and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
+        T* act = static_cast<T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter + w.n0;
+        // One pass per output, inlined with a constant `which` so each pass keeps only its own
+        // values live (a runtime loop over the three spilled at 128 x 256).
+        auto write_output = [&](const int which) {
+          sync_mma_threads<kThreads>();
 #pragma unroll
-    for (int mi = 0; mi < Mma::kMi; ++mi)
+          for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = mma.row(mi, half);
+            for (int half = 0; half < 2; ++half) {
+              const int r = mma.row(mi, half);
 #pragma unroll
-        for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-          const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
-          const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
-          const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
-          const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
-          if (which == 0) staged.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
-          else if (which == 1) staged.put(r, c, g0, g1);
-          else staged.put(r, c, u0, u1);
+              for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+                const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
+                const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
+                const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
+                const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
+                if (which == 0) staged.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
+                else if (which == 1) staged.put(r, c, g0, g1);
+                else staged.put(r, c, u0, u1);
+              }
+            }
+          sync_mma_threads<kThreads>();
+          const int64 stride = which == 0 ? p.inter : 2 * p.inter;
+          T* base = which == 0 ? act
+                               : pre + static_cast<int64>(w.tile.row0) * 2 * p.inter + w.n0 + (which == 2 ? p.inter : 0);
+          staged.template write<kThreads, ALIGNED>(
+              [&](int r) -> T* { return w.store && r < w.tile.rows ? base + r * stride : nullptr; }, p.inter - w.n0);
+        };
+        write_output(0);
+        if (pre != nullptr) {
+          write_output(1);
+          write_output(2);
         }
-      }
-    sync_mma_threads<kThreads>();
-    const int64 stride = which == 0 ? p.inter : 2 * p.inter;
-    T* base = which == 0 ? act : pre + static_cast<int64>(tile.row0) * 2 * p.inter + n0 + (which == 2 ? p.inter : 0);
-    staged.template write<kThreads, ALIGNED>(
-        [&](int r) -> T* { return r < tile.rows ? base + r * stride : nullptr; }, p.inter - n0);
-  };
-  write_output(0);
-  if (pre != nullptr) {
-    write_output(1);
-    write_output(2);
-  }
+      },
+      [&](const TokenWork& w) {
+        if constexpr (!TMA) gather_row_offsets<BM>(p.routing, w.tile, p.hidden, sm.rows);
+      });
 }
 
 }  // namespace moejit

@@ -22,9 +22,11 @@ constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 //     with it; one MMA warpgroup runs two blocks per SM, two run one. Roles whose shape allows
 //     it copy their ungathered tiles (weights, sorted rows) with TMA, which frees the
 //     producer's threads for the gathered rows; the cp.async producer stays for the rest.
+//     BK 128 (two 128-byte swizzle rows per tile row) at three stages, the fewest that keep a
+//     tile loading: 128 x 128 tiles and smaller fit.
 // Pruning drops what exceeds shared memory.
 constexpr std::pair<int, int> kHopperDepths[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 5}};
-constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}};
+constexpr std::pair<int, int> kWarpSpecializedDepths[] = {{32, 6}, {32, 8}, {64, 3}, {64, 4}, {128, 3}};
 
 TileConfig gemm(int bm, int bn, int bk, int stages, int warps) {
   TileConfig c;
@@ -49,6 +51,15 @@ TileConfig warp_specialized(TileConfig c, bool tma) {
   return c;
 }
 
+// c, and where it may run a persistent grid, c persistent too: the tuner measures both.
+void push_both_grids(std::vector<TileConfig>& out, Role role, TileConfig c) {
+  out.push_back(c);
+  if (persistent_eligible(role, c)) {
+    c.persistent = true;
+    out.push_back(c);
+  }
+}
+
 long long next_pow2(long long v) {
   long long p = 1;
   while (p < v) p *= 2;
@@ -69,7 +80,8 @@ bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, 
 
 // Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table
 // (session 6: every tile bulk-copied, gathered rows pre-scattered, bwd_down's g and u through
-// shared memory) per role and token-tile height.
+// shared memory) per role and token-tile height; the two-warpgroup ones run a persistent grid
+// (session 7: fwd_down's 128 x 256 tiles 6 % faster so, at T=8192 and 32768).
 TileConfig hopper_tma_default(Role role, int bm) {
   const bool tall = bm >= 128;
   switch (role) {
@@ -119,16 +131,17 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
             }
           for (auto [bk, stages] : kWarpSpecializedDepths)
             for (int warps : {4, 8}) {
-              out.push_back(warp_specialized(gemm(bm, bn, bk, stages, warps), tma_eligible(role, shape)));
+              push_both_grids(out, role, warp_specialized(gemm(bm, bn, bk, stages, warps), tma_eligible(role, shape)));
             }
         }
         // Cluster pairs of the widest two-warpgroup TMA tiles: neighbouring m tiles of one expert
         // share the weight tile, each block copying half of it into both.
         if (bm >= 128 && tma_eligible(role, shape)) {
           for (auto [bk, stages] : kWarpSpecializedDepths) {
+            if (bk > 64) continue;  // three stages of these tiles at BK 128 exceed shared memory
             TileConfig c = warp_specialized(gemm(bm, 4 * n_min, bk, stages, 8), true);
             c.cluster = 2;
-            out.push_back(c);
+            push_both_grids(out, role, c);
           }
         }
       }
@@ -143,7 +156,7 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
         for (auto [bk, stages] : kHopperDepths) out.push_back(hopper(gemm(128, bn, bk, stages, 8)));
         for (auto [bk, stages] : kWarpSpecializedDepths)
           for (int warps : {4, 8}) {
-            out.push_back(warp_specialized(gemm(128, bn, bk, stages, warps), tma_eligible(role, shape)));
+            push_both_grids(out, role, warp_specialized(gemm(128, bn, bk, stages, warps), tma_eligible(role, shape)));
           }
       }
       break;
@@ -192,6 +205,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       const int bn = role == Role::kFwdUp ? 64 : 128;
       if (device.is_hopper() && bm >= 64 && tma_eligible(role, shape)) {
         c = hopper_tma_default(role, bm);
+        c.persistent = persistent_eligible(role, c);
         if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) return c;
       }
       // wgmma, multistage, where TMA cannot copy: the most frequent multistage winners of the

@@ -43,6 +43,9 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
     return fmt::format("clusters of {}: only pairs, of token GEMM blocks sharing TMA copies of the weight tile",
                        c.cluster);
   }
+  if (c.persistent && !persistent_eligible(role, c)) {
+    return std::string("persistent grids are for two-warpgroup TMA tiles and cluster pairs (bwd_down: up to 128 columns)");
+  }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
     return fmt::format("BLOCK_N {} is wider than the padded problem (N = {})", c.block_n, d.n);

@@ -98,6 +98,15 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 
 }  // namespace
 
+bool persistent_eligible(Role r, const TileConfig& c) {
+  const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
+  // bwd_down's block also keeps the tile's g and u apart from the stages: up to 128 columns fit.
+  if (r == Role::kBwdDown && c.block_n > 128) return false;
+  return gemm && c.use_tma && c.warp_specialized && (c.warps == 8 || c.cluster == 2);
+}
+
+bool persistent_grid(Role r, const TileConfig& c) { return c.persistent && persistent_eligible(r, c); }
+
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {
     case RoleKind::kRouting: {
@@ -110,10 +119,18 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
     case RoleKind::kTokenGemm:
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
       // the barriers (templates/common/gemm.cuh, GemmSmem).
-      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + 8LL * c.block_m + pipeline_barrier_bytes(c);
+      // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
+      // apart from the stages instead of keeping row offsets; bwd_down keeps its g and u tiles
+      // there (2 x BM x BLOCK_N) and two barriers for them in the row offsets' place.
+      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
+             (!persistent_grid(r, c) ? 8LL * c.block_m
+              : r == Role::kBwdDown  ? 4LL * c.block_m * c.block_n + 16
+                                     : 2LL * c.block_m * c.block_n);
     case RoleKind::kExpertGemm:
-      // Pipeline stages, the k rows' token ring (2 * BLOCK_K int32), the barriers.
-      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + 8LL * c.block_k + pipeline_barrier_bytes(c);
+      // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
+      // persistent grid's output tile instead (it copies with TMA, needing no ring).
+      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c) +
+             (persistent_grid(r, c) ? 2LL * c.block_m * c.block_n : 8LL * c.block_k);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

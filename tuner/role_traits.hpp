@@ -54,6 +54,15 @@ bool tma_eligible(Role r, const MoeShape& shape);
 enum class SortedRows { kNone, kX, kDOut };
 SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
+// Whether the config may run a persistent grid (templates/common/gemm.cuh, kPersistentEligible):
+// the TMA warp-specialized tiles with two MMA warpgroups, and the cluster pairs, of every GEMM
+// role (bwd_down's up to 128 columns wide). The space holds these tiles both ways.
+bool persistent_eligible(Role r, const TileConfig& c);
+
+// Whether the config runs a persistent grid (TileConfig::persistent, where eligible): the grid
+// then holds only the blocks the device runs at once.
+bool persistent_grid(Role r, const TileConfig& c);
+
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);
 

@@ -46,6 +46,7 @@ std::string TileConfig::name() const {
   if (cluster > 1) part("c", cluster);
   if (use_tma) n += "_tma";
   if (arch_tag == ArchTag::kHopper) n += warp_specialized ? "_ws" : "_wg";
+  if (persistent) n += "_persistent";
   if (arch_tag == ArchTag::kBlackwellDatacenter) n += "_bw";
   return n;
 }
@@ -62,7 +63,8 @@ void to_json(nlohmann::json& j, const TileConfig& c) {
   j = nlohmann::json{{"block_m", c.block_m}, {"block_n", c.block_n}, {"block_k", c.block_k},
                      {"stages", c.stages},   {"warps", c.warps},     {"group_m", c.group_m},
                      {"cluster", c.cluster}, {"items", c.items},     {"use_tma", c.use_tma},
-                     {"warp_specialized", c.warp_specialized}, {"arch_tag", arch_tag_name(c.arch_tag)}};
+                     {"warp_specialized", c.warp_specialized}, {"persistent", c.persistent},
+                     {"arch_tag", arch_tag_name(c.arch_tag)}};
 }
 
 void from_json(const nlohmann::json& j, TileConfig& c) {
@@ -76,6 +78,7 @@ void from_json(const nlohmann::json& j, TileConfig& c) {
   c.items = j.value("items", 0);
   c.use_tma = j.value("use_tma", false);
   c.warp_specialized = j.value("warp_specialized", false);
+  c.persistent = j.value("persistent", false);  // rows from before the field: one block per tile
   c.arch_tag = parse_arch_tag(j.value("arch_tag", std::string("portable")));
 }
 

@@ -31,6 +31,11 @@ struct TileConfig {
   // Hopper GEMMs: a producer warpgroup fills the stages, mbarriers instead of a block barrier per
   // k tile (templates/common/pipeline_sm90.cuh); otherwise the multistage loop every thread runs.
   bool warp_specialized = false;
+  // A grid of the blocks the device runs at once, each looping over tiles while its producer
+  // copies the next tile's first stages under the epilogue (templates/common/token_gemm.cuh,
+  // expert_gemm.cuh); otherwise one block per tile. Two-warpgroup TMA tiles and cluster pairs
+  // only (persistent_eligible).
+  bool persistent = false;
   ArchTag arch_tag = ArchTag::kPortable;
 
   int threads() const { return warps * 32; }
@@ -39,7 +44,8 @@ struct TileConfig {
   int block_threads() const { return threads() + (warp_specialized ? 128 : 0); }
 
   // Readable, unique within a role: "bm128_bn128_bk64_s4_w8_g8_wg" (wgmma, multistage),
-  // "bm128_bn128_bk32_s6_w4_g8_ws" (wgmma, warp-specialized), "w8_i16".
+  // "bm128_bn128_bk32_s6_w4_g8_ws" (wgmma, warp-specialized),
+  // "bm128_bn256_bk64_s3_w8_g8_tma_ws_persistent", "w8_i16".
   std::string name() const;
 
   // A total order by size (smaller first, then by name), used to break ties deterministically.

@@ -191,15 +191,18 @@ Timing TuningSession::time(Role role, const RoleKernel& k, int reps, bool sustai
     stops.emplace_back();
   }
   if (sustained) {
-    // One timed launch sizes the warm-up burst.
-    starts[0].record(stream_.get());
-    launch_once();
-    stops[0].record(stream_.get());
-    stops[0].synchronize();
+    // Back-to-back batches, each twice the last, until 25 ms of launches have run: clocks and
+    // power settle as in a training loop. Sizing it from one lone launch fell short, because a
+    // lone launch's time includes the start-up that back-to-back launches hide.
     constexpr double kBurstMs = 25;
-    const double one_ms = std::max(1e-3, static_cast<double>(stops[0].elapsed_since(starts[0])));
-    const int burst = static_cast<int>(std::clamp(std::ceil(kBurstMs / one_ms), 1.0, 100000.0));
-    for (int i = 0; i < burst; ++i) launch_once();
+    double burst_ms = 0;
+    for (int batch = 1; burst_ms < kBurstMs; batch = std::min(2 * batch, 1024)) {
+      starts[0].record(stream_.get());
+      for (int i = 0; i < batch; ++i) launch_once();
+      stops[0].record(stream_.get());
+      stops[0].synchronize();
+      burst_ms += stops[0].elapsed_since(starts[0]);
+    }
   }
   for (int i = 0; i < reps; ++i) {
     // Evict the previous launch's data from L2 so every repetition reads from memory.

@@ -26,6 +26,7 @@ namespace moejit::cuda {
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
   X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
+  X(cuOccupancyMaxActiveClusters)                                                           \
   X(cuTensorMapEncodeTiled)
 
 struct Driver {

@@ -41,12 +41,17 @@ CREATE TABLE candidates (
 ALTER TABLE winners ADD COLUMN warp_specialized INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE candidates ADD COLUMN warp_specialized INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 3: configs record whether a block runs several tiles (TileConfig::persistent).
+    R"sql(
+ALTER TABLE winners ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE candidates ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 
 #define MOEJIT_CONFIG_COLUMNS \
-  "block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag, warp_specialized"
+  "block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag, warp_specialized, persistent"
 #define MOEJIT_CONFIG_PARAMS \
-  ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag, :warp_specialized"
+  ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag, :warp_specialized, :persistent"
 
 constexpr const char* kSelectWinners =
     "SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode, "
@@ -86,6 +91,7 @@ class Cursor {
                      {"group_m", i()}, {"cluster", i()}, {"items", i()},   {"use_tma", b()}};
     j["arch_tag"] = t();
     j["warp_specialized"] = b();
+    j["persistent"] = b();
     return j.get<TileConfig>();
   }
 
@@ -105,7 +111,8 @@ void bind_config(Statement& s, const TileConfig& c) {
       .bind(":items", c.items)
       .bind(":use_tma", c.use_tma)
       .bind(":arch_tag", arch_tag_name(c.arch_tag))
-      .bind(":warp_specialized", c.warp_specialized);
+      .bind(":warp_specialized", c.warp_specialized)
+      .bind(":persistent", c.persistent);
 }
 
 // Binds the key columns that identify a family of rows (all but tpe_bucket).

@@ -24,7 +24,7 @@
 
 namespace moejit::db {
 
-inline constexpr int kSchemaVersion = 2;
+inline constexpr int kSchemaVersion = 3;
 
 class TuningDb {
  public:

@@ -75,6 +75,9 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
       require(c.cluster == 1 || (c.cluster == 2 && c.use_tma && role_kind(spec.role) == RoleKind::kTokenGemm), spec,
               "a token GEMM's TMA copies for a cluster (pairs share the weight tile)");
       args += fmt::format(", {}", c.cluster);
+      require(!c.persistent || persistent_eligible(spec.role, c), spec,
+              "a two-warpgroup TMA tile or a cluster pair for a persistent grid");
+      args += c.persistent ? ", true" : ", false";
       if (spec.role == Role::kBwdDw2) args += spec.fused_act ? ", true" : ", false";
       return {args};
     }

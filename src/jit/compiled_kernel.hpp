@@ -19,6 +19,7 @@ struct CompiledKernel {
   std::vector<std::string> name_expressions;
   std::vector<std::string> lowered_names;  // aligned with name_expressions
   std::vector<KernelResources> resources;
+  std::vector<std::string> performance_losses;  // ptxas's advisories (parse_performance_losses)
   double compile_ms = 0;  // NVRTC time when it was built (also for disk hits)
 
   int max_registers() const;

@@ -31,6 +31,7 @@ std::string DiskCache::encode(const CompiledKernel& k) {
                          {"name_expressions", k.name_expressions},
                          {"lowered_names", k.lowered_names},
                          {"resources", k.resources},
+                         {"performance_losses", k.performance_losses},
                          {"compile_ms", k.compile_ms}};
   std::string m = meta.dump();
   std::string out(kMagic, sizeof kMagic);
@@ -58,6 +59,7 @@ std::optional<CompiledKernel> DiskCache::decode(const std::string& bytes, const 
     k.name_expressions = j.at("name_expressions").get<std::vector<std::string>>();
     k.lowered_names = j.at("lowered_names").get<std::vector<std::string>>();
     k.resources = j.at("resources").get<std::vector<KernelResources>>();
+    k.performance_losses = j.value("performance_losses", std::vector<std::string>{});
     k.compile_ms = j.at("compile_ms").get<double>();
     if (k.lowered_names.size() != k.name_expressions.size() || cubin.empty()) return std::nullopt;
     k.cubin.assign(cubin);

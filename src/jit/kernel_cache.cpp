@@ -1,5 +1,6 @@
 #include "jit/kernel_cache.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
 
@@ -39,10 +40,12 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   kernel->name_expressions = unit.name_expressions;
   kernel->lowered_names = std::move(out.lowered_names);
   kernel->resources = std::move(out.resources);
+  kernel->performance_losses = std::move(out.performance_losses);
   kernel->compile_ms = out.compile_ms;
   log::debug("compiled {} in {:.1f} ms", spec.readable_name(), out.compile_ms);
-  // ptxas reports wgmma serialisation and similar silent slowdowns only as warnings in the log.
   if (out.log.find("warning") != std::string::npos) log::warn("{}: {}", spec.readable_name(), out.log);
+  // ptxas reports a serialized wgmma pipeline or an ignored setmaxnreg only as an info line.
+  for (const std::string& loss : kernel->performance_losses) log::warn("{}: ptxas: {}", spec.readable_name(), loss);
   if (disk) disk->store(*kernel);
   origin = Origin::kCompiled;
   return kernel;
@@ -57,6 +60,29 @@ int context_device_cc() {
   MOEJIT_CU(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
   return major * 10 + minor;
 }
+
+// A launch in clusters of `cluster` blocks along x (the config points at its own attribute).
+struct ClusterLaunch {
+  CUlaunchAttribute attr{};
+  CUlaunchConfig config{};
+
+  ClusterLaunch(Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, unsigned cluster) {
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = {cluster, 1, 1};
+    config = CUlaunchConfig{.gridDimX = grid.x,
+                            .gridDimY = grid.y,
+                            .gridDimZ = grid.z,
+                            .blockDimX = block.x,
+                            .blockDimY = block.y,
+                            .blockDimZ = block.z,
+                            .sharedMemBytes = smem_bytes,
+                            .hStream = stream,
+                            .attrs = &attr,
+                            .numAttrs = 1};
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 }  // namespace
 
@@ -170,6 +196,28 @@ void KernelCache::forget_compiled() {
   compiled_.clear();
 }
 
+unsigned LoadedKernel::resident_clusters(std::size_t index, Dim3 block, unsigned smem_bytes, unsigned cluster) const {
+  if (index >= functions.size()) throw InternalError("kernel function index out of range");
+  const std::lock_guard<std::mutex> lock(resident_mu_);
+  const auto key = std::make_tuple(index, smem_bytes, cluster);
+  if (const auto it = resident_.find(key); it != resident_.end()) return it->second;
+  const cuda::Driver& d = cuda::driver();
+  int count = 0;
+  if (cluster <= 1) {
+    int per_sm = 0, sms = 0;
+    CUdevice dev = 0;
+    MOEJIT_CU(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, functions[index],
+                                                            static_cast<int>(block.x * block.y * block.z), smem_bytes));
+    MOEJIT_CU(d.cuCtxGetDevice(&dev));
+    MOEJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    count = per_sm * sms;
+  } else {
+    ClusterLaunch launch(Dim3{cluster, 1, 1}, block, smem_bytes, nullptr, cluster);
+    MOEJIT_CU(d.cuOccupancyMaxActiveClusters(&count, functions[index], &launch.config));
+  }
+  return resident_[key] = static_cast<unsigned>(std::max(count, 1));
+}
+
 void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream,
                           void** args, unsigned cluster) const {
   if (index >= functions.size()) throw InternalError("kernel function index out of range");
@@ -186,20 +234,8 @@ void LoadedKernel::launch(std::size_t index, Dim3 grid, Dim3 block, unsigned sme
     throw InternalError(fmt::format("{}: a grid of {} blocks is not made of clusters of {}", compiled->key.readable,
                                     grid.x, cluster));
   }
-  CUlaunchAttribute attr{};
-  attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-  attr.value.clusterDim = {cluster, 1, 1};
-  const CUlaunchConfig config{.gridDimX = grid.x,
-                              .gridDimY = grid.y,
-                              .gridDimZ = grid.z,
-                              .blockDimX = block.x,
-                              .blockDimY = block.y,
-                              .blockDimZ = block.z,
-                              .sharedMemBytes = smem_bytes,
-                              .hStream = stream,
-                              .attrs = &attr,
-                              .numAttrs = 1};
-  MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&config, functions[index], args, nullptr));
+  ClusterLaunch launch(grid, block, smem_bytes, stream, cluster);
+  MOEJIT_CU(cuda::driver().cuLaunchKernelEx(&launch.config, functions[index], args, nullptr));
 }
 
 }  // namespace moejit::jit

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -42,6 +43,15 @@ struct LoadedKernel {
   // multiple of it). Dynamic shared memory beyond max_dynamic_smem throws.
   void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args,
               unsigned cluster = 1) const;
+
+  // Clusters of `cluster` blocks (1: blocks) of functions[index] at this block size and shared
+  // memory that the device runs at once: a persistent grid's size. At least 1; asked of the
+  // driver once per (index, smem_bytes, cluster).
+  unsigned resident_clusters(std::size_t index, Dim3 block, unsigned smem_bytes, unsigned cluster) const;
+
+ private:
+  mutable std::mutex resident_mu_;
+  mutable std::map<std::tuple<std::size_t, unsigned, unsigned>, unsigned> resident_;
 };
 
 class KernelCache {

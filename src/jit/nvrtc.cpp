@@ -91,6 +91,7 @@ NvrtcOutput nvrtc_compile(const GeneratedUnit& unit, const std::vector<std::stri
   out.cubin.resize(size);
   prog.check(nvrtcGetCUBIN(prog.get(), out.cubin.data()), "nvrtcGetCUBIN", unit);
   out.resources = parse_ptxas_info(out.log);
+  out.performance_losses = parse_performance_losses(out.log);
   out.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }

@@ -14,6 +14,7 @@ struct NvrtcOutput {
   std::string log;
   std::vector<std::string> lowered_names;  // aligned with the unit's name expressions
   std::vector<KernelResources> resources;  // from -Xptxas=-v, one per entry function
+  std::vector<std::string> performance_losses;  // ptxas's advisories (parse_performance_losses)
   double compile_ms = 0;
 };
 

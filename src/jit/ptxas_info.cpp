@@ -35,6 +35,18 @@ std::vector<KernelResources> parse_ptxas_info(const std::string& log) {
   return out;
 }
 
+std::vector<std::string> parse_performance_losses(const std::string& log) {
+  static const std::regex loss(R"((\(C\d+\))? ?Potential Performance Loss: (.*))");
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line)) {
+    if (std::regex_search(line, m, loss)) out.push_back(m[1].matched ? m[1].str() + " " + m[2].str() : m[2].str());
+  }
+  return out;
+}
+
 void to_json(nlohmann::json& j, const KernelResources& r) {
   j = nlohmann::json{{"function", r.function},
                      {"registers", r.registers},

@@ -63,6 +63,7 @@ struct FwdDown {  // templates/fwd_down.cuh
   std::int32_t inter;
   TensorMap act_map;
   TensorMap w2_map;
+  TensorMap y_map;
 };
 
 struct GatherSum {  // templates/gather_sum.cuh
@@ -107,6 +108,7 @@ struct BwdDw2 {  // templates/bwd_dw2.cuh
   std::int32_t inter;
   TensorMap d_out_rows_map;
   TensorMap weighted_act_map;
+  TensorMap dw2_map;
 };
 
 struct BwdDx {  // templates/bwd_dx.cuh
@@ -118,6 +120,7 @@ struct BwdDx {  // templates/bwd_dx.cuh
   std::int32_t inter;
   TensorMap d_pre_act_map;
   TensorMap w1_map;
+  TensorMap dx_rows_map;
 };
 
 struct BwdDw1 {  // templates/bwd_dw1.cuh
@@ -130,6 +133,7 @@ struct BwdDw1 {  // templates/bwd_dw1.cuh
   std::int32_t inter;
   TensorMap d_pre_act_map;
   TensorMap x_rows_map;
+  TensorMap dw1_map;
 };
 
 }  // namespace moejit::params

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "moe/tensor_maps.hpp"
@@ -58,7 +59,12 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);
   void* args[] = {params};
-  kernel.launch(kRoleKernel, g.grid, g.block, g.smem_bytes, stream, args, g.cluster);
+  jit::Dim3 grid = g.grid;
+  if (persistent_grid(role, config)) {
+    // Blocks beyond those resident would only wait for a slot; the persistent ones loop over the tiles.
+    grid.x = std::min(grid.x, g.cluster * kernel.resident_clusters(kRoleKernel, g.block, g.smem_bytes, g.cluster));
+  }
+  kernel.launch(kRoleKernel, grid, g.block, g.smem_bytes, stream, args, g.cluster);
 }
 
 void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,

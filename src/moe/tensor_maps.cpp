@@ -3,7 +3,9 @@
 #include <cuda.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 #include "cuda/driver.hpp"
 #include "moe/kernel_params.hpp"
@@ -15,10 +17,12 @@ namespace {
 
 constexpr std::uint64_t kElem = 2;  // bf16 / fp16 bytes
 
-// A K-major tile: boxes of `rows` rows by BLOCK_K elements (64 or 128 bytes per row).
+// A K-major tile: boxes of `rows` rows by BLOCK_K elements (64 or 128 bytes per row), or by 64
+// of them twice at BLOCK_K 128 (templates' for_each_k_box).
 TensorMapSpec k_major(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
                       std::uint32_t rows, const TileConfig& c) {
-  return {rank, dims, strides, {static_cast<std::uint32_t>(c.block_k), rows, 1, 1}, c.block_k * 2};
+  const std::uint32_t cols = static_cast<std::uint32_t>(std::min(c.block_k, 64));
+  return {rank, dims, strides, {cols, rows, 1, 1}, static_cast<int>(cols) * 2};
 }
 
 // An MN-major tile as 64-column panels: boxes of 64 columns (128 bytes) by BLOCK_K rows.
@@ -45,6 +49,13 @@ params::TensorMap encode(const TensorMapSpec& s, const void* base, DType dtype) 
   return out;
 }
 
+// An output tile's TMA store box as 64-column panels: 64 columns (128 bytes, swizzled) by BLOCK_M
+// rows (templates/common/epilogue_sm90.cuh).
+TensorMapSpec out_panels(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
+                         const TileConfig& c) {
+  return {rank, dims, strides, {64, static_cast<std::uint32_t>(c.block_m), 1, 1}, 128};
+}
+
 // The maps of tensor_map_specs, unchecked.
 std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeShape& shape) {
   const std::uint64_t tk = static_cast<std::uint64_t>(shape.pairs()), h = shape.hidden, i = shape.intermediate,
@@ -57,21 +68,25 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
                       static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c),
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};  // x_rows [TK, H]
     case Role::kFwdDown:
-      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),              // act [TK, I]
-              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c)};  // W2 [E, H, I]
+      return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                          // act [TK, I]
+              k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c),  // W2 [E, H, I]
+              out_panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};                          // Y [TK, H]
     case Role::kBwdDown:
       return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),       // d_out_rows [TK, H]
               {2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, {64, bm, 1, 1}, 128}};  // pre_act [TK, 2I]
     case Role::kBwdDw2:
-      return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),   // d_out_rows [TK, H]
-              panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c)};  // weighted_act [TK, I]
+      return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // d_out_rows [TK, H]
+              panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c),                           // weighted_act [TK, I]
+              out_panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};           // dW2 [E, H, I]
     case Role::kBwdDx:
-      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),           // d_pre_act [TK, 2I]
-              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // W1 [E, 2I, H]
+      return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),          // d_pre_act [TK, 2I]
+              panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c),  // W1 [E, 2I, H]
+              out_panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};                 // dx_rows [TK, H]
     case Role::kBwdDw1:
-      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),  // d_pre_act [TK, 2I]
-              panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};         // x_rows [TK, H]
+      return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),                   // d_pre_act [TK, 2I]
+              panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // x_rows [TK, H]
+              out_panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // dW1 [E, 2I, H]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));
@@ -111,47 +126,56 @@ std::vector<TensorMapSpec> tensor_map_specs(Role role, const TileConfig& c, cons
 }
 
 
+namespace {
+
+// A map field of a role's parameters and the tensor it maps, in tensor_map_specs' order.
+struct MapBinding {
+  params::TensorMap* map;
+  const void* base;
+};
+
+// Encodes each spec into its binding; a null base (a tensor the variant does not have, such as
+// the memory-efficient bwd_dw2's weighted activation) leaves its map unset.
+void bind_all(const std::vector<TensorMapSpec>& specs, DType dtype, std::initializer_list<MapBinding> bindings) {
+  if (bindings.size() != specs.size()) throw InternalError("tensor maps and their bindings differ in number");
+  std::size_t i = 0;
+  for (const MapBinding& b : bindings) {
+    if (b.base != nullptr) *b.map = encode(specs[i], b.base, dtype);
+    ++i;
+  }
+}
+
+}  // namespace
+
 void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, void* params) {
   if (!c.use_tma) return;
   const std::vector<TensorMapSpec> s = tensor_map_specs(role, c, shape);
+  const DType dt = shape.dtype;
   switch (role) {
     case Role::kFwdUp: {
       auto& p = *static_cast<params::FwdUp*>(params);
-      p.w1_map = encode(s[0], p.w1, shape.dtype);
-      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.w1_map, p.w1}, {&p.x_rows_map, p.x_rows}});
     }
     case Role::kFwdDown: {
       auto& p = *static_cast<params::FwdDown*>(params);
-      p.act_map = encode(s[0], p.act, shape.dtype);
-      p.w2_map = encode(s[1], p.w2, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.act_map, p.act}, {&p.w2_map, p.w2}, {&p.y_map, p.y}});
     }
     case Role::kBwdDown: {
       auto& p = *static_cast<params::BwdDown*>(params);
-      p.w2_map = encode(s[0], p.w2, shape.dtype);
-      p.d_out_rows_map = encode(s[1], p.d_out_rows, shape.dtype);
-      p.pre_act_map = encode(s[2], p.pre_act, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.w2_map, p.w2}, {&p.d_out_rows_map, p.d_out_rows}, {&p.pre_act_map, p.pre_act}});
     }
     case Role::kBwdDw2: {
-      // The memory-efficient variant recomputes the weighted activation: no buffer to map.
       auto& p = *static_cast<params::BwdDw2*>(params);
-      p.d_out_rows_map = encode(s[0], p.d_out_rows, shape.dtype);
-      if (p.weighted_act != nullptr) p.weighted_act_map = encode(s[1], p.weighted_act, shape.dtype);
-      return;
+      return bind_all(s, dt,
+                      {{&p.d_out_rows_map, p.d_out_rows}, {&p.weighted_act_map, p.weighted_act}, {&p.dw2_map, p.dw2}});
     }
     case Role::kBwdDx: {
       auto& p = *static_cast<params::BwdDx*>(params);
-      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
-      p.w1_map = encode(s[1], p.w1, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.d_pre_act_map, p.d_pre_act}, {&p.w1_map, p.w1}, {&p.dx_rows_map, p.dx_rows}});
     }
     case Role::kBwdDw1: {
       auto& p = *static_cast<params::BwdDw1*>(params);
-      p.d_pre_act_map = encode(s[0], p.d_pre_act, shape.dtype);
-      p.x_rows_map = encode(s[1], p.x_rows, shape.dtype);
-      return;
+      return bind_all(s, dt, {{&p.d_pre_act_map, p.d_pre_act}, {&p.x_rows_map, p.x_rows}, {&p.dw1_map, p.dw1}});
     }
     default: break;
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common/gemm_sm80.cuh"
+#include "common/epilogue_sm90.cuh"
 #include "common/pipeline_sm90.cuh"
 #include "common/wgmma_sm90.cuh"
 
@@ -17,22 +18,27 @@ using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJ
                                 WarpMma<T, BM, BN, BK, WM, WARPS / WM, A_KMAJOR, B_KMAJOR>>::type;
 
 // A GEMM role's dynamic shared memory, as tuner/role_traits.cpp (role_smem_bytes) sizes it:
-// STAGES A tiles, STAGES B tiles, ROWS int64 row offsets (token GEMMs reserve BM), then the
-// warp-specialized pipeline's 2 * STAGES barriers. The base is 1024-byte aligned (wgmma
-// swizzle atoms) and every tile stage is a multiple of 1024 bytes.
-template <typename Mma, int STAGES, int ROWS>
+// STAGES A tiles, STAGES B tiles, OUT_ELEMS elements of a persistent loop's output tile
+// (apart()), ROWS int64 row offsets or token ring (one-tile blocks only), then the
+// warp-specialized pipeline's 2 * STAGES barriers. The base is 1024-byte aligned (wgmma swizzle
+// atoms) and every tile stage and output tile is a multiple of 1024 bytes. One-tile blocks stage
+// their output tile in the stages once the main loop is done (run_token_gemm, run_expert_gemm).
+template <typename Mma, int STAGES, int ROWS, int OUT_ELEMS = 0>
 struct GemmSmem {
   using T = typename Mma::Element;
   static constexpr int kPipelineBytes = STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2;
+  static_assert(OUT_ELEMS * 2 % 1024 == 0, "TMA stores read 1024-byte aligned swizzled panels");
   T* a;
   T* b;
+  T* out;
   int64* rows;
   uint64* barriers;
 
   __device__ __forceinline__ explicit GemmSmem(unsigned char* base)
       : a(reinterpret_cast<T*>(base)),
         b(a + STAGES * Mma::ATile::kElems),
-        rows(reinterpret_cast<int64*>(b + STAGES * Mma::BTile::kElems)),
+        out(b + STAGES * Mma::BTile::kElems),
+        rows(reinterpret_cast<int64*>(out + OUT_ELEMS)),
         barriers(reinterpret_cast<uint64*>(rows + ROWS)) {}
 
   __device__ __forceinline__ T* a_stage(int stage) const { return a + stage * Mma::ATile::kElems; }
@@ -40,18 +46,18 @@ struct GemmSmem {
   // The barrier a stage's TMA copies complete on (warp-specialized pipeline).
   __device__ __forceinline__ uint64* full(int stage) const { return barriers + stage; }
 
-  // The epilogue's output tile, staged where the pipeline's stages were.
+  // Where a persistent loop's epilogue stages its output: apart from the stages, which the
+  // producer refills meanwhile.
   template <int BM, int BN>
-  __device__ __forceinline__ StagedTile<T, BM, BN> staged() const {
+  __device__ __forceinline__ SwizzledTile<T, BM, BN> apart() const {
+    static_assert(BM * BN <= OUT_ELEMS, "the output tile has its own shared memory");
+    return {out};
+  }
+  // Where a one-tile block's epilogue stages its output: the stages, done with.
+  template <int BM, int BN>
+  __device__ __forceinline__ StagedTile<T, BM, BN> in_stages() const {
     static_assert(StagedTile<T, BM, BN>::kBytes <= kPipelineBytes, "the output tile fits the pipeline's shared memory");
     return {a};
-  }
-
-  // Writes the accumulators as a BM x BN tile (store_accumulators) staged in the pipeline's
-  // shared memory; row_dst and cols_valid as there.
-  template <int BM, int BN, bool ALIGNED, typename RowDst>
-  __device__ __forceinline__ void store(const Mma& mma, RowDst row_dst, int cols_valid) const {
-    store_accumulators<T, BM, BN, Mma::kThreads, ALIGNED>(staged<BM, BN>(), mma, row_dst, cols_valid);
   }
 };
 
@@ -61,6 +67,20 @@ template <bool WS, int WARPS>
 struct GemmLaunch {
   static constexpr int kThreads = WARPS * 32 + (WS ? kProducerThreads : 0);
   static constexpr int kMinBlocks = WS ? RegisterSplit<WS ? WARPS : 4>::kBlocksPerSm : 1;
+};
+
+// Which configs may run a persistent grid (persistent_main_loop through run_token_gemm or
+// run_expert_gemm; the config's PERSISTENT says whether they do): the TMA warp-specialized
+// configs with two MMA warpgroups (one block per SM, so nothing else overlaps their epilogue) and
+// the cluster pairs. Mirrors tuner/role_traits.cpp (persistent_eligible), which also names the
+// roles that may.
+template <bool TMA, bool WS, int WARPS, int CLUSTER>
+constexpr bool kPersistentEligible = TMA && WS && (WARPS == 8 || CLUSTER == 2);
+
+// A per-work step (a prologue, a producer's step after its loads) that does nothing.
+struct NoStep {
+  template <typename Work>
+  __device__ __forceinline__ void operator()(const Work&) const {}
 };
 
 // A main loop's `landed` step when nothing needs fixing after a stage's copies.

@@ -13,19 +13,25 @@
 
 namespace moejit {
 
-// ROWS x COLS 16-bit elements, COLS a multiple of 8.
+// The dimensions every shared-memory tile layout states: ROWS x COLS 16-bit elements, rows of
+// 16-byte chunks.
 template <int ROWS, int COLS>
-struct SmemTile {
+struct TileDims {
   static constexpr int kRows = ROWS;
   static constexpr int kCols = COLS;
   static constexpr int kChunks = COLS / 8;
   static constexpr int kElems = ROWS * COLS;
   static_assert(COLS % 8 == 0, "tile rows are made of 16-byte chunks");
+};
 
+// ROWS x COLS 16-bit elements, each row's chunks swizzled.
+template <int ROWS, int COLS>
+struct SmemTile : TileDims<ROWS, COLS> {
+  // Rows of 8, 4, 2 and 1 chunks.
   __device__ __forceinline__ static int swizzle(int row, int chunk) {
-    if constexpr (kChunks >= 8) return chunk ^ (row & 7);
-    else if constexpr (kChunks == 4) return chunk ^ ((row >> 1) & 3);
-    else if constexpr (kChunks == 2) return chunk ^ ((row >> 2) & 1);
+    if constexpr (COLS >= 64) return chunk ^ (row & 7);
+    else if constexpr (COLS == 32) return chunk ^ ((row >> 1) & 3);
+    else if constexpr (COLS == 16) return chunk ^ ((row >> 2) & 1);
     else return chunk;
   }
   // Element offset of (row, col); col's low 3 bits stay inside the chunk.
@@ -252,6 +258,24 @@ __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f) {
 
 namespace moejit {
 
+// Writes a BM x BN tile staged in shared memory with 16-byte row-contiguous stores, its 8-element
+// chunk (r, col) at chunk(r, col); row_dst and cols_valid as StagedTile::write.
+template <int BM, int BN, int THREADS, bool ALIGNED, typename Chunk, typename RowDst>
+__device__ __forceinline__ void write_staged_rows(Chunk chunk, RowDst row_dst, int cols_valid) {
+  constexpr int kChunks = BN / 8;
+  for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
+    const int r = idx / kChunks, col = (idx % kChunks) * 8;
+    auto* dst = row_dst(r);
+    if (dst == nullptr || col >= cols_valid) continue;
+    const auto* src = chunk(r, col);
+    if constexpr (ALIGNED) {
+      *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
+    }
+  }
+}
+
 // An output tile staged in shared memory so that global stores are 16-byte, row-contiguous
 // and coalesced instead of the 4-byte scattered stores of the mma fragment layout. Rows
 // are padded by 8 elements so the fragment writes (8 rows x 16 bytes per warp) hit distinct
@@ -261,6 +285,7 @@ template <typename T, int BM, int BN>
 struct StagedTile {
   static constexpr int kStride = BN + 8;
   static constexpr int kBytes = BM * kStride * 2;
+  static constexpr bool kTmaStore = false;  // written by the MMA threads (SwizzledTile: by TMA)
   T* smem;
 
   // Two adjacent values of tile row r at columns c, c+1 (c even).
@@ -271,25 +296,15 @@ struct StagedTile {
   // and before the tile is reused).
   template <int THREADS, bool ALIGNED, typename RowDst>
   __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
-    constexpr int kChunks = BN / 8;
-    for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
-      const int r = idx / kChunks, col = (idx % kChunks) * 8;
-      T* dst = row_dst(r);
-      if (dst == nullptr || col >= cols_valid) continue;
-      const T* src = smem + r * kStride + col;
-      if constexpr (ALIGNED) {
-        *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(src);
-      } else {
-        for (int j = 0; j < 8 && col + j < cols_valid; ++j) dst[col + j] = src[j];
-      }
-    }
+    write_staged_rows<BM, BN, THREADS, ALIGNED>([&](int r, int col) { return smem + r * kStride + col; }, row_dst,
+                                                cols_valid);
   }
 };
 
-// Stages every accumulator of `mma` in `tile` and writes the tile.
-template <typename T, int BM, int BN, int THREADS, bool ALIGNED, typename Mma, typename RowDst>
-__device__ __forceinline__ void store_accumulators(const StagedTile<T, BM, BN>& tile, const Mma& mma, RowDst row_dst,
-                                                   int cols_valid) {
+// Stages every accumulator of `mma` in `tile` (a StagedTile, or anything with its put and write)
+// and writes the tile.
+template <int THREADS, bool ALIGNED, typename Tile, typename Mma, typename RowDst>
+__device__ __forceinline__ void store_accumulators(const Tile& tile, const Mma& mma, RowDst row_dst, int cols_valid) {
   sync_mma_threads<THREADS>();
   for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
   sync_mma_threads<THREADS>();

@@ -142,7 +142,7 @@ __device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, 
   return true;
 }
 
-// The work of an expert-major (dW) block: blocks [e * m_tiles * n_tiles, (e+1) * ...) cover
+// The work of an expert-major (dW) block: tiles [e * m_tiles * n_tiles, (e+1) * ...) cover
 // expert e's [m_extent, n_extent] gradient, BM x BN tiles grouped by GROUP_M; the K range is
 // the expert's sorted rows.
 struct ExpertBlock {
@@ -151,13 +151,21 @@ struct ExpertBlock {
   int32 r_begin, r_end;  // the expert's sorted rows
 };
 
+// Tiles of an expert GEMM over all experts: the grid of one block per tile, or a persistent
+// grid's items.
+template <int BM, int BN>
+__device__ __forceinline__ int64 expert_tiles(const RoutingView& r, int m_extent, int n_extent) {
+  return static_cast<int64>(r.experts) * ceil_div(m_extent, BM) * ceil_div(n_extent, BN);
+}
+
+// Tile `id` (below expert_tiles).
 template <int BM, int BN, int GROUP_M>
-__device__ __forceinline__ ExpertBlock expert_block(const RoutingView& r, int m_extent, int n_extent) {
+__device__ __forceinline__ ExpertBlock expert_block(const RoutingView& r, int m_extent, int n_extent, int64 id) {
   const int64 m_tiles = ceil_div(m_extent, BM), n_tiles = ceil_div(n_extent, BN), per_expert = m_tiles * n_tiles;
   ExpertBlock b;
-  b.expert = static_cast<int32>(blockIdx.x / per_expert);
+  b.expert = static_cast<int32>(id / per_expert);
   int64 m, n;
-  grouped_tile(blockIdx.x % per_expert, m_tiles, n_tiles, GROUP_M, m, n);
+  grouped_tile(id % per_expert, m_tiles, n_tiles, GROUP_M, m, n);
   b.m0 = static_cast<int>(m) * BM;
   b.n0 = static_cast<int>(n) * BN;
   b.r_begin = r.expert_offsets[b.expert];

@@ -31,11 +31,13 @@ __device__ __forceinline__ void mbarrier_arrive(uint64* bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Arrives on the barrier at the same offset in CTA `rank` of the cluster.
+// Arrives on the barrier at the same offset in CTA `rank` of the cluster. The release is the
+// default CTA-scope one: the stage's reads it publishes are this CTA's own wgmmas, complete by
+// then, and a cluster-scope release once per k tile cost the pairs a quarter of their time.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint64* bar, uint32 rank) {
   uint32 remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 // Arrives once this thread's earlier cp.asyncs have completed; the arrival is counted in the
@@ -44,15 +46,54 @@ __device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint64* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+__device__ __forceinline__ bool mbarrier_try_wait(uint64* bar, uint32 parity) {
   uint32 done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ uint64 global_timer_ns() {
+  uint64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// Until the barrier's phase of `parity` has completed: the MMA warps' wait, a bare spin, since
+// they wait with every accumulator live and a timer's registers would spill them.
+__device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
+}
+
+// A producer's wait that lasts this long is a bug (a stage whose copies never all land, a
+// release that never comes), never a slow kernel: every wait covers microseconds of work.
+constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
+
+// mbarrier_wait for the producer warps, which have registers to spare: after kBarrierTimeoutNs
+// the thread traps, so the launch fails with an error (the host throws CudaError) instead of
+// hanging the process. Inline and silent on purpose: a call or a printf in a kernel makes ptxas
+// serialize every wgmma and ignore setmaxnreg (C7510, C7507). The clock is read only once a
+// try_wait (which itself suspends a while in hardware) has failed.
+__device__ __forceinline__ void mbarrier_wait_or_trap(uint64* bar, uint32 parity) {
+  if (mbarrier_try_wait(bar, parity)) return;
+  const uint64 start = global_timer_ns();
+  while (!mbarrier_try_wait(bar, parity)) {
+    if (global_timer_ns() - start > kBarrierTimeoutNs) asm volatile("trap;");
+  }
+}
+
+// A producer's last step: until the copies into the last min(STAGES, filled) stages have landed
+// (stage j of the ring: full[j % STAGES], phase j / STAGES). A stage short of its bytes then traps
+// here even where the producer has no later wait, since the MMA warps' waits never time out.
+template <int STAGES>
+__device__ __forceinline__ void await_last_stages(uint64* full, uint32 filled) {
+  for (uint32 j = filled > STAGES ? filled - STAGES : 0; j < filled; ++j) {
+    mbarrier_wait_or_trap(full + j % STAGES, (j / STAGES) & 1);
+  }
 }
 
 template <int REGS>
@@ -84,6 +125,19 @@ __device__ __forceinline__ bool tma_thread() {
   return threadIdx.x == MMA_THREADS;
 }
 
+// Thread 0 initializes the stages' barriers: `full` waits for the producer's arrivals (see
+// above), `empty` for `releases` arrivals. The caller publishes them (block or cluster barrier).
+template <int STAGES, int TMA_BYTES>
+__device__ __forceinline__ void init_stage_barriers(uint64* full, uint64* empty, uint32 releases) {
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int s = 0; s < STAGES; ++s) {
+    mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
+    mbarrier_init(empty + s, releases);
+  }
+  mbarrier_init_fence();
+}
+
 // Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them), the
 // `full` ones first. TMA_BYTES: what the TMA copies of one stage bring, which load(stage, kt)
 // issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
@@ -100,14 +154,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   constexpr int kMmaWarps = kMmaThreads / 32;
   uint64* full = barriers;
   uint64* empty = barriers + STAGES;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
-      mbarrier_init(empty + s, kMmaWarps * (paired ? 2 : 1));
-    }
-    mbarrier_init_fence();
-  }
+  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, kMmaWarps * (paired ? 2 : 1));
   if (paired) {
     cluster_sync();
   } else {
@@ -120,13 +167,14 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     setmaxnreg_dec<RegisterSplit<kMmaWarps>::kProducer>();
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % STAGES;
-      if (kt >= STAGES) mbarrier_wait(empty + s, ((kt / STAGES) - 1) & 1);
+      if (kt >= STAGES) mbarrier_wait_or_trap(empty + s, ((kt / STAGES) - 1) & 1);
       if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
       load(s, kt);
       mbarrier_arrive_on_cp_async(full + s);
       __syncwarp();  // the warp's synchronous shared-memory fills, if any, precede lane 0's arrival
       if (lane0) mbarrier_arrive(full + s);
     }
+    if (tma_thread<kMmaThreads>()) await_last_stages<STAGES>(full, static_cast<uint32>(k_tiles));
     cp_async_wait<0>();
     if (paired) cluster_sync();
     return false;
@@ -155,6 +203,86 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     sync_mma_threads<kMmaThreads>();  // every warpgroup is done with the stages the epilogue reuses
   }
   return true;
+}
+
+// The persistent form of the loop above (src/moe/launch.cpp sizes the grid to the blocks the
+// device runs at once). Block b (a pair, b = c, in clusters of two) works through items b,
+// b + blocks, ...: schedule(item, work) gives its work of the item (false, in every block of a
+// cluster alike, to skip it), k_tiles(work) its k tiles (0: the epilogue gets zeros). The stage
+// ring and its phases run on across items, so the producer copies the next item's first k tiles
+// while the MMA warps run epilogue(work), which therefore must not use the stages.
+// load(stage, work, kt) and landed(stage, work, kt) as the loop above's load and landed;
+// after_loads(work) runs in the producer threads once they have issued the work's k tiles (for
+// copies the epilogue reads, into shared memory of the role's own, on barriers of its own). One warp
+// of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
+// another warp releases it in the other block too, since that block's producer may multicast
+// into this one's stages: both blocks run the same k tiles per item, in step.
+template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
+          typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue>
+__device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
+                                                       int64 items, Schedule schedule, KTiles k_tiles, Load load,
+                                                       AfterLoads after_loads, Landed landed, Epilogue epilogue) {
+  constexpr int kMmaThreads = Mma::kThreads;
+  constexpr int kMmaGroups = kMmaThreads / 128;
+  uint64* full = barriers;
+  uint64* empty = barriers + STAGES;
+  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, CLUSTER * kMmaGroups);
+  if constexpr (CLUSTER == 2) cluster_sync();
+  else __syncthreads();
+  const bool lane0 = (threadIdx.x & 31) == 0;
+  const uint32 rank = CLUSTER == 2 ? cluster_rank() : 0;
+  const int64 first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
+  uint32 it = 0;  // k tiles through the ring so far: stage it % STAGES, phase (it / STAGES) & 1
+
+  if (threadIdx.x >= kMmaThreads) {
+    setmaxnreg_dec<RegisterSplit<kMmaGroups * 4>::kProducer>();
+    for (int64 item = first; item < items; item += step) {
+      Work w;
+      if (!schedule(item, w)) continue;
+      const int kts = k_tiles(w);
+      for (int kt = 0; kt < kts; ++kt, ++it) {
+        const int s = static_cast<int>(it % STAGES);
+        if (it >= STAGES) mbarrier_wait_or_trap(empty + s, ((it / STAGES) - 1) & 1);
+        if (TMA_BYTES > 0 && tma_thread<kMmaThreads>()) mbarrier_arrive_expect_tx(full + s, TMA_BYTES);
+        load(s, w, kt);
+        mbarrier_arrive_on_cp_async(full + s);
+        __syncwarp();
+        if (lane0) mbarrier_arrive(full + s);
+      }
+      after_loads(w);
+    }
+    if (tma_thread<kMmaThreads>()) await_last_stages<STAGES>(full, it);
+    cp_async_wait<0>();
+    if constexpr (CLUSTER == 2) cluster_sync();
+    return;
+  }
+
+  setmaxnreg_inc<RegisterSplit<kMmaGroups * 4>::kMma>();
+  // Warp 0 of each warpgroup releases a stage here, warp 1 in the other block.
+  const int warp_in_group = static_cast<int>((threadIdx.x & 127) >> 5);
+  const auto release = [&](uint32 j) {
+    if (!lane0) return;
+    if (warp_in_group == 0) mbarrier_arrive(empty + j % STAGES);
+    if (CLUSTER == 2 && warp_in_group == 1) mbarrier_arrive_remote(empty + j % STAGES, rank ^ 1);
+  };
+  for (int64 item = first; item < items; item += step) {
+    Work w;
+    if (!schedule(item, w)) continue;
+    const int kts = k_tiles(w);
+    mma.zero();
+    for (int kt = 0; kt < kts; ++kt, ++it) {
+      const int s = static_cast<int>(it % STAGES);
+      mbarrier_wait(full + s, (it / STAGES) & 1);
+      landed(s, w, kt);
+      fence_proxy_async_shared();
+      mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
+      if (kt > 0) release(it - 1);
+    }
+    mma.drain();
+    if (kts > 0) release(it - 1);
+    epilogue(w);
+  }
+  if constexpr (CLUSTER == 2) cluster_sync();
 }
 
 }  // namespace moejit

@@ -68,6 +68,26 @@ __device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap& m
       : "memory");
 }
 
+// Copies the box at `coords` of `map` from `src` in shared memory (the layout tma_load writes),
+// as one bulk async-group operation of this thread; rows and columns outside the tensor are not
+// written. The writes that filled `src` must be fenced for the async proxy
+// (fence_proxy_async_shared) and the group committed (bulk_commit) after the last store.
+__device__ __forceinline__ void tma_store(const TensorMap& map, const void* src, int32 c0, int32 c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(&map), "r"(c0),
+               "r"(c1), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void tma_store(const TensorMap& map, const void* src, int32 c0, int32 c1, int32 c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(&map),
+               "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's committed stores have read their shared memory (it may be rewritten).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until this thread's committed stores have completed.
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // A token GEMM block's place in a cluster of CLUSTER blocks (1 or 2) along the grid. The pair
 // is `paired` when both blocks have a tile: their pipelines then wait on each other's consumers
 // (warp_specialized_main_loop), and it is `shared` when the tiles also have the same expert and
@@ -100,6 +120,23 @@ __device__ __forceinline__ uint32 cluster_rank() {
 // before the other CTA's accesses to them.
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// A K-major tile (SmemTile, or KPanelTile at BLOCK_K 128) as boxes of at most 64 columns, one
+// per 128-byte swizzle row: copy(dst, k) copies columns k.. of tile rows [tile_row, ...) to dst.
+template <typename Tile, typename T, typename Copy>
+__device__ __forceinline__ void for_each_k_box(T* tile, int tile_row, int32 k0, Copy copy) {
+  constexpr int kBox = Tile::kCols < 64 ? Tile::kCols : 64;
+#pragma unroll
+  for (int p = 0; p < Tile::kCols / kBox; ++p) copy(tile + (p * Tile::kRows + tile_row) * kBox, k0 + p * kBox);
+}
+
+// A K-major stage tile (SmemTile, or KPanelTile at BLOCK_K 128) of rows row0.. and columns k0..
+// of a 2-d map, box by box. A stage's copies must bring every byte the pipeline expects of it,
+// or its `full` barrier never completes; a single tma_load brings only 64 columns.
+template <typename Tile, typename T>
+__device__ __forceinline__ void tma_load_k_major(T* tile, const TensorMap& map, uint64* bar, int32 k0, int32 row0) {
+  for_each_k_box<Tile>(tile, 0, k0, [&](T* dst, int32 k) { tma_load(dst, map, bar, k, row0); });
 }
 
 // An MN-major tile (PanelTile<BK, COLS>) as COLS / 64 boxes of 64 columns x BK rows: panel p

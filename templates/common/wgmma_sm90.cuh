@@ -5,6 +5,7 @@
 // cp.async loaders, in the layouts wgmma's descriptors describe:
 //   K-major  SmemTile<rows, BK>: BK = 64 / 32 -> rows of 128 / 64 bytes; SmemTile's XOR swizzle
 //            is exactly wgmma's 128B / 64B swizzle when the tile starts 1024-byte aligned.
+//            BK = 128: KPanelTile, two such 64-column tiles side by side ([BK/64][rows][64]).
 //   MN-major PanelTile<BK, cols>: 64-column panels [cols/64][BK][64], 128B swizzle.
 #pragma once
 
@@ -15,11 +16,7 @@ namespace moejit {
 
 // BK x COLS tile of an MN-major operand (COLS contiguous in global memory) as 64-column panels.
 template <int ROWS, int COLS>
-struct PanelTile {
-  static constexpr int kRows = ROWS;
-  static constexpr int kCols = COLS;
-  static constexpr int kChunks = COLS / 8;
-  static constexpr int kElems = ROWS * COLS;
+struct PanelTile : TileDims<ROWS, COLS> {
   static constexpr int kPanelElems = ROWS * 64;
   static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "panels are 64 columns by a multiple of 8 rows");
 
@@ -27,6 +24,23 @@ struct PanelTile {
     return (col >> 6) * kPanelElems + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
   }
 };
+
+// ROWS x COLS tile of a K-major operand deeper than one 128-byte swizzle row (COLS = BLOCK_K =
+// 128) as COLS / 64 panels of SmemTile<ROWS, 64>.
+template <int ROWS, int COLS>
+struct KPanelTile : TileDims<ROWS, COLS> {
+  static constexpr int kPanelElems = ROWS * 64;
+  static_assert(COLS % 64 == 0, "panels are 64 columns");
+
+  __device__ __forceinline__ static int offset(int row, int col) {
+    return (col >> 6) * kPanelElems + SmemTile<ROWS, 64>::offset(row, col & 63);
+  }
+};
+
+// The K-major layout of a ROWS x BK tile: one swizzle row per tile row up to BK = 64, panels
+// beyond.
+template <int ROWS, int BK>
+using KMajorTile = typename Select<(BK > 64), KPanelTile<ROWS, BK>, SmemTile<ROWS, BK>>::type;
 
 // Shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte
 // units), swizzle mode (1 = 128B, 2 = 64B, 3 = 32B).
@@ -163,9 +177,9 @@ struct WgmmaMma {
   static constexpr bool kWarpSpecialized = WS;
   static_assert(WARPS % 4 == 0 && kGroups % WGM == 0 && kGroupRows % 64 == 0, "warpgroups tile BM by 64 rows");
   static_assert(kWarpN == 64 || kWarpN == 128 || kWarpN == 256, "wgmma N per warpgroup is 64, 128 or 256");
-  static_assert(BK == 32 || BK == 64, "K-major rows are 64 or 128 bytes (64B / 128B swizzle)");
-  using ATile = typename Select<A_KMAJOR, SmemTile<BM, BK>, PanelTile<BK, BM>>::type;
-  using BTile = typename Select<B_KMAJOR, SmemTile<BN, BK>, PanelTile<BK, BN>>::type;
+  static_assert(BK == 32 || BK == 64 || BK == 128, "K-major rows of 64 or 128 bytes (64B / 128B swizzle), or two");
+  using ATile = typename Select<A_KMAJOR, KMajorTile<BM, BK>, PanelTile<BK, BM>>::type;
+  using BTile = typename Select<B_KMAJOR, KMajorTile<BN, BK>, PanelTile<BK, BN>>::type;
 
   float acc[kMi][kNi][4];
   int m0, n0;  // this warpgroup's first tile row and column
@@ -189,8 +203,10 @@ struct WgmmaMma {
   template <typename Tile, bool KMAJOR>
   __device__ __forceinline__ static uint64 desc(const T* tile, int first, int kk) {
     if constexpr (KMAJOR) {
-      constexpr uint32 kRowBytes = BK * 2;
-      return wgmma_desc(tile + first * BK + kk, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
+      constexpr int kRow = BK < 64 ? BK : 64;  // elements of one swizzle row
+      constexpr uint32 kRowBytes = kRow * 2;
+      return wgmma_desc(tile + (kk / kRow) * Tile::kRows * kRow + first * kRow + kk % kRow, 16, 8 * kRowBytes,
+                        kRowBytes == 128 ? 1 : 2);
     } else {
       return wgmma_desc(tile + (first / 64) * Tile::kPanelElems + kk * 64, BK * 128, 1024, 1);
     }

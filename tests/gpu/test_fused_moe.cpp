@@ -308,6 +308,38 @@ TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the ti
   CHECK(tma >= 8);
 }
 
+TEST_CASE("BLOCK_K 128 configs give the reference's answer, copied by TMA or by cp.async", "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: BLOCK_K 128 configs are sm_90 wgmma configs");
+    return;
+  }
+  // K tails in every role (H = 264 / 260, I = 136 / 132); the second shape's rows are not
+  // 16-byte multiples, so its producers load with cp.async into the same panels.
+  for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 51},
+                               CaseSpec{2048, 8, 260, 132, 2, DType::kBF16, Routing::kRandom, 52}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.block_k == 128; }) >= 12);
+  }
+}
+
+TEST_CASE("persistent grids: blocks that run several tiles give the reference's answer", "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: persistent grids are sm_90 TMA configs");
+    return;
+  }
+  // More tiles than resident blocks in every persistent role (fwd_up 32 m tiles x 6 column
+  // tiles; the dW roles 528 to 1056 tiles), so blocks run their stage ring across tiles, with H
+  // and I not multiples of the tile; the second routing leaves every odd expert without rows.
+  for (const CaseSpec& spec : {CaseSpec{1024, 16, 1288, 648, 2, DType::kBF16, Routing::kRandom, 61},
+                               CaseSpec{1024, 16, 1288, 648, 2, DType::kBF16, Routing::kEvenExpertsOnly, 62}}) {
+    INFO(describe(spec));
+    const int runs = sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.persistent; });
+    CHECK(runs >= 40);
+  }
+}
+
 TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   if (!gpu->info.is_hopper()) {
@@ -320,8 +352,10 @@ TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's 
                                CaseSpec{700, 4, 256, 128, 1, DType::kBF16, Routing::kOneExpert, 42},
                                CaseSpec{1000, 3, 136, 264, 1, DType::kBF16, Routing::kRandom, 43}}) {
     INFO(describe(spec));
-    // Four depths per token GEMM; bwd_down's 256 columns are pruned at I = 128.
-    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 12);
+    // fwd_up's four depths, fwd_down's and bwd_dx's four one tile per block and two persistent
+    // (the output tile leaves no room for the deepest two), each both ways where it fits;
+    // bwd_down's 256 columns are pruned at I = 128.
+    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 8);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
+#include "tuner/role_traits.hpp"
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
 
@@ -56,7 +57,17 @@ TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
   CHECK(u.file_name == "fwd_down.bm128_bn256_bk64_s4_w8_g8_c2_tma_ws.cu");
   REQUIRE(u.name_expressions.size() == 1);
   CHECK(u.name_expressions[0] ==
-        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2>");
+        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2, false>");
+  pair.persistent = true;
+  u = generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"});
+  CHECK(u.file_name == "fwd_down.bm128_bn256_bk64_s4_w8_g8_c2_tma_ws_persistent.cu");
+  CHECK(u.name_expressions.at(0) ==
+        "moejit::fwd_down_kernel<moejit::bf16, 128, 256, 64, 4, 8, 2, 8, true, true, true, true, 2, true>");
+  TileConfig one_group = test::hopper_gemm(128, 128, 64, 4, 4, true);  // two blocks per SM: no persistent grid
+  one_group.use_tma = true;
+  one_group.persistent = true;
+  CHECK_THROWS_AS(generate_unit({Role::kFwdDown, one_group, DType::kBF16, "sm_90a"}), InvalidArgument);
+  pair.persistent = false;
   CHECK_THROWS_AS(generate_unit({Role::kBwdDw1, pair, DType::kBF16, "sm_90a"}), InvalidArgument);
   pair.use_tma = false;
   CHECK_THROWS_AS(generate_unit({Role::kFwdDown, pair, DType::kBF16, "sm_90a"}), InvalidArgument);
@@ -114,12 +125,25 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
   CHECK(r[0].static_smem_bytes == 1024);
   CHECK(r[1].registers == 40);
   CHECK(r[1].static_smem_bytes == 0);
+  CHECK(parse_performance_losses(log).empty());
+  const std::string lossy =
+      log +
+      "ptxas info    : (C7507) Potential Performance Loss: 'setmaxnreg' ignored to maintain minimum register "
+      "requirements.\n"
+      "ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+      "wgmma pipeline crossing function boundary at a function call in the function '_Z1fv'\n";
+  const auto losses = parse_performance_losses(lossy);
+  REQUIRE(losses.size() == 2);
+  CHECK_THAT(losses[0], Catch::StartsWith("(C7507) 'setmaxnreg' ignored"));
+  CHECK_THAT(losses[1], Catch::StartsWith("(C7510) wgmma.mma_async instructions are serialized"));
 }
 
-TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not", "[codegen][nvrtc]") {
+TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles too",
+          "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
   const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
   std::vector<KernelSpec> specs;
+  int persistent_specs = 0;
   for (const std::string arch : {"sm_90a", "sm_80"}) {
     const cuda::DeviceInfo device = cuda::fabricated::for_arch(arch);
     for (Role r : kAllRoles) {
@@ -135,20 +159,36 @@ TEST_CASE("the default config of every role compiles for sm_90a and sm_80, align
           specs.push_back({r, tma, DType::kBF16, arch, true, false});
           if (r == Role::kBwdDw2) specs.push_back({r, tma, DType::kBF16, arch, true, true});
         }
+        // A two-warpgroup TMA tile of every GEMM role, one tile per block and persistent.
+        TileConfig two = test::hopper_gemm(128, 128, 64, 4, 8, true);
+        two.use_tma = true;
+        const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
+        for (bool persistent : {false, true}) {
+          if (!gemm) break;
+          two.persistent = persistent;
+          if (prune_reason(r, two, shape, device)) continue;
+          persistent_specs += persistent;
+          specs.push_back({r, two, DType::kBF16, arch, true, false});
+          if (r == Role::kBwdDw2) specs.push_back({r, two, DType::kBF16, arch, true, true});
+        }
       }
     }
   }
+  CHECK(persistent_specs == 6);  // every GEMM role
   std::vector<std::string> failures;
   std::mutex mu;
   parallel_for(specs.size(), 2, [&](std::size_t i) {
     try {
       NvrtcOutput out = nvrtc_compile(generate_unit(specs[i]), nvrtc_options(specs[i].arch));
+      std::lock_guard<std::mutex> lock(mu);
       for (const auto& res : out.resources) {
         if (res.spill_store_bytes > 0) {
-          std::lock_guard<std::mutex> lock(mu);
           failures.push_back(specs[i].readable_name() + " spills " + std::to_string(res.spill_store_bytes) + " B");
         }
       }
+      // A serialized wgmma pipeline or an ignored setmaxnreg (e.g. a call in the kernel, or a
+      // register held across the multistage loop) costs a Hopper config what it is for.
+      for (const std::string& loss : out.performance_losses) failures.push_back(specs[i].readable_name() + ": " + loss);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu);
       failures.push_back(specs[i].readable_name() + ": " + e.what());

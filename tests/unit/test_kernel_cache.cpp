@@ -105,6 +105,18 @@ TEST_CASE("decode rejects every malformed header", "[cache]") {
   CHECK_FALSE(DiskCache::decode(good, {"routing.x.sm_90a", "fedcba9876543210"}));
 }
 
+TEST_CASE("ptxas's performance advisories travel with the kernel through the disk cache", "[cache]") {
+  CompiledKernel k;
+  k.key = {"bwd_dw1.x.sm_90a", "0123456789abcdef"};
+  k.cubin = std::string(64, 'c');
+  k.name_expressions = {"a"};
+  k.lowered_names = {"_Z1a"};
+  k.performance_losses = {"(C7515) wgmma.mma_async instructions are serialized"};
+  const auto back = DiskCache::decode(DiskCache::encode(k), k.key);
+  REQUIRE(back);
+  CHECK(back->performance_losses == k.performance_losses);
+}
+
 TEST_CASE("compile_all reports each config and never throws for one failure", "[cache]") {
   TempDir dir("all");
   ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());

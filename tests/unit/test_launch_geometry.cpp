@@ -53,6 +53,43 @@ TEST_CASE("cluster pairs launch whole clusters: odd token grids gain one padding
   CHECK(padded.block.x == 256 + 128);
 }
 
+TEST_CASE("persistent grids: the GEMM roles' two-warpgroup TMA tiles and pairs, when the config says so", "[launch]") {
+  TileConfig two = gemm(128, 256, 64, 3, 8, true);
+  two.use_tma = true;
+  TileConfig one = gemm(128, 128, 64, 3, 4, true);
+  one.use_tma = true;
+  // bwd_down keeps its g and u tiles beside the stages: persistent up to 128 columns.
+  CHECK_FALSE(persistent_eligible(Role::kBwdDown, two));
+  TileConfig narrow = gemm(128, 128, 64, 4, 8, true);
+  narrow.use_tma = true;
+  CHECK(persistent_eligible(Role::kBwdDown, narrow));
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDx}) {
+    INFO(role_name(r));
+    CHECK(persistent_eligible(r, two));
+    CHECK_FALSE(persistent_eligible(r, one));  // two blocks per SM overlap their epilogues already
+    TileConfig pair = two;
+    pair.cluster = 2;
+    CHECK(persistent_eligible(r, pair));
+    TileConfig copies = two;
+    copies.use_tma = false;
+    CHECK_FALSE(persistent_eligible(r, copies));
+  }
+  for (Role r : {Role::kBwdDw1, Role::kBwdDw2}) {
+    CHECK(persistent_eligible(r, two));
+    CHECK_FALSE(persistent_eligible(r, one));
+  }
+  for (Role r : {Role::kRouting, Role::kGatherSum}) CHECK_FALSE(persistent_eligible(r, two));
+  // Eligible tiles run one block per tile unless the config asks for the persistent grid.
+  CHECK_FALSE(persistent_grid(Role::kFwdDown, two));
+  TileConfig persistent = two;
+  persistent.persistent = true;
+  CHECK(persistent_grid(Role::kFwdDown, persistent));
+  CHECK_FALSE(persistent_grid(Role::kBwdDown, persistent));  // not eligible: 256 columns
+  // The geometry keeps the whole tile grid; launch_role trims it to the resident blocks.
+  const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  CHECK(launch_geometry(Role::kFwdDown, persistent, s, 2176, true).grid.x == 2176 * 8);
+}
+
 TEST_CASE("dW grids are experts times the gradient's tiles", "[launch]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   const TileConfig c = gemm(128, 128, 32, 6, 4, true);

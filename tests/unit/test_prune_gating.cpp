@@ -166,7 +166,7 @@ TEST_CASE("wgmma GEMM configs reach only sm_90, where the large-tile defaults us
       CHECK((!c.warp_specialized || c.arch_tag == ArchTag::kHopper));
       if (c.arch_tag != ArchTag::kHopper) continue;
       ++(c.warp_specialized ? warp_specialized : multistage);
-      CHECK_THAT(c.name(), Catch::EndsWith(c.warp_specialized ? "_ws" : "_wg"));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_ws_persistent" : c.warp_specialized ? "_ws" : "_wg"));
       CHECK(c.block_threads() == c.threads() + (c.warp_specialized ? 128 : 0));
       for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
     }
@@ -216,6 +216,33 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(role_smem_bytes(Role::kFwdDown, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 128 + 16 * 6);
   // Expert GEMM: stages, the 2 * BLOCK_K int32 token ring, the barriers.
   CHECK(role_smem_bytes(Role::kBwdDw1, ws, large) == 2LL * 6 * (128 + 128) * 32 + 8 * 32 + 16 * 6);
+  // A persistent grid's block: stages, its output tile (BM x BLOCK_N), barriers, no row
+  // offsets. fwd_up's B tile holds gate and up rows: 2 * BLOCK_N. The same tile one block per
+  // tile keeps the row offsets (token GEMMs) or the token ring (dW) instead.
+  TileConfig wide = cfg(128, 256, 64, 3, 8, true);
+  wide.use_tma = true;
+  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
+  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 64);
+  wide.persistent = true;
+  CHECK(role_smem_bytes(Role::kFwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
+  TileConfig up = cfg(128, 128, 64, 4, 8, true);
+  up.use_tma = true;
+  up.persistent = true;
+  CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 128);
+  CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
+  CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
+  // bwd_down's persistent block keeps the tile's g and u (2 x BM x BLOCK_N) and their two
+  // barriers; its 256-column tiles run one tile per block, with g and u in the stages.
+  TileConfig down = cfg(128, 128, 64, 4, 8, true);
+  down.use_tma = true;
+  down.persistent = true;
+  CHECK(role_smem_bytes(Role::kBwdDown, down, large) == 2LL * 4 * (128 + 128) * 64 + 16 * 4 + 4LL * 128 * 128 + 16);
+  CHECK_FALSE(prune_reason(Role::kBwdDown, down, large, fab::h200()));
+  const auto not_eligible = prune_reason(Role::kBwdDown, wide, large, fab::h200());
+  REQUIRE(not_eligible);
+  CHECK_THAT(*not_eligible, Catch::Contains("persistent grids are for"));
+  wide.persistent = false;
+  CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
   CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
@@ -226,6 +253,32 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(back == ws);
   CHECK(ws.name() == "bm128_bn128_bk32_s6_w4_g8_ws");
   CHECK(ms.name() == "bm128_bn128_bk32_s6_w4_g8_wg");
+  CHECK(nlohmann::json(down).get<TileConfig>() == down);
+  CHECK(down.name() == "bm128_bn128_bk64_s4_w8_g8_tma_ws_persistent");
+  // Rows stored before the flag existed read as one block per tile.
+  nlohmann::json old_row = nlohmann::json(down);
+  old_row.erase("persistent");
+  CHECK_FALSE(old_row.get<TileConfig>().persistent);
+}
+
+TEST_CASE("the space holds every tile that may run a persistent grid both ways", "[prune][launch]") {
+  const MoeShape large = shape(32768, 128, 8);
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    const std::vector<TileConfig> space = config_space(r, large);
+    int persistent = 0;
+    for (const TileConfig& c : space) {
+      INFO(c.name());
+      TileConfig other = c;
+      other.persistent = !c.persistent;
+      CHECK(std::count(space.begin(), space.end(), other) == (persistent_eligible(r, c) ? 1 : 0));
+      persistent += c.persistent;
+    }
+    CHECK(persistent > 0);
+    // The tuned defaults of the two-warpgroup TMA tiles are persistent.
+    const TileConfig d = default_config(r, large, fab::h200());
+    CHECK(d.persistent == persistent_eligible(r, d));
+  }
 }
 
 TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows only", "[prune][tma]") {
@@ -240,7 +293,7 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
       if (!c.use_tma) continue;
       ++tma;
       CHECK(c.warp_specialized);
-      CHECK_THAT(c.name(), Catch::EndsWith("_tma_ws"));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_tma_ws_persistent" : "_tma_ws"));
       CHECK(prune_reason(r, c, odd, fab::h200()));  // the same config on a shape TMA cannot take
       if (!prune_reason(r, c, aligned, fab::h200())) CHECK_FALSE(tensor_map_specs(r, c, aligned).empty());
       TileConfig multistage = c;
@@ -249,6 +302,29 @@ TEST_CASE("TMA configs: warp-specialized token GEMMs and bwd_dw1 on 16-byte rows
     }
     CHECK((tma > 0) == (role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm));
     for (const TileConfig& c : config_space(r, odd)) CHECK_FALSE(c.use_tma);
+  }
+}
+
+TEST_CASE("BLOCK_K 128: warp-specialized, three stages, where the tiles fit shared memory", "[prune]") {
+  const MoeShape large = shape(32768, 128, 8);
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    int kept = 0;
+    for (const TileConfig& c : config_space(r, large)) {
+      if (c.block_k != 128) continue;
+      INFO(c.name());
+      CHECK(c.warp_specialized);
+      CHECK(c.stages == 3);
+      CHECK(c.cluster == 1);
+      const auto why = prune_reason(r, c, large, fab::h200());
+      if (!why) {
+        ++kept;
+        CHECK(role_smem_bytes(r, c, large) <= fab::h200().smem_optin_per_block);
+      } else if (gemm_accumulators(r, c) <= 128) {
+        CHECK_THAT(*why, Catch::Contains("shared memory"));  // 128 x 256 tiles: 288 KB
+      }
+    }
+    CHECK(kept > 0);
   }
 }
 
@@ -261,11 +337,16 @@ TEST_CASE("cluster pairs: the token GEMMs' two-warpgroup TMA tiles, on sm_90 onl
     for (const TileConfig& c : space) {
       if (c.cluster == 1) continue;
       INFO(c.name());
-      ++pairs;
       CHECK(c.cluster == 2);
       CHECK(c.warps == 8);
-      CHECK_THAT(c.name(), Catch::EndsWith("_c2_tma_ws"));
-      CHECK_FALSE(prune_reason(r, c, large, fab::h200()));
+      CHECK_THAT(c.name(), Catch::EndsWith(c.persistent ? "_c2_tma_ws_persistent" : "_c2_tma_ws"));
+      // The deepest fwd_down and bwd_dx pairs leave no room for a persistent block's output tile.
+      if (const auto why = prune_reason(r, c, large, fab::h200())) {
+        CHECK_THAT(*why, Catch::Contains("shared memory"));
+        CHECK(persistent_grid(r, c));
+      } else {
+        ++pairs;
+      }
       for (auto dev : {fab::a100(), fab::rtx5090(), fab::b200()}) CHECK(prune_reason(r, c, large, dev));
       TileConfig solo = c;  // the same tile without the pair is in the space too
       solo.cluster = 1;
@@ -275,7 +356,7 @@ TEST_CASE("cluster pairs: the token GEMMs' two-warpgroup TMA tiles, on sm_90 onl
     // 64-row tiles (64 pairs per expert) have no pairs.
     for (const TileConfig& c : config_space(r, shape(1024, 128, 8))) CHECK(c.cluster == 1);
   }
-  TileConfig c = test::hopper_gemm(128, 256, 64, 4, 8, true);
+  TileConfig c = test::hopper_gemm(128, 256, 64, 3, 8, true);
   c.use_tma = true;
   c.cluster = 2;
   CHECK_FALSE(prune_reason(Role::kFwdDown, c, large, fab::h200()));
@@ -311,10 +392,18 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   split_n.block_m = 64;
   CHECK(tensor_map_specs(Role::kFwdUp, split_n, s)[0].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
   // fwd_down: act [TK, I] in BLOCK_M-row boxes, W2 [E, H, I] in BLOCK_N-row boxes.
+  // A persistent grid's TMA stores write Y [TK, H] in 64-column panels of BLOCK_M rows.
   auto down = tensor_map_specs(Role::kFwdDown, c, s);
-  REQUIRE(down.size() == 2);
+  REQUIRE(down.size() == 3);
   CHECK(down[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
   CHECK(down[1] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  CHECK(down[2] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});
+  // BLOCK_K 128: K-major tiles come as two boxes of 64 columns (one 128-byte swizzle row each);
+  // MN-major panels just get 128 rows.
+  TileConfig deep = c;
+  deep.block_k = 128;
+  CHECK(tensor_map_specs(Role::kFwdDown, deep, s)[0] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
+  CHECK(tensor_map_specs(Role::kBwdDw1, deep, s)[0].box == std::array<std::uint32_t, 4>{64, 128, 1, 1});
   // A cluster pair copies W2's tile as two boxes of BLOCK_N / 2 rows, one per block when shared.
   TileConfig pair = c;
   pair.cluster = 2;
@@ -322,9 +411,10 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   // bwd_dx: d_pre_act [TK, 2I]; W1 [E, 2I, H] read MN-major in 64-column panels.
   c.block_k = 32;
   auto dx = tensor_map_specs(Role::kBwdDx, c, s);
-  REQUIRE(dx.size() == 2);
+  REQUIRE(dx.size() == 3);
   CHECK(dx[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {32, 128, 1, 1}, 64});
   CHECK(dx[1] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dx[2] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});  // dx_rows
   // bwd_down: W2 panels; d_out_rows [TK, H] (dO in sorted order) in BLOCK_M-row boxes.
   // The epilogue's pre_act [TK, 2I] in 64-column panels of BLOCK_M rows, whatever BLOCK_K.
   auto bd = tensor_map_specs(Role::kBwdDown, c, s);
@@ -334,14 +424,17 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   CHECK(bd[2] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 128, 1, 1}, 128});
   // The dW roles: both operands as panels of 64 columns by BLOCK_K sorted rows: d_pre_act
   // [TK, 2I] and x_rows [TK, H]; d_out_rows [TK, H] and weighted_act [TK, I].
+  // Their stores write dW1 [E, 2I, H] and dW2 [E, H, I] per expert: a box stops at the expert.
   auto dw1 = tensor_map_specs(Role::kBwdDw1, c, s);
-  REQUIRE(dw1.size() == 2);
+  REQUIRE(dw1.size() == 3);
   CHECK(dw1[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw1[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dw1[2] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 128, 1, 1}, 128});
   auto dw2 = tensor_map_specs(Role::kBwdDw2, c, s);
-  REQUIRE(dw2.size() == 2);
+  REQUIRE(dw2.size() == 3);
   CHECK(dw2[0] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw2[1] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 32, 1, 1}, 128});
+  CHECK(dw2[2] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
   CHECK_THROWS_AS(tensor_map_specs(Role::kGatherSum, c, s), InternalError);
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);

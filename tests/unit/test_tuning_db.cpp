@@ -221,35 +221,61 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   CHECK_THROWS_WITH(TuningDb(junk), Catch::Contains(junk.string()));
 }
 
-TEST_CASE("warp-specialized configs survive the database, and version 1 files migrate", "[db]") {
+TEST_CASE("warp-specialized and persistent configs survive the database, and old files migrate", "[db]") {
   TempDir dir("db");
   const auto path = dir / "tuning.sqlite";
   TuningRow r = row_for(key_at(64), 128, 0.30);
   r.winner.warp_specialized = true;
-  r.winner.use_tma = false;
-  TileConfig multistage = r.winner;
+  r.winner.persistent = true;
+  TileConfig one_tile = r.winner;
+  one_tile.persistent = false;
+  TileConfig multistage = one_tile;
   multistage.warp_specialized = false;
-  r.candidates = {timed(r.winner, 0.30), timed(multistage, 0.33)};  // same tile, two pipelines
+  // Same tile three ways: the twins differ only in the flags, so only the flags tell them apart.
+  r.candidates = {timed(r.winner, 0.30), timed(one_tile, 0.31), timed(multistage, 0.33)};
+  const auto flags = [](const TuningRow& row) {
+    std::vector<std::pair<bool, bool>> out;
+    for (const auto& c : row.candidates) out.emplace_back(c.config.warp_specialized, c.config.persistent);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::pair<bool, bool>> expected{{false, false}, {true, false}, {true, true}};
   {
     TuningDb db(path);
     db.record(r);
     const auto got = db.lookup(key_at(64));
     REQUIRE(got);
     CHECK(got->winner == r.winner);
-    CHECK(sorted(*got).candidates.size() == 2);
+    CHECK(flags(*got) == expected);
+    CHECK(flags(db.rows().at(0)) == expected);
     TuningDb copy = TuningDb::in_memory();
     copy.import_json(db.export_json());
-    CHECK(copy.lookup(key_at(64))->winner.warp_specialized);
+    CHECK(copy.lookup(key_at(64))->winner == r.winner);
+    CHECK(flags(*copy.lookup(key_at(64))) == expected);
   }
-  // A version-1 file (no warp_specialized columns) migrates on open; its rows read as multistage.
+  // A version-2 file (no persistent columns) migrates on open; its rows read as one tile per block.
   Connection(path, OpenMode::kReadWrite)
-      .exec("ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE candidates DROP COLUMN warp_specialized; "
+      .exec("DELETE FROM candidates WHERE persistent = 1; ALTER TABLE winners DROP COLUMN persistent; "
+            "ALTER TABLE candidates DROP COLUMN persistent; PRAGMA user_version = 2");
+  {
+    TuningDb migrated(path);
+    CHECK(migrated.schema_version() == kSchemaVersion);
+    const auto old = migrated.lookup(key_at(64));
+    REQUIRE(old);
+    CHECK(old->winner.warp_specialized);
+    CHECK_FALSE(old->winner.persistent);
+  }
+  // A version-1 file (no warp_specialized columns either) reads as multistage.
+  Connection(path, OpenMode::kReadWrite)
+      .exec("ALTER TABLE winners DROP COLUMN persistent; ALTER TABLE candidates DROP COLUMN persistent; "
+            "ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE candidates DROP COLUMN warp_specialized; "
             "PRAGMA user_version = 1");
   TuningDb migrated(path);
   CHECK(migrated.schema_version() == kSchemaVersion);
   const auto old = migrated.lookup(key_at(64));
   REQUIRE(old);
   CHECK_FALSE(old->winner.warp_specialized);
+  CHECK_FALSE(old->winner.persistent);
   CHECK(old->winner.block_n == 128);
 }
 

@@ -114,9 +114,12 @@ int run_compile(int argc, char** argv, int start) {
     }
     const bool from_cache = r.origin != jit::Origin::kCompiled;
     (from_cache ? cached : compiled) += 1;
+    std::string note = r.kernel->key.stem();
+    // The advisory's code, e.g. (C7515): a serialized wgmma pipeline (src/jit/ptxas_info.hpp).
+    for (const std::string& loss : r.kernel->performance_losses) note += "  ptxas " + loss.substr(0, loss.find(' '));
     fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
                from_cache ? "cached" : "compiled", r.wall_ms, r.kernel->max_registers(), r.kernel->max_spill_bytes(),
-               r.kernel->key.stem());
+               note);
   }
   fmt::print("\nplan (heuristic default per role):\n");
   for (Role r : roles) {

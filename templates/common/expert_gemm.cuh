@@ -1,0 +1,70 @@
+// How a dW (expert GEMM) role's blocks find their work and run it: one gradient tile per block,
+// or a persistent grid (persistent_main_loop) for the configs that keep one block per SM, where
+// the producer copies the next tile while the epilogue writes the last. At small token counts
+// a tile has one or two k tiles, so its epilogue is most of its time.
+#pragma once
+
+#include "common/gemm.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+// Stages the accumulators in `staged` and writes them as block b's tile of out [E, m_extent,
+// n_extent]: a one-tile block's StagedTile row by row; a persistent block's SwizzledTile with TMA
+// stores through `map` (out's as [E, m_extent, n_extent], boxes of 64 columns by BM rows, which
+// stop at the expert's last row).
+template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
+__device__ __forceinline__ void store_expert_tile(const Staging& staged, const Mma& mma, const ExpertBlock& b,
+                                                  const TensorMap& map, T* out, int m_extent, int n_extent) {
+  T* base = out + (static_cast<int64>(b.expert) * m_extent + b.m0) * n_extent + b.n0;
+  const auto row_dst = [&](int r) -> T* {
+    return b.m0 + r < m_extent ? base + static_cast<int64>(r) * n_extent : nullptr;
+  };
+  if constexpr (Staging::kTmaStore) {
+    constexpr int kBN = Staging::Layout::kCols;
+    store_accumulators_async<THREADS, ALIGNED>(
+        staged, mma, true,
+        [&](const Staging& tile) {
+#pragma unroll
+          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), b.n0 + 64 * panel, b.m0, b.expert);
+        },
+        row_dst, n_extent - b.n0);
+  } else {
+    store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - b.n0);
+  }
+}
+
+// Runs an expert GEMM over [m_extent, n_extent] gradients, one per expert, each over its
+// expert's sorted rows in BK-row k tiles. load(stage, block, kt) fills a stage and
+// landed(stage, block, kt) fixes it in the MMA threads (as gemm_main_loop's), then
+// epilogue(block, staging) runs in the MMA threads with complete accumulators (zeros for an
+// expert without rows), `staging` being where to stage the output tile: Smem::in_stages() (a
+// StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
+// store_accumulators_async can store with TMA) in a persistent block.
+// prologue(block) runs in every thread of a one-tile block before its main loop.
+template <int BM, int BN, int BK, int GROUP_M, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
+          typename Smem, typename Load, typename Landed, typename Epilogue, typename Prologue = NoStep>
+__device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_extent, int n_extent, Mma& mma,
+                                                const Smem& sm, Load load, Landed landed, Epilogue epilogue,
+                                                Prologue prologue = {}) {
+  const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
+  if constexpr (PERSISTENT) {
+    persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock>(
+        mma, sm.a, sm.b, sm.barriers, expert_tiles<BM, BN>(r, m_extent, n_extent),
+        [&](int64 item, ExpertBlock& b) {
+          b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, item);
+          return true;
+        },
+        k_tiles, load, NoStep{}, landed, [&](const ExpertBlock& b) { epilogue(b, sm.template apart<BM, BN>()); });
+    if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
+  } else {
+    const ExpertBlock b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, blockIdx.x);
+    prologue(b);
+    const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
+        mma, sm.a, sm.b, sm.barriers, k_tiles(b), [&](int stage, int kt) { load(stage, b, kt); },
+        [&](int stage, int kt) { landed(stage, b, kt); });
+    if (mma_thread) epilogue(b, sm.template in_stages<BM, BN>());
+  }
+}
+
+}  // namespace moejit

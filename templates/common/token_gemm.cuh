@@ -1,0 +1,113 @@
+// How a token GEMM's blocks find their work and run it: one tile per block, or a persistent
+// grid (persistent_main_loop) for the configs that keep one block per SM, where the producer
+// copies the next tile while the epilogue writes the last.
+#pragma once
+
+#include "common/gemm.cuh"
+#include "common/moe_tiles.cuh"
+
+namespace moejit {
+
+// A token GEMM block's work: a tile, its first output column, whether to store it, and its
+// cluster pair.
+struct TokenWork {
+  TokenTile tile;
+  int n0;
+  bool store;
+  ClusterPair pair;
+};
+
+// Item `item` of a persistent grid of CLUSTER-block clusters: tile `item` alone, or, for a pair,
+// tiles 2 * item and 2 * item + 1 to ranks 0 and 1 (neighbouring m tiles of the same columns,
+// mostly of one expert). False when no tile exists. A pair's block whose tile does not exist
+// computes its partner's and stores nothing, so both blocks always run the same k tiles.
+template <int BM, int BN, int GROUP_M, int CLUSTER>
+__device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_extent, int64 item, TokenWork& w) {
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
+  if constexpr (CLUSTER == 1) {
+    w.store = true;
+    return token_work<BM, BN, GROUP_M>(r, n_extent, item, w.tile, w.n0);
+  } else {
+    TokenTile t[2];
+    int n[2];
+    bool ok[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) ok[j] = token_work<BM, BN, GROUP_M>(r, n_extent, 2 * item + j, t[j], n[j]);
+    if (!ok[0] && !ok[1]) return false;
+    const int have = ok[0] ? 0 : 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (!ok[j]) {
+        t[j] = t[have];
+        n[j] = n[have];
+      }
+    }
+    const uint32 rank = cluster_rank();
+    w.tile = t[rank];
+    w.n0 = n[rank];
+    w.store = ok[rank];
+    w.pair.rank = rank;
+    w.pair.paired = true;
+    w.pair.shared = t[0].expert == t[1].expert && n[0] == n[1];
+    return true;
+  }
+}
+
+// Stages the accumulators in `staged` and writes them as the tile at row w.tile.row0, column
+// w.n0 of out [TK, n_extent]: a one-tile block's StagedTile row by row; a persistent block's
+// SwizzledTile with TMA stores through `map` (out's, boxes of 64 columns by BM rows) when the
+// tile has all BM rows, otherwise row by row.
+template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
+__device__ __forceinline__ void store_token_tile(const Staging& staged, const Mma& mma, const TokenWork& w,
+                                                 const TensorMap& map, T* out, int n_extent) {
+  T* base = out + static_cast<int64>(w.tile.row0) * n_extent + w.n0;
+  const auto row_dst = [&](int r) -> T* {
+    return w.store && r < w.tile.rows ? base + static_cast<int64>(r) * n_extent : nullptr;
+  };
+  if constexpr (Staging::kTmaStore) {
+    constexpr int kBM = Staging::Layout::kRows, kBN = Staging::Layout::kCols;
+    store_accumulators_async<THREADS, ALIGNED>(
+        staged, mma, w.store && w.tile.rows == kBM,
+        [&](const Staging& tile) {
+#pragma unroll
+          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
+        },
+        row_dst, n_extent - w.n0);
+  } else {
+    store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - w.n0);
+  }
+}
+
+// Runs a token GEMM over output columns [0, n_extent) in k_tiles k tiles: load(stage, work, kt)
+// fills a stage (as gemm_main_loop's load), then epilogue(work, staging) runs in the MMA threads
+// with complete accumulators, `staging` being where to stage the output tile: Smem::in_stages()
+// (a StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
+// store_accumulators_async can store with TMA) in a persistent block.
+// prologue(work) runs in every thread of a one-tile block before its main loop, after_loads(work)
+// in a persistent block's producer threads (persistent_main_loop).
+template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
+          typename Smem, typename Load, typename Epilogue, typename Prologue = NoStep, typename AfterLoads = NoStep>
+__device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
+                                               const Smem& sm, Load load, Epilogue epilogue, Prologue prologue = {},
+                                               AfterLoads after_loads = {}) {
+  if constexpr (PERSISTENT) {
+    const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
+    persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
+        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER),
+        [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
+        [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) {},
+        [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); });
+    if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
+  } else {
+    TokenWork w;
+    w.store = true;
+    if (!token_block<BM, BN, GROUP_M, CLUSTER>(r, n_extent, w.tile, w.n0, w.pair)) return;
+    prologue(w);
+    const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
+        mma, sm.a, sm.b, sm.barriers, k_tiles, [&](int stage, int kt) { load(stage, w, kt); }, NothingToFix{},
+        w.pair.paired);
+    if (mma_thread) epilogue(w, sm.template in_stages<BM, BN>());
+  }
+}
+
+}  // namespace moejit
