@@ -10,6 +10,8 @@
 #include <ctime>
 #include <exception>
 #include <map>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -37,8 +39,10 @@ const char* kUsage =
     "  --modes M,...            forward, backward, full, inference, memeff (default forward,backward,full,inference)\n"
     "  --dtype bf16|fp16        storage type (default bf16)\n"
     "  --routing uniform|zipf:S expert choice per token: uniform, or Zipf with exponent S (default uniform)\n"
-    "  --warmup N               untimed iterations per step before timing (default 5, at least 1)\n"
-    "  --iters N                timed iterations per step (default 20)\n"
+    "  --warmup N               untimed iterations before each round's timing of a step (default 5, at least 1)\n"
+    "  --iters N                timed iterations per step, over all rounds (default 20)\n"
+    "  --rounds N               rounds that each time every mode and dense sequence in turn, so clock changes\n"
+    "                           under load hit all of them alike (default 4, at most --iters)\n"
     "  --json FILE              write every number, device, driver, date and command line to FILE\n"
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
     "  -h, --help               this text\n"
@@ -52,7 +56,7 @@ struct Args {
   std::vector<long long> tokens{128, 1024, 8192, 32768};
   std::vector<StepKind> steps{StepKind::kForward, StepKind::kBackward, StepKind::kFull, StepKind::kInference};
   RoutingSpec routing;
-  int warmup = 5, iters = 20;
+  int warmup = 5, iters = 20, rounds = 4;
   std::string json;
   Options options;
   bool help = false;
@@ -121,6 +125,8 @@ Args parse_args(int argc, char** argv) {
       a.warmup = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
     } else if (name == "--iters") {
       a.iters = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
+    } else if (name == "--rounds") {
+      a.rounds = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
     } else if (name == "--json") {
       a.json = value;
     } else if (name == "--override") {
@@ -133,6 +139,7 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.tokens.empty()) throw InvalidArgument("--tokens", "needs at least one token count");
   if (a.steps.empty()) throw InvalidArgument("--modes", "needs at least one mode");
+  if (a.rounds > a.iters) throw InvalidArgument("--rounds", "must not exceed --iters");
   if (a.problem.topk > a.problem.experts) throw InvalidArgument("--shape", "K must not exceed E");
   return a;
 }
@@ -180,42 +187,68 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
   for (StepKind k : args.steps) r.steps.push_back({k, step_flops(k, p), step_weight_bytes(k, p), {}, {}, {}, {}});
   const std::uint64_t seed = kSeed + 0x9e3779b9ull * static_cast<std::uint64_t>(tokens);
 
+  // Both sides stay alive for the whole token count, so every round can time each step of ours
+  // and each dense sequence in turn: a step timed right after a hotter one (a full step heats
+  // the card and lowers its clocks) no longer depends on the order of --modes.
+  std::unique_ptr<MoeSteps> moe;
   try {
     const bool with_inference = std::count(args.steps.begin(), args.steps.end(), StepKind::kInference) > 0;
-    MoeSteps moe(p, args.options, with_inference, args.routing, device.l2_bytes, seed, weights, stream);
-    r.plan_seconds = moe.plan_seconds();
+    moe = std::make_unique<MoeSteps>(p, args.options, with_inference, args.routing, device.l2_bytes, seed, weights,
+                                     stream);
+    r.plan_seconds = moe->plan_seconds();
     // 64 calls queue at most 320 launches: well below the driver's queue depth, so none waits for the GPU.
-    r.forward_enqueue_us = moe.forward_enqueue_us(64);
-    r.copies = moe.copies();
-    r.configs = moe.configs();
-    r.train_memory = moe.memory(Mode::kTraining);
-    r.memeff_memory = moe.memory(Mode::kMemoryEfficient);
-    for (StepResult& s : r.steps) {
+    r.forward_enqueue_us = moe->forward_enqueue_us(64);
+    r.copies = moe->copies();
+    r.configs = moe->configs();
+    r.train_memory = moe->memory(Mode::kTraining);
+    r.memeff_memory = moe->memory(Mode::kMemoryEfficient);
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    moe.reset();
+  }
+  std::unique_ptr<DenseCeiling> dense;
+  try {
+    dense = std::make_unique<DenseCeiling>(p, blas, device.l2_bytes, seed + 1);
+    r.dense_copies = dense->copies();
+  } catch (const std::exception& e) {
+    for (StepResult& s : r.steps) s.dense_error = e.what();
+  }
+
+  std::vector<std::vector<Stats>> ours(r.steps.size());
+  std::map<StepKind, std::vector<Stats>> dense_rounds;
+  std::map<StepKind, std::string> dense_errors;
+  for (int round = 0; round < args.rounds; ++round) {
+    // Iterations split as evenly as the count allows: the first (iters % rounds) rounds take one more.
+    const int iters = args.iters / args.rounds + (round < args.iters % args.rounds ? 1 : 0);
+    for (std::size_t i = 0; i < r.steps.size(); ++i) {
+      StepResult& s = r.steps[i];
+      if (!moe || !s.ours_error.empty()) continue;
       try {
-        s.ours = moe.measure(s.kind, timer, args.warmup, args.iters);
+        ours[i].push_back(moe->measure(s.kind, timer, args.warmup, iters));
       } catch (const std::exception& e) {
         s.ours_error = e.what();
       }
     }
-  } catch (const std::exception& e) {
-    r.error = e.what();
-  }
-
-  try {
-    const DenseCeiling dense(p, blas, device.l2_bytes, seed + 1);
-    r.dense_copies = dense.copies();
-    std::map<StepKind, Stats> measured;
-    for (StepResult& s : r.steps) {
+    std::set<StepKind> timed_this_round;
+    for (const StepResult& s : r.steps) {
+      const StepKind k = dense_kind(s.kind);
+      if (!dense || dense_errors.count(k) || !timed_this_round.insert(k).second) continue;
       try {
-        const StepKind k = dense_kind(s.kind);
-        if (!measured.count(k)) measured[k] = dense.measure(k, timer, args.warmup, args.iters);
-        s.dense = measured[k];
+        dense_rounds[k].push_back(dense->measure(k, timer, args.warmup, iters));
       } catch (const std::exception& e) {
-        s.dense_error = e.what();
+        dense_errors[k] = e.what();
       }
     }
-  } catch (const std::exception& e) {
-    for (StepResult& s : r.steps) s.dense_error = e.what();
+  }
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    StepResult& s = r.steps[i];
+    if (s.ours_error.empty() && !ours[i].empty()) s.ours = merge(ours[i]);
+    const StepKind k = dense_kind(s.kind);
+    if (auto e = dense_errors.find(k); e != dense_errors.end()) {
+      s.dense_error = e->second;
+    } else if (auto d = dense_rounds.find(k); d != dense_rounds.end()) {
+      s.dense = merge(d->second);
+    }
   }
   return r;
 }
@@ -234,6 +267,7 @@ int run(const Args& args, const std::string& command) {
   info.routing = args.routing;
   info.warmup = args.warmup;
   info.iters = args.iters;
+  info.rounds = args.rounds;
   info.overrides = args.options.config_overrides;
 
   cuda::Stream stream;

@@ -109,9 +109,9 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
   fmt::print("\n== moejit_bench {} | {} ({}, {} SMs, {} MiB L2) | driver {} | cuBLAS {} | {}\n", kLibraryVersion,
              d.name, d.arch(), d.sm_count, d.l2_bytes >> 20, driver_string(d.driver_version), info.cublas_version,
              info.date_utc);
-  fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} | ms: CUDA-event median, min, p90{}\n",
+  fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} in {} rounds | ms: CUDA-event median, min, p90{}\n",
              p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), routing_name(info.routing),
-             info.warmup, info.iters, info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides));
+             info.warmup, info.iters, info.rounds, info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides));
   for (const TokenResult& r : results) print_token_block(r);
 
   bool host_bound = false;
@@ -160,6 +160,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                   {"dtype", dtype_name(p.dtype)},   {"routing", routing_name(info.routing)}};
   j["warmup"] = info.warmup;
   j["iters"] = info.iters;
+  j["rounds"] = info.rounds;
   j["config_overrides"] = info.overrides;
   j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward 12*H*I, full and memeff 18*H*I";
   j["weight_bytes_model"] = "W1 and W2 read by the forward and again by the backward, dW1 and dW2 written once";

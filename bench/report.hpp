@@ -42,7 +42,7 @@ struct RunInfo {
   int cublas_version = 0;
   MoeProblem problem;  // tokens vary per TokenResult
   RoutingSpec routing;
-  int warmup = 0, iters = 0;
+  int warmup = 0, iters = 0, rounds = 0;
   std::map<std::string, std::string> overrides;
 };
 

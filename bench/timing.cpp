@@ -40,6 +40,21 @@ Stats summarize(std::vector<float> samples_ms) {
   return s;
 }
 
+Stats merge(const std::vector<Stats>& rounds) {
+  std::vector<float> all;
+  double host_us = 0;
+  bool host_bound = false;
+  for (const Stats& r : rounds) {
+    all.insert(all.end(), r.samples_ms.begin(), r.samples_ms.end());
+    host_us += r.host_us_per_iter * static_cast<double>(r.samples_ms.size());
+    host_bound = host_bound || r.host_bound;
+  }
+  Stats s = summarize(std::move(all));
+  if (!s.samples_ms.empty()) s.host_us_per_iter = host_us / static_cast<double>(s.samples_ms.size());
+  s.host_bound = host_bound;
+  return s;
+}
+
 StreamTimer::StreamTimer(CUstream stream) : stream_(stream), lead_(kLeadBytes) {
   cuda::Event begin, end;
   memset_lead(lead_, stream_);  // the first pass pays for page mapping and clock ramp-up

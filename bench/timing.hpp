@@ -25,6 +25,9 @@ struct Stats {
 // Median (mean of the middle two for an even count), min and nearest-rank 90th percentile.
 Stats summarize(std::vector<float> samples_ms);
 
+// One Stats over the samples of several measure() calls of the same step (rounds).
+Stats merge(const std::vector<Stats>& rounds);
+
 // Enqueues the work of iteration i on the timer's stream. i counts warm-up and timed iterations
 // together, so inputs keep rotating across the two.
 using Step = std::function<void(int i)>;
