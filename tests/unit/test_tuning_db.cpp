@@ -253,30 +253,26 @@ TEST_CASE("warp-specialized and persistent configs survive the database, and old
     CHECK(copy.lookup(key_at(64))->winner == r.winner);
     CHECK(flags(*copy.lookup(key_at(64))) == expected);
   }
-  // A version-2 file (no persistent columns) migrates on open; its rows read as one tile per block.
-  Connection(path, OpenMode::kReadWrite)
-      .exec("DELETE FROM candidates WHERE persistent = 1; ALTER TABLE winners DROP COLUMN persistent; "
-            "ALTER TABLE candidates DROP COLUMN persistent; PRAGMA user_version = 2");
-  {
+  // Files of older schemas migrate on open; the flags they lack read as false.
+  const auto downgrade_and_reopen = [&](const char* downgrade) {
+    Connection(path, OpenMode::kReadWrite).exec(downgrade);
     TuningDb migrated(path);
     CHECK(migrated.schema_version() == kSchemaVersion);
     const auto old = migrated.lookup(key_at(64));
     REQUIRE(old);
-    CHECK(old->winner.warp_specialized);
+    CHECK(old->winner.block_n == 128);
     CHECK_FALSE(old->winner.persistent);
-  }
-  // A version-1 file (no warp_specialized columns either) reads as multistage.
-  Connection(path, OpenMode::kReadWrite)
-      .exec("ALTER TABLE winners DROP COLUMN persistent; ALTER TABLE candidates DROP COLUMN persistent; "
-            "ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE candidates DROP COLUMN warp_specialized; "
-            "PRAGMA user_version = 1");
-  TuningDb migrated(path);
-  CHECK(migrated.schema_version() == kSchemaVersion);
-  const auto old = migrated.lookup(key_at(64));
-  REQUIRE(old);
-  CHECK_FALSE(old->winner.warp_specialized);
-  CHECK_FALSE(old->winner.persistent);
-  CHECK(old->winner.block_n == 128);
+    return old->winner;
+  };
+  // Version 2 has no persistent columns: its rows read as one tile per block.
+  CHECK(downgrade_and_reopen("DELETE FROM candidates WHERE persistent = 1; ALTER TABLE winners DROP COLUMN "
+                             "persistent; ALTER TABLE candidates DROP COLUMN persistent; PRAGMA user_version = 2")
+            .warp_specialized);
+  // Version 1 has no warp_specialized columns either: its rows read as multistage.
+  CHECK_FALSE(downgrade_and_reopen("ALTER TABLE winners DROP COLUMN persistent; ALTER TABLE candidates DROP COLUMN "
+                                   "persistent; ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE "
+                                   "candidates DROP COLUMN warp_specialized; PRAGMA user_version = 1")
+                  .warp_specialized);
 }
 
 TEST_CASE("export then import into a fresh database reproduces the rows exactly", "[db]") {
