@@ -32,6 +32,16 @@ std::vector<std::filesystem::path> files_in(const std::filesystem::path& dir) {
   return out;
 }
 
+// A kernel with a fake cubin, as the disk cache's encode and decode see it.
+CompiledKernel fake_kernel(const std::string& module) {
+  CompiledKernel k;
+  k.key = {module, "0123456789abcdef"};
+  k.cubin = std::string(64, 'c');
+  k.name_expressions = {"a"};
+  k.lowered_names = {"_Z1a"};
+  return k;
+}
+
 }  // namespace
 
 TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") {
@@ -92,11 +102,7 @@ TEST_CASE("a corrupt or truncated cache file is detected, removed and rebuilt", 
 }
 
 TEST_CASE("decode rejects every malformed header", "[cache]") {
-  CompiledKernel k;
-  k.key = {"routing.x.sm_90a", "0123456789abcdef"};
-  k.cubin = std::string(64, 'c');
-  k.name_expressions = {"a"};
-  k.lowered_names = {"_Z1a"};
+  const CompiledKernel k = fake_kernel("routing.x.sm_90a");
   const std::string good = DiskCache::encode(k);
   REQUIRE(DiskCache::decode(good, k.key));
   CHECK_FALSE(DiskCache::decode(good + "x", k.key));
@@ -106,11 +112,7 @@ TEST_CASE("decode rejects every malformed header", "[cache]") {
 }
 
 TEST_CASE("ptxas's performance advisories travel with the kernel through the disk cache", "[cache]") {
-  CompiledKernel k;
-  k.key = {"bwd_dw1.x.sm_90a", "0123456789abcdef"};
-  k.cubin = std::string(64, 'c');
-  k.name_expressions = {"a"};
-  k.lowered_names = {"_Z1a"};
+  CompiledKernel k = fake_kernel("bwd_dw1.x.sm_90a");
   k.performance_losses = {"(C7515) wgmma.mma_async instructions are serialized"};
   const auto back = DiskCache::decode(DiskCache::encode(k), k.key);
   REQUIRE(back);
