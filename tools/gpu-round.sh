@@ -7,7 +7,8 @@
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
-#   tools/gpu-round.sh retune SHAPE...  tune the shipped-table grid (8 token counts x train, infer,
+#   tools/gpu-round.sh retune [--timing sustained] SHAPE...
+#                                       tune the shipped-table grid (8 token counts x train, infer,
 #                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
 #                                       importing build/release/retune-part.json if present, and
 #                                       export $OUT/NVIDIA_H200.json after each (db/README.md)
@@ -48,6 +49,8 @@ case "${1:-}" in
   sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
   retune)
     shift
+    timing=burst
+    if [[ "${1:-}" == "--timing" ]]; then timing=$2; shift 2; fi
     cli=build/release/tools/moejit/moejit
     db=/tmp/h200.sqlite
     [[ -f build/release/retune-part.json ]] && "$cli" db import build/release/retune-part.json --db "$db"
@@ -55,11 +58,11 @@ case "${1:-}" in
     start=$SECONDS
     for shape in "$@"; do
       MOEJIT_SHIPPED_DB_DIR=/tmp/no-shipped-tables "$cli" tune --shape "$shape" --modes train,infer,memeff \
-        --budget 30 --db "$db" >> "$out/tune.log" 2>&1
+        --budget 30 --timing "$timing" --db "$db" >> "$out/tune.log" 2>&1
       # Exported after every model, so a call cut short by the time limit still returns its rows.
       "$cli" db export --db "$db" --out "$out/NVIDIA_H200.json" > /dev/null
       echo "$shape tuned at $((SECONDS - start)) s: $(tail -1 "$out/tune.log")"
     done
     ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,15p' "$0"; exit 2 ;;
 esac
