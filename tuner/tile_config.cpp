@@ -59,12 +59,16 @@ bool TileConfig::smaller_than(const TileConfig& o) const {
          std::make_tuple(area(o), o.threads(), o.stages, o.items, o.name());
 }
 
+// Every field by name (the structured binding stops compiling when TileConfig gains one, so a
+// new field cannot miss its JSON key; from_json reads it with a default for older files).
 void to_json(nlohmann::json& j, const TileConfig& c) {
-  j = nlohmann::json{{"block_m", c.block_m}, {"block_n", c.block_n}, {"block_k", c.block_k},
-                     {"stages", c.stages},   {"warps", c.warps},     {"group_m", c.group_m},
-                     {"cluster", c.cluster}, {"items", c.items},     {"use_tma", c.use_tma},
-                     {"warp_specialized", c.warp_specialized}, {"persistent", c.persistent},
-                     {"arch_tag", arch_tag_name(c.arch_tag)}};
+  const auto& [block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, warp_specialized,
+               persistent, arch_tag] = c;
+  j = nlohmann::json{{"block_m", block_m}, {"block_n", block_n}, {"block_k", block_k},
+                     {"stages", stages},   {"warps", warps},     {"group_m", group_m},
+                     {"cluster", cluster}, {"items", items},     {"use_tma", use_tma},
+                     {"warp_specialized", warp_specialized}, {"persistent", persistent},
+                     {"arch_tag", arch_tag_name(arch_tag)}};
 }
 
 void from_json(const nlohmann::json& j, TileConfig& c) {

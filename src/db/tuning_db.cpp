@@ -100,19 +100,23 @@ class Cursor {
   int col_;
 };
 
+// The structured binding names every field, so it stops compiling when TileConfig gains one: the
+// new field needs a column (a migration), a bind here and a read in Cursor::config.
 void bind_config(Statement& s, const TileConfig& c) {
-  s.bind(":block_m", c.block_m)
-      .bind(":block_n", c.block_n)
-      .bind(":block_k", c.block_k)
-      .bind(":stages", c.stages)
-      .bind(":warps", c.warps)
-      .bind(":group_m", c.group_m)
-      .bind(":cluster", c.cluster)
-      .bind(":items", c.items)
-      .bind(":use_tma", c.use_tma)
-      .bind(":arch_tag", arch_tag_name(c.arch_tag))
-      .bind(":warp_specialized", c.warp_specialized)
-      .bind(":persistent", c.persistent);
+  const auto& [block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, warp_specialized,
+               persistent, arch_tag] = c;
+  s.bind(":block_m", block_m)
+      .bind(":block_n", block_n)
+      .bind(":block_k", block_k)
+      .bind(":stages", stages)
+      .bind(":warps", warps)
+      .bind(":group_m", group_m)
+      .bind(":cluster", cluster)
+      .bind(":items", items)
+      .bind(":use_tma", use_tma)
+      .bind(":arch_tag", arch_tag_name(arch_tag))
+      .bind(":warp_specialized", warp_specialized)
+      .bind(":persistent", persistent);
 }
 
 // Binds the key columns that identify a family of rows (all but tpe_bucket).
