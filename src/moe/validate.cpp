@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "moe/routing_layout.hpp"
 
@@ -22,6 +23,43 @@ void require_buffer(const void* p, std::size_t given, std::size_t needed, const 
   require_pointer(p, name, 256);
   if (given < needed) {
     throw InvalidArgument(size_name, fmt::format("{} bytes given, {} needed (see FusedMoe::memory())", given, needed));
+  }
+}
+
+// Bytes of the caller's tensors (2-byte elements; topk_ids are int32).
+struct Sizes {
+  explicit Sizes(const MoeProblem& p)
+      : pairs(static_cast<std::size_t>(p.tokens) * p.topk),
+        tokens_h(static_cast<std::size_t>(p.tokens) * p.hidden * elt),
+        w1(static_cast<std::size_t>(p.experts) * 2 * p.intermediate * p.hidden * elt),
+        w2(static_cast<std::size_t>(p.experts) * p.hidden * p.intermediate * elt) {}
+  static constexpr std::size_t elt = 2;
+  std::size_t pairs, tokens_h, w1, w2;
+};
+
+// A device buffer an argument names: [begin, begin + bytes).
+struct Region {
+  const char* name;
+  const void* begin;
+  std::size_t bytes;
+};
+
+// Each written region must overlap no other region: a kernel would read what another wrote
+// over it, or two would write the same bytes.
+void require_disjoint(const std::vector<Region>& written, const std::vector<Region>& read) {
+  const auto overlap = [](const Region& a, const Region& b) {
+    const auto a0 = reinterpret_cast<std::uintptr_t>(a.begin), b0 = reinterpret_cast<std::uintptr_t>(b.begin);
+    return a.bytes > 0 && b.bytes > 0 && a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+  };
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    for (std::size_t j = i + 1; j < written.size(); ++j) {
+      if (overlap(written[i], written[j])) {
+        throw InvalidArgument(written[i].name, fmt::format("overlaps {}", written[j].name));
+      }
+    }
+    for (const Region& r : read) {
+      if (overlap(written[i], r)) throw InvalidArgument(written[i].name, fmt::format("overlaps {}", r.name));
+    }
   }
 }
 
@@ -61,6 +99,15 @@ void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPla
   require_pointer(a.out, "out", tensor);
   if (p.mode != Mode::kInference) require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
   require_buffer(a.workspace, a.workspace_bytes, m.forward_workspace_bytes, "workspace", "workspace_bytes");
+  const Sizes z(p);
+  require_disjoint({{"out", a.out, z.tokens_h},
+                    {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes},
+                    {"workspace", a.workspace, m.forward_workspace_bytes}},
+                   {{"x", a.x, z.tokens_h},
+                    {"w1", a.w1, z.w1},
+                    {"w2", a.w2, z.w2},
+                    {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
+                    {"topk_weights", a.topk_weights, z.pairs * z.elt}});
 }
 
 void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
@@ -78,6 +125,21 @@ void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryP
   require_pointer(a.d_topk_weights, "d_topk_weights", 2);
   require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
   require_buffer(a.workspace, a.workspace_bytes, m.backward_workspace_bytes, "workspace", "workspace_bytes");
+  const Sizes z(p);
+  // saved is written too in memory-efficient mode, and read by every kernel: among the read
+  // regions it still may overlap no written one.
+  require_disjoint({{"dx", a.dx, z.tokens_h},
+                    {"dw1", a.dw1, z.w1},
+                    {"dw2", a.dw2, z.w2},
+                    {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt},
+                    {"workspace", a.workspace, m.backward_workspace_bytes}},
+                   {{"d_out", a.d_out, z.tokens_h},
+                    {"x", a.x, z.tokens_h},
+                    {"w1", a.w1, z.w1},
+                    {"w2", a.w2, z.w2},
+                    {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
+                    {"topk_weights", a.topk_weights, z.pairs * z.elt},
+                    {"saved", a.saved, m.saved_bytes}});
 }
 
 }  // namespace moejit

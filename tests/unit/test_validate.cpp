@@ -1,0 +1,80 @@
+// The host-side argument checks of a backward call, on fake device addresses (nothing is
+// dereferenced): every buffer a backward writes must be disjoint from every other argument.
+#include <catch2/catch.hpp>
+
+#include "moe/memory_layout.hpp"
+#include "moe/validate.hpp"
+
+using namespace moejit;
+
+namespace {
+
+// Address n GiB: far enough apart that the problem's buffers below never touch.
+void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
+
+}  // namespace
+
+TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") {
+  const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
+  const MemoryLayout l = memory_layout(p);
+  const MemoryPlan m{l.saved_bytes, l.forward_bytes, l.backward_bytes};
+  ForwardArgs a;
+  a.x = gib(1);
+  a.w1 = gib(3);
+  a.w2 = gib(4);
+  a.topk_ids = static_cast<const std::int32_t*>(gib(5));
+  a.topk_weights = gib(6);
+  a.out = gib(7);
+  a.saved = gib(8);
+  a.saved_bytes = l.saved_bytes;
+  a.workspace = gib(16);
+  a.workspace_bytes = l.forward_bytes;
+  CHECK_NOTHROW(validate_forward(a, p, m, true));
+  ForwardArgs bad = a;
+  bad.out = gib(1);  // the output over x
+  CHECK_THROWS_WITH(validate_forward(bad, p, m, true), Catch::Contains("out") && Catch::Contains("overlaps x"));
+}
+
+TEST_CASE("a backward whose outputs overlap another argument is rejected, naming both", "[validate]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
+    const MemoryLayout l = memory_layout(p);
+    const MemoryPlan m{l.saved_bytes, l.forward_bytes, l.backward_bytes};
+    BackwardArgs a;
+    a.d_out = gib(1);
+    a.x = gib(2);
+    a.w1 = gib(3);
+    a.w2 = gib(4);
+    a.topk_ids = static_cast<const std::int32_t*>(gib(5));
+    a.topk_weights = gib(6);
+    a.saved = gib(8);
+    a.saved_bytes = l.saved_bytes;
+    a.dx = gib(12);
+    a.dw1 = gib(13);
+    a.dw2 = gib(14);
+    a.d_topk_weights = gib(15);
+    a.workspace = gib(16);
+    a.workspace_bytes = l.backward_bytes;
+    CHECK_NOTHROW(validate_backward(a, p, m, true));
+
+    BackwardArgs bad = a;
+    bad.dw1 = gib(3);  // dW1 over W1
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::Contains("dw1") && Catch::Contains("overlaps w1"));
+    bad = a;
+    bad.dx = static_cast<char*>(gib(1)) + 4096;  // dx inside dO
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::Contains("dx") && Catch::Contains("overlaps d_out"));
+    bad = a;
+    bad.workspace = static_cast<char*>(a.dw2) + 256;  // two outputs
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::Contains("overlaps workspace"));
+    bad = a;
+    bad.d_topk_weights = static_cast<char*>(a.saved) + 1024;
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::Contains("overlaps saved"));
+    // Adjacent buffers touch without overlapping.
+    BackwardArgs adjacent = a;
+    adjacent.dw2 = static_cast<char*>(a.dw1) + std::size_t{64} * 2 * 1408 * 2048 * 2;
+    CHECK_NOTHROW(validate_backward(adjacent, p, m, true));
+    adjacent.dw2 = static_cast<char*>(adjacent.dw2) - 16;
+    CHECK_THROWS_WITH(validate_backward(adjacent, p, m, true), Catch::Contains("overlaps dw2"));
+  }
+}
