@@ -42,7 +42,7 @@ const char* kUsage =
     "  --warmup N               untimed iterations before each round's timing of a step (default 5, at least 1)\n"
     "  --iters N                timed iterations per step, over all rounds (default 20)\n"
     "  --rounds N               rounds that each time every mode and dense sequence in turn, so clock changes\n"
-    "                           under load hit all of them alike (default 4, at most --iters)\n"
+    "                           under load hit all of them alike (default 4, or --iters if fewer)\n"
     "  --json FILE              write every number, device, driver, date and command line to FILE\n"
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
     "  -h, --help               this text\n"
@@ -88,6 +88,7 @@ void add_override(Args& a, const std::string& text) {
 
 Args parse_args(int argc, char** argv) {
   Args a;
+  bool rounds_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
     if (name == "-h" || name == "--help") {
@@ -126,6 +127,7 @@ Args parse_args(int argc, char** argv) {
     } else if (name == "--iters") {
       a.iters = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
     } else if (name == "--rounds") {
+      rounds_given = true;
       a.rounds = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
     } else if (name == "--json") {
       a.json = value;
@@ -139,6 +141,7 @@ Args parse_args(int argc, char** argv) {
   }
   if (a.tokens.empty()) throw InvalidArgument("--tokens", "needs at least one token count");
   if (a.steps.empty()) throw InvalidArgument("--modes", "needs at least one mode");
+  if (!rounds_given) a.rounds = std::min(a.rounds, a.iters);  // a short --iters alone still runs
   if (a.rounds > a.iters) throw InvalidArgument("--rounds", "must not exceed --iters");
   if (a.problem.topk > a.problem.experts) throw InvalidArgument("--shape", "K must not exceed E");
   return a;
