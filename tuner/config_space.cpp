@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "moe/memory_layout.hpp"
 #include "tuner/role_traits.hpp"
 
 namespace moejit {
@@ -229,7 +230,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       // memory-efficient bwd_dw2 (recomputed activation) wins the warp-specialized TMA config
       // only below 32 tokens per expert; with more, where it runs ~1.7x faster, mma.sync
       // 128 x 64, BK 64, 3 stages, 8 warps (its most frequent winner).
-      const bool recomputed_b = role == Role::kBwdDw2 && mode == Mode::kMemoryEfficient;
+      const bool recomputed_b = role == Role::kBwdDw2 && memeff_recomputes_act(shape, mode);
       if (device.is_hopper() && d.m >= 128 && d.n >= 128 && !(recomputed_b && token_block_m(shape) >= 64)) {
         const bool long_k = token_block_m(shape) >= 128;
         if (tma_eligible(role, shape)) {

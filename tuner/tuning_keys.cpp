@@ -1,5 +1,6 @@
 #include "tuner/tuning_keys.hpp"
 
+#include "moe/memory_layout.hpp"
 #include "tuner/role_traits.hpp"
 
 namespace moejit {
@@ -10,9 +11,9 @@ std::vector<Role> roles_of(Mode mode) {
   return roles;
 }
 
-std::string key_mode(Role role, Mode mode) {
+std::string key_mode(Role role, const MoeShape& shape, Mode mode) {
   if (role == Role::kFwdUp && mode == Mode::kInference) return "infer";
-  if ((role == Role::kBwdDw2 || role == Role::kBwdDown) && mode == Mode::kMemoryEfficient) return "memeff";
+  if ((role == Role::kBwdDw2 || role == Role::kBwdDown) && memeff_recomputes_act(shape, mode)) return "memeff";
   return "train";
 }
 
@@ -30,7 +31,7 @@ db::TuningKey tuning_key(Role role, const MoeProblem& p, const cuda::DeviceInfo&
   k.block_m = token_block_m(shape);
   k.use_tma = tma_eligible(role, shape);
   k.tpe_bucket = db::tpe_bucket(shape.pairs(), p.experts);
-  k.mode = key_mode(role, p.mode);
+  k.mode = key_mode(role, shape, p.mode);
   return k;
 }
 

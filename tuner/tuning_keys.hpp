@@ -6,6 +6,7 @@
 #include "cuda/device.hpp"
 #include "db/tuning_key.hpp"
 #include "jit/role.hpp"
+#include "moe/shape.hpp"
 #include "moejit/moejit.hpp"
 
 namespace moejit {
@@ -15,8 +16,9 @@ std::vector<Role> roles_of(Mode mode);
 
 // The key's mode string names the kernel variant, not the caller's mode, so identical kernels
 // share rows: "infer" only for fwd_up without the pre_act store, "memeff" only for bwd_dw2
-// (recomputed activation) and bwd_down (no weighted-activation store), "train" otherwise.
-std::string key_mode(Role role, Mode mode);
+// (recomputed activation) and bwd_down (no weighted-activation store) where memory-efficient
+// mode recomputes the activation (memeff_recomputes_act), "train" otherwise.
+std::string key_mode(Role role, const MoeShape& shape, Mode mode);
 
 db::TuningKey tuning_key(Role role, const MoeProblem& problem, const cuda::DeviceInfo& device);
 

@@ -114,9 +114,14 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   b.workspace = bwd_ws_.as<void>();
   b.stream = stream_.get();
   bwd_ = backward_steps(b, training, layout_);
-  // Memory-efficient kernels run on separate buffers here (tuning must not consume pre_act):
-  // bwd_down only skips the weighted-activation store; bwd_dw2's fused variant reads pre_act.
-  if (problem.mode == Mode::kMemoryEfficient) bwd_.bwd_down.weighted_act = nullptr;
+  // Memory-efficient kernels run on separate buffers here (tuning must not consume pre_act).
+  // Where they recompute the activation, bwd_down only skips the weighted-activation store and
+  // bwd_dw2's fused variant reads pre_act; otherwise they are training's kernels.
+  if (memeff_recomputes_act({problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
+                             problem.dtype},
+                            problem.mode)) {
+    bwd_.bwd_down.weighted_act = nullptr;
+  }
   fwd_.scatter_x.rows = bwd_.scatter_x.rows = x_rows_.as<void>();
   fwd_.fwd_up.x_rows = bwd_.bwd_dw1.x_rows = x_rows_.as<void>();
   bwd_.scatter_d_out.rows = d_out_rows_.as<void>();

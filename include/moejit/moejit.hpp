@@ -78,6 +78,8 @@ struct BackwardArgs {
   void* saved = nullptr;        // what forward() wrote; memory-efficient mode consumes it
   std::size_t saved_bytes = 0;
   void* dx = nullptr;
+  // Written, never accumulated into. Memory-efficient mode also keeps an intermediate here
+  // during backward (written over last), so it must not overlap any other argument.
   void* dw1 = nullptr;
   void* dw2 = nullptr;
   void* d_topk_weights = nullptr;

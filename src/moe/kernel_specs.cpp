@@ -1,5 +1,7 @@
 #include "moe/kernel_specs.hpp"
 
+#include "moe/memory_layout.hpp"
+
 namespace moejit {
 
 bool vector_aligned(const MoeProblem& p) { return p.hidden % 8 == 0 && p.intermediate % 8 == 0; }
@@ -7,7 +9,8 @@ bool vector_aligned(const MoeProblem& p) { return p.hidden % 8 == 0 && p.interme
 jit::KernelSpec role_kernel_spec(Role role, const TileConfig& config, const MoeProblem& p, const std::string& arch) {
   jit::KernelSpec spec{role, config, p.dtype, arch};
   spec.aligned = role == Role::kRouting || vector_aligned(p);
-  spec.fused_act = role == Role::kBwdDw2 && p.mode == Mode::kMemoryEfficient;
+  spec.fused_act = role == Role::kBwdDw2 &&
+                   memeff_recomputes_act({p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype}, p.mode);
   return spec;
 }
 

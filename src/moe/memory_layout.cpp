@@ -14,6 +14,11 @@ std::size_t place(std::size_t& end, std::size_t bytes) {
 
 }  // namespace
 
+bool memeff_recomputes_act(const MoeShape& s, Mode mode) {
+  return mode == Mode::kMemoryEfficient &&
+         s.pairs() * s.intermediate > static_cast<long long>(s.experts) * 2 * s.intermediate * s.hidden;
+}
+
 MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
   MemoryLayout l;
   const std::size_t tk = static_cast<std::size_t>(s.pairs());
@@ -36,6 +41,7 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
       l.d_pre_act = place(l.backward_bytes, tk * 2 * i * elt);
       l.weighted_act = place(l.backward_bytes, tk * i * elt);
     }
+    l.weighted_act_in_dw1 = mode == Mode::kMemoryEfficient && !memeff_recomputes_act(s, mode);
   }
   return l;
 }

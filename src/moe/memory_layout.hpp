@@ -5,7 +5,8 @@
 //   forward workspace        act [TK, I] | y [TK, H] | routing (inference only)
 //   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and
 //                            weighted_act [TK, I] (default mode; memory-efficient mode writes
-//                            d_pre_act over pre_act and recomputes the weighted activation)
+//                            d_pre_act over pre_act and keeps weighted_act in dW1's buffer, or
+//                            recomputes it where it does not fit: memeff_recomputes_act)
 #pragma once
 
 #include <cstddef>
@@ -30,7 +31,17 @@ struct MemoryLayout {
 
   std::size_t ds_acc = kNone, dx_rows = kNone, d_pre_act = kNone, weighted_act = kNone;
   std::size_t backward_bytes = 0;
+  // Memory-efficient mode: bwd_down writes weighted_act into the caller's dW1, which nothing
+  // reads and bwd_dw1 writes last, and bwd_dw2 reads it there (training's kernels, in
+  // training's order). False where bwd_dw2 recomputes it instead.
+  bool weighted_act_in_dw1 = false;
 };
+
+// Whether memory-efficient mode's bwd_dw2 recomputes the weighted activation from pre_act (its
+// fused-activation variant, which runs on the portable path only and about 7x slower than
+// training's dW2 at T=32768) because [TK, I] does not fit in dW1's [E, 2I, H]: TK > 2 E H.
+// Always false in the other modes.
+bool memeff_recomputes_act(const MoeShape& shape, Mode mode);
 
 MemoryLayout memory_layout(const MoeShape& shape, Mode mode, int block_m);
 

@@ -46,7 +46,7 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   const bool memeff = p.mode == Mode::kMemoryEfficient;
   void* pre_act = at(a.saved, l.pre_act);
   void* d_pre_act = memeff ? pre_act : at(a.workspace, l.d_pre_act);
-  void* weighted_act = memeff ? nullptr : at(a.workspace, l.weighted_act);
+  void* weighted_act = !memeff ? at(a.workspace, l.weighted_act) : l.weighted_act_in_dw1 ? a.dw1 : nullptr;
   void* dx_rows = at(a.workspace, l.dx_rows);
   BackwardSteps s{};
   s.ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));
@@ -59,7 +59,7 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
                  h,       p.topk,  p.experts};
   s.scatter_x = scatter(a.x, dx_rows, rb, p);
   s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
-  s.dw2_first = memeff;
+  s.dw2_first = memeff && !l.weighted_act_in_dw1;  // it reads pre_act before bwd_down overwrites it
   return s;
 }
 

@@ -245,8 +245,8 @@ TEST_CASE("many tokens: T*K above 2^17 pairs", "[gpu][moe][large]") {
 
 namespace {
 
-// Runs every config of every role's space that survives pruning and `keep` on the spec and
-// compares it with the reference; returns the number of configs run.
+// Runs every config of every role's space that survives pruning and keep(role, config) on the
+// spec and compares it with the reference; returns the number of configs run.
 template <typename Keep>
 int sweep_configs(const test::Gpu& gpu, const CaseSpec& spec, Keep keep) {
   const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
@@ -257,7 +257,7 @@ int sweep_configs(const test::Gpu& gpu, const CaseSpec& spec, Keep keep) {
   std::vector<std::pair<Role, TileConfig>> sweep;
   for (Role r : kAllRoles) {
     for (const PruneDecision& d : prune_space(r, shape, gpu.info)) {
-      if (d.reason || !keep(d.config)) continue;
+      if (d.reason || !keep(r, d.config)) continue;
       sweep.push_back({r, d.config});
       jit::KernelSpec k{r, d.config, spec.dtype, gpu.info.arch()};
       specs.push_back(k);
@@ -274,8 +274,9 @@ int sweep_configs(const test::Gpu& gpu, const CaseSpec& spec, Keep keep) {
     Options opt;
     opt.config_overrides[role_name(role)] = config.name();
     check_outputs(run_case(data, Mode::kTraining, opt), ref);
-    // The memory-efficient variants (bwd_down without the weighted activation, bwd_dw2
-    // recomputing it) of the same config.
+    // Memory-efficient mode with the same config: training's kernels writing d_pre_act over
+    // pre_act and the weighted activation into dW1, or, where that does not fit, its own
+    // variants (bwd_down without the weighted activation, bwd_dw2 recomputing it).
     if (role == Role::kBwdDown || role == Role::kBwdDw2) check_outputs(run_case(data, Mode::kMemoryEfficient, opt), ref);
     ++runs;
   }
@@ -287,7 +288,19 @@ int sweep_configs(const test::Gpu& gpu, const CaseSpec& spec, Keep keep) {
 TEST_CASE("every config of every role's space gives the reference's answer", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{256, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 7};
-  CHECK(sweep_configs(*gpu, spec, [](const TileConfig&) { return true; }) >= 100);
+  CHECK(sweep_configs(*gpu, spec, [](Role, const TileConfig&) { return true; }) >= 100);
+}
+
+TEST_CASE("every bwd_dw2 and bwd_down config recomputing the memory-efficient activation gives the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // T K = 2048 pairs against 2 E H = 1024: dW1's buffer cannot hold the weighted activation.
+  // K = E, and I = 136 leaves partial tiles.
+  const CaseSpec spec{1024, 2, 256, 136, 2, DType::kBF16, Routing::kRandom, 71};
+  REQUIRE(memeff_recomputes_act({spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype},
+                                Mode::kMemoryEfficient));
+  CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
+        40);
 }
 
 TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the tile", "[gpu][moe][configs]") {
@@ -300,7 +313,7 @@ TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the ti
   // H = 264 and I = 136 leave partial k and n tiles that TMA must fill with zeros.
   const CaseSpec spec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 17};
   int tma = 0;
-  const int runs = sweep_configs(*gpu, spec, [&](const TileConfig& c) {
+  const int runs = sweep_configs(*gpu, spec, [&](Role, const TileConfig& c) {
     tma += c.use_tma;
     return c.arch_tag == ArchTag::kHopper;
   });
@@ -319,7 +332,7 @@ TEST_CASE("BLOCK_K 128 configs give the reference's answer, copied by TMA or by 
   for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 51},
                                CaseSpec{2048, 8, 260, 132, 2, DType::kBF16, Routing::kRandom, 52}}) {
     INFO(describe(spec));
-    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.block_k == 128; }) >= 12);
+    CHECK(sweep_configs(*gpu, spec, [](Role, const TileConfig& c) { return c.block_k == 128; }) >= 12);
   }
 }
 
@@ -335,7 +348,7 @@ TEST_CASE("persistent grids: blocks that run several tiles give the reference's 
   for (const CaseSpec& spec : {CaseSpec{1024, 16, 1288, 648, 2, DType::kBF16, Routing::kRandom, 61},
                                CaseSpec{1024, 16, 1288, 648, 2, DType::kBF16, Routing::kEvenExpertsOnly, 62}}) {
     INFO(describe(spec));
-    const int runs = sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.persistent; });
+    const int runs = sweep_configs(*gpu, spec, [](Role, const TileConfig& c) { return c.persistent; });
     CHECK(runs >= 40);
   }
 }
@@ -355,7 +368,7 @@ TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's 
     // fwd_up's four depths, fwd_down's and bwd_dx's four one tile per block and two persistent
     // (the output tile leaves no room for the deepest two), each both ways where it fits;
     // bwd_down's 256 columns are pruned at I = 128.
-    CHECK(sweep_configs(*gpu, spec, [](const TileConfig& c) { return c.cluster == 2; }) >= 8);
+    CHECK(sweep_configs(*gpu, spec, [](Role, const TileConfig& c) { return c.cluster == 2; }) >= 8);
   }
 }
 
@@ -372,12 +385,16 @@ TEST_CASE("inference output equals the training output bit for bit", "[gpu][moe]
 
 TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  for (const CaseSpec& spec : {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}}) {
+  // The first two keep the weighted activation in dW1's buffer; the third (T K = 2048 pairs,
+  // more than 2 E H = 1024) recomputes it in bwd_dw2.
+  for (const CaseSpec& spec :
+       {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1024, 2, 256, 136, 2}}) {
     INFO(describe(spec));
     const CaseData data = make_case(spec);
-    // One bwd_dw2 tile in both modes: their defaults may differ (the memory-efficient variant
-    // recomputes its B operand), and another tile sums in another order.
     const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+    CHECK(memeff_recomputes_act(shape, Mode::kMemoryEfficient) == (spec.tokens == 1024));
+    // One bwd_dw2 tile in both modes: their defaults may differ (the memory-efficient variant
+    // that recomputes its B operand has its own), and another tile sums in another order.
     Options same_dw2;
     same_dw2.config_overrides["bwd_dw2"] = default_config(Role::kBwdDw2, shape, gpu->info).name();
     const Outputs def = run_case(data, Mode::kTraining, same_dw2);

@@ -116,8 +116,12 @@ TEST_CASE("the default config survives pruning for small and large problems", "[
 }
 
 TEST_CASE("the memory-efficient bwd_dw2 defaults to mma.sync on Hopper past 32 tokens per expert", "[prune]") {
-  // Its B operand is recomputed while filling the stage, which the TMA tiles cannot copy.
-  const MoeShape large = shape(32768, 128, 8), small = shape(512, 128, 8);  // 2048 and 32 pairs per expert
+  // Where it recomputes its B operand while filling the stage, which the TMA tiles cannot copy:
+  // past T = 2 E H / K = 65536 tokens here (memeff_recomputes_act). Below, memory-efficient
+  // mode runs training's bwd_dw2.
+  const MoeShape large = shape(131072, 128, 8), small = shape(512, 128, 8);  // 8192 and 32 pairs per expert
+  CHECK(default_config(Role::kBwdDw2, shape(65536, 128, 8), fab::h200(), Mode::kMemoryEfficient) ==
+        default_config(Role::kBwdDw2, shape(65536, 128, 8), fab::h200()));
   const TileConfig eff = default_config(Role::kBwdDw2, large, fab::h200(), Mode::kMemoryEfficient);
   CHECK(eff.arch_tag == ArchTag::kPortable);
   CHECK(eff.block_n == 64);

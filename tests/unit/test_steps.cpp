@@ -73,3 +73,45 @@ TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA
     CHECK(l.backward_bytes - l.dx_rows >= rows_bytes);
   }
 }
+
+TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer where it fits", "[steps]") {
+  // TK x I against E x 2I x H: Qwen3-30B-A3B fits up to T = 2 E H / K = 65536 tokens.
+  const MoeShape qwen3{65536, 128, 2048, 768, 8, DType::kBF16};
+  CHECK_FALSE(memeff_recomputes_act(qwen3, Mode::kMemoryEfficient));
+  CHECK(memeff_recomputes_act({65537, 128, 2048, 768, 8, DType::kBF16}, Mode::kMemoryEfficient));
+  CHECK_FALSE(memeff_recomputes_act({1 << 20, 128, 2048, 768, 8, DType::kBF16}, Mode::kTraining));
+
+  for (long long tokens : {4096LL, 1LL << 20}) {
+    const MoeProblem p{tokens, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
+    INFO("T=" << tokens);
+    const MemoryLayout l = memory_layout(p);
+    const bool in_dw1 = tokens == 4096;
+    CHECK(l.weighted_act_in_dw1 == in_dw1);
+    CHECK(l.weighted_act == MemoryLayout::kNone);  // no workspace for it in this mode
+    CHECK(l.d_pre_act == MemoryLayout::kNone);
+    ForwardArgs f;
+    f.saved = fake(6);
+    BackwardArgs b;
+    b.d_out = fake(8);
+    b.topk_weights = fake(4);
+    b.saved = f.saved;
+    b.dw1 = fake(10);
+    b.dw2 = fake(11);
+    b.workspace = fake(13);
+    const BackwardSteps bs = backward_steps(b, p, l);
+    void* pre_act = at(b.saved, l.pre_act);
+    CHECK(bs.bwd_down.d_pre_act == pre_act);  // written over pre_act in both cases
+    if (in_dw1) {
+      // Training's order and kernels: bwd_down stores the weighted activation where dW1 will
+      // be written last, and bwd_dw2 reads it from there.
+      CHECK_FALSE(bs.dw2_first);
+      CHECK(bs.bwd_down.weighted_act == b.dw1);
+      CHECK(bs.bwd_dw2.weighted_act == b.dw1);
+    } else {
+      // bwd_dw2 recomputes it from pre_act, so it runs before bwd_down overwrites pre_act.
+      CHECK(bs.dw2_first);
+      CHECK(bs.bwd_down.weighted_act == nullptr);
+      CHECK(bs.bwd_dw2.pre_act == pre_act);
+    }
+  }
+}

@@ -68,11 +68,17 @@ TEST_CASE("rejected and untimed candidates never win", "[tuner]") {
 }
 
 TEST_CASE("tuning keys name the kernel variant, not the caller's mode", "[tuner]") {
-  CHECK(key_mode(Role::kFwdUp, Mode::kInference) == "infer");
-  CHECK(key_mode(Role::kFwdDown, Mode::kInference) == "train");
-  CHECK(key_mode(Role::kBwdDw2, Mode::kMemoryEfficient) == "memeff");
-  CHECK(key_mode(Role::kBwdDown, Mode::kMemoryEfficient) == "memeff");
-  CHECK(key_mode(Role::kBwdDx, Mode::kMemoryEfficient) == "train");
+  const MoeShape qwen3{32768, 128, 2048, 768, 8, DType::kBF16};
+  // 2 E H = 1024 pairs: dW1's buffer cannot hold the weighted activation of 512 tokens x 8.
+  const MoeShape narrow{512, 8, 64, 32, 8, DType::kBF16};
+  CHECK(key_mode(Role::kFwdUp, qwen3, Mode::kInference) == "infer");
+  CHECK(key_mode(Role::kFwdDown, qwen3, Mode::kInference) == "train");
+  CHECK(key_mode(Role::kBwdDw2, narrow, Mode::kMemoryEfficient) == "memeff");
+  CHECK(key_mode(Role::kBwdDown, narrow, Mode::kMemoryEfficient) == "memeff");
+  CHECK(key_mode(Role::kBwdDx, narrow, Mode::kMemoryEfficient) == "train");
+  // Where it fits, memory-efficient mode runs training's bwd_down and bwd_dw2.
+  CHECK(key_mode(Role::kBwdDw2, qwen3, Mode::kMemoryEfficient) == "train");
+  CHECK(key_mode(Role::kBwdDown, qwen3, Mode::kMemoryEfficient) == "train");
   const db::TuningKey k = tuning_key(Role::kFwdUp, kProblem, cuda::fabricated::h200());
   CHECK(k.id() == "NVIDIA H200|sm_90a|fwd_up|bf16|H2048|I768|E128|K8|bm128|tma1|tpe512|train");
   // use_tma: whether the shape lets the role copy tiles with TMA (GEMM roles, 16-byte rows).
