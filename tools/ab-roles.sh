@@ -30,7 +30,8 @@ import json, sys
 out, roles, builds = sys.argv[1], sys.argv[2].split(","), [b.rstrip("/").rsplit("/", 1)[-1] for b in sys.argv[3:]]
 def name(c):
     s = f"bm{c['block_m']}_bn{c['block_n']}_bk{c['block_k']}_s{c['stages']}_w{c['warps']}"
-    return s + ("_c2" if c.get("cluster", 1) == 2 else "") + ("_tma" if c["use_tma"] else "") + ("_ws" if c["warp_specialized"] else "")
+    return (s + ("_c2" if c.get("cluster", 1) == 2 else "") + ("_tma" if c["use_tma"] else "")
+            + ("_ws" if c["warp_specialized"] else "") + ("_persistent" if c.get("persistent") else ""))
 for role in roles:
     times = {}
     for b in builds:

@@ -8,7 +8,14 @@
 namespace moejit {
 
 struct SwiGlu {
-  __device__ __forceinline__ static float sigmoid(float g) { return __frcp_rn(__fadd_rn(1.f, __expf(-g))); }
+  // 1 / (1 + e^-g) with the approximate reciprocal (one MUFU.RCP, within an ulp, like __expf):
+  // an IEEE-rounded one costs a Newton step and a special-case branch per element, in the
+  // epilogues of fwd_up and bwd_down. Not volatile, so repeated calls on one g fold into one.
+  __device__ __forceinline__ static float sigmoid(float g) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(__fadd_rn(1.f, __expf(-g))));
+    return r;
+  }
 
   // silu(g) * u
   __device__ __forceinline__ static float act(float g, float u) { return __fmul_rn(__fmul_rn(g, sigmoid(g)), u); }
