@@ -12,6 +12,10 @@
 #                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
 #                                       importing build/release/retune-part.json if present, and
 #                                       export $OUT/NVIDIA_H200.json after each (db/README.md)
+#   tools/gpu-round.sh ncu KERNEL BENCH_ARGS...
+#                                       ncu on KERNEL's second launch in moejit_bench BENCH_ARGS:
+#                                       $OUT/ncu-KERNEL.txt (throughputs, stalls) and the SASS
+#                                       samples $OUT/ncu-KERNEL.csv.gz (tools/ncu-regions.py)
 # Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,5 +68,16 @@ case "${1:-}" in
       echo "$shape tuned at $((SECONDS - start)) s: $(tail -1 "$out/tune.log")"
     done
     ;;
-  *) sed -n '2,15p' "$0"; exit 2 ;;
+  ncu)
+    kernel=$2
+    shift 2
+    ncu=/usr/local/cuda/bin/ncu
+    timeout 300 "$ncu" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis -f -o "/tmp/ncu-$kernel" \
+      build/release/bench/moejit_bench "$@" > "/tmp/ncu-$kernel.log" 2>&1
+    tail -2 "/tmp/ncu-$kernel.log"
+    "$ncu" -i "/tmp/ncu-$kernel.ncu-rep" --page details > "$out/ncu-$kernel.txt" 2>&1
+    "$ncu" -i "/tmp/ncu-$kernel.ncu-rep" --page source --csv --print-source sass | gzip > "$out/ncu-$kernel.csv.gz"
+    ;;
+  *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
