@@ -12,12 +12,15 @@ namespace {
 // Address n GiB: far enough apart that the problem's buffers below never touch.
 void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
 
+// What plan_memory reports for the problem's layout.
+MemoryPlan memory_plan(const MemoryLayout& l) { return {l.saved_bytes, l.forward_bytes, l.backward_bytes}; }
+
 }  // namespace
 
 TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") {
   const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
   const MemoryLayout l = memory_layout(p);
-  const MemoryPlan m{l.saved_bytes, l.forward_bytes, l.backward_bytes};
+  const MemoryPlan m = memory_plan(l);
   ForwardArgs a;
   a.x = gib(1);
   a.w1 = gib(3);
@@ -40,7 +43,7 @@ TEST_CASE("a backward whose outputs overlap another argument is rejected, naming
     INFO(mode_name(mode));
     const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
     const MemoryLayout l = memory_layout(p);
-    const MemoryPlan m{l.saved_bytes, l.forward_bytes, l.backward_bytes};
+    const MemoryPlan m = memory_plan(l);
     BackwardArgs a;
     a.d_out = gib(1);
     a.x = gib(2);
