@@ -41,8 +41,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   auto say = [&](const std::string& line) {
     if (options.progress) options.progress(line);
   };
-  const MoeShape shape{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
-                       problem.dtype};
+  const MoeShape shape = shape_of(problem);
   const std::string arch = device.arch();
 
   // Prune every role's space; collect what to compile (every pipeline role's default too: the

@@ -63,8 +63,7 @@ std::optional<TileConfig> override_for(Role role, const MoeShape& shape, const c
 
 std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                                const Options& options, bool allow_tuning) {
-  const MoeShape shape{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
-                       problem.dtype};
+  const MoeShape shape = shape_of(problem);
   db::TuningLookup& lookup = tuning_lookup(device);
   std::map<Role, ResolvedConfig> out;
   std::map<Role, db::Resolved> fallback;

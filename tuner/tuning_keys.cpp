@@ -18,7 +18,7 @@ std::string key_mode(Role role, const MoeShape& shape, Mode mode) {
 }
 
 db::TuningKey tuning_key(Role role, const MoeProblem& p, const cuda::DeviceInfo& device) {
-  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+  const MoeShape shape = shape_of(p);
   db::TuningKey k;
   k.device = device.name;
   k.arch = device.arch();

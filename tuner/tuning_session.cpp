@@ -42,7 +42,7 @@ char* at(const cuda::DeviceBuffer& b, std::size_t offset) { return b.as<char>() 
 
 TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device)
     : problem_(problem),
-      shape_{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.dtype},
+      shape_(shape_of(problem)),
       device_(device),
       block_m_(token_block_m(shape_)),
       aligned_(problem.hidden % 8 == 0 && problem.intermediate % 8 == 0) {
@@ -117,9 +117,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   // Memory-efficient kernels run on separate buffers here (tuning must not consume pre_act).
   // Where they recompute the activation, bwd_down only skips the weighted-activation store and
   // bwd_dw2's fused variant reads pre_act; otherwise they are training's kernels.
-  if (memeff_recomputes_act({problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
-                             problem.dtype},
-                            problem.mode)) {
+  if (memeff_recomputes_act(shape_, problem.mode)) {
     bwd_.bwd_down.weighted_act = nullptr;
   }
   fwd_.scatter_x.rows = bwd_.scatter_x.rows = x_rows_.as<void>();

@@ -93,7 +93,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   Impl& s = *impl_;
   s.problem = problem;
   s.options = options;
-  s.shape = {problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.dtype};
+  s.shape = shape_of(problem);
   s.context = cuda::current_context_id();
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);

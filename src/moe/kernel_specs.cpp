@@ -10,7 +10,7 @@ jit::KernelSpec role_kernel_spec(Role role, const TileConfig& config, const MoeP
   jit::KernelSpec spec{role, config, p.dtype, arch};
   spec.aligned = role == Role::kRouting || vector_aligned(p);
   spec.fused_act = role == Role::kBwdDw2 &&
-                   memeff_recomputes_act({p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype}, p.mode);
+                   memeff_recomputes_act(shape_of(p), p.mode);
   return spec;
 }
 

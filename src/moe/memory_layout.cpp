@@ -47,7 +47,7 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
 }
 
 MemoryLayout memory_layout(const MoeProblem& p) {
-  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+  const MoeShape shape = shape_of(p);
   return memory_layout(shape, p.mode, token_block_m(shape));
 }
 

@@ -1,6 +1,7 @@
 // The dimensions of one fused-MoE problem (DESIGN.md: x [T,H], W1 [E,2I,H], W2 [E,H,I], top-K).
 #pragma once
 
+#include "moejit/moejit.hpp"
 #include "moejit/types.hpp"
 
 namespace moejit {
@@ -15,5 +16,10 @@ struct MoeShape {
 
   long long pairs() const { return tokens * topk; }  // T*K
 };
+
+// A problem's dimensions (without its mode).
+inline MoeShape shape_of(const MoeProblem& p) {
+  return {p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+}
 
 }  // namespace moejit

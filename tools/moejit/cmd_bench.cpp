@@ -28,7 +28,7 @@ int run_bench(int argc, char** argv, int start) {
              p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode), reps);
   for (long long tokens : parse_tokens(a, {1024, 8192, 32768})) {
     p.tokens = tokens;
-    const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+    const MoeShape shape = shape_of(p);
     const auto stored = resolve_configs(p, device, Options{}, /*allow_tuning=*/false);
     std::map<Role, TuningSession::RoleKernel> heuristic, tuned;
     std::vector<jit::KernelSpec> specs;

@@ -70,7 +70,7 @@ int run_compile(int argc, char** argv, int start) {
   const cuda::DeviceInfo device = target_device(a);
   MoeProblem p = parse_dims(a);
   p.tokens = parse_tokens(a, {8192}).at(0);
-  const MoeShape shape{p.tokens, p.experts, p.hidden, p.intermediate, p.topk, p.dtype};
+  const MoeShape shape = shape_of(p);
   std::vector<Role> roles;
   if (a.has("role")) {
     roles.push_back(parse_role(a.get("role")));
