@@ -13,6 +13,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 shape=$1 tokens=$2 roles=$3
 shift 3
 out=${OUT:-/tmp}
+mkdir -p "$out"
 json=/tmp/ab-json  # the tuner's exports stay on the machine (a call returns few files); the table goes to $OUT
 mkdir -p /tmp/ab-no-shipped "$json"
 for role in ${roles//,/ }; do
