@@ -8,8 +8,10 @@
 // tiles are bulk copies: the A tile from d_out_rows, dO already scattered into sorted order
 // (gather_sum's scatter; rows past the tile's expert feed only rows that are not stored), the
 // W2 tile as 64-column panels of W2 viewed as [E, H, I]; and the epilogue reads the tile's g and
-// u from shared memory, bulk-copied into the freed stages after the main loop (per-thread loads
-// of 4 bytes a row stalled the MMA warps for ~30 % of the role).
+// u from shared memory, bulk-copied there after the main loop (per-thread loads of 4 bytes a row
+// stalled the MMA warps for ~30 % of the role), writes dg and du over them, and stores them by
+// TMA (the fragment layout's scattered 4-byte stores wasted half the sectors they wrote); the
+// weighted activation goes out in 16-byte stores after a transpose within each quad of lanes.
 #pragma once
 
 #include "common/token_gemm.cuh"
@@ -32,7 +34,8 @@ struct BwdDownParams {
   int32 inter;
   TensorMap w2_map;          // TMA: W2 as [E, H, I], boxes 64 x BK x 1
   TensorMap d_out_rows_map;  // TMA: d_out_rows as [TK, H], boxes BK x BM
-  TensorMap pre_act_map;     // TMA: pre_act as [TK, 2I], boxes 64 x BM
+  TensorMap pre_act_map;     // TMA: pre_act as [TK, 2, I], boxes 64 x 1 x BM
+  TensorMap d_pre_act_map;   // TMA: d_pre_act as pre_act_map
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
@@ -69,8 +72,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
     mbarrier_arrive_expect_tx(pre_full, kPreElems * 2);
 #pragma unroll
     for (int panel = 0; panel < BN / 64; ++panel) {
-      tma_load(g_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, w.n0 + 64 * panel, w.tile.row0);
-      tma_load(u_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, p.inter + w.n0 + 64 * panel, w.tile.row0);
+      tma_load(g_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, w.n0 + 64 * panel, 0, w.tile.row0);
+      tma_load(u_tile + panel * PrePanel::kElems, p.pre_act_map, pre_full, w.n0 + 64 * panel, 1, w.tile.row0);
     }
   };
   uint32 tiles_done = 0;  // this thread's tiles so far: the pre barriers' phase
@@ -81,9 +84,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   T* dpre = static_cast<T*>(p.d_pre_act);
   T* wact = static_cast<T*>(p.weighted_act);
   // Tile-local element (r, c) of the g or u tile in shared memory.
-  const auto pre_smem = [](const T* t, int r, int c) {
-    return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64);
-  };
+  const auto pre_smem = [](T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
+  static_assert(!TMA || Mma::kNi % 4 == 0, "the weighted activation's quad transposes take 4 column groups");
   Mma mma;
   // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
   const auto finish = [&](const TokenWork& w) {
@@ -98,10 +100,14 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
         const float s = valid ? load_float(scores + pair) : 0.f;
         float ds = 0.f;
+        uint32 wa_words[4];  // TMA: packed weighted activations of four 8-column groups
 #pragma unroll
         for (int ni = 0; ni < Mma::kNi; ++ni) {
           const int col = w.n0 + mma.col(ni);
-          if (!valid || col >= p.inter) continue;
+          const bool in_range = valid && col < p.inter;
+          // TMA reads g and u from shared memory, so out-of-range elements compute harmlessly
+          // (and are not stored); the quad transpose below needs every lane.
+          if (!TMA && !in_range) continue;
           const int64 gi = row * 2 * p.inter + col;
           const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
           float g[2], u[2], dg[2], du[2], wa[2];
@@ -121,11 +127,15 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           }
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
-            ds += (j == 0 || both) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
+            ds += in_range && (j == 0 || both) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
             SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
             wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
           }
-          if (ALIGNED) {
+          if (TMA) {
+            // Over g and u, the same elements this thread read: stored by store_d_pre_act.
+            store_float2(pre_smem(g_tile, r, mma.col(ni)), dg[0], dg[1]);
+            store_float2(pre_smem(u_tile, r, mma.col(ni)), du[0], du[1]);
+          } else if (ALIGNED) {
             store_float2(dpre + gi, dg[0], dg[1]);
             store_float2(dpre + gi + p.inter, du[0], du[1]);
             if (wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
@@ -136,12 +146,48 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
             }
           }
+          if constexpr (TMA) {
+            wa_words[ni % 4] = DTypeTraits<T>::pack2(wa[0], wa[1]);
+            if (ni % 4 == 3 && wact != nullptr) {
+              // This lane now holds the 8 columns of group ni - 3 + q (q = lane % 4).
+              quad_transpose(wa_words);
+              const int chunk = w.n0 + mma.n0 + (ni - 3 + (lane & 3)) * 8;
+              if (valid && chunk < p.inter) store_uint4(wact + row * p.inter + chunk, wa_words);
+            }
+          }
         }
         // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.
         ds += __shfl_xor_sync(kFullWarp, ds, 1);
         ds += __shfl_xor_sync(kFullWarp, ds, 2);
         if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
       }
+  };
+  // TMA: writes the dg and du tiles finish() left in shared memory to d_pre_act, by TMA when the
+  // tile has all BM rows (rows past a short tile are the next tile's), else row by row.
+  const auto store_d_pre_act = [&](const TokenWork& w) {
+    const bool whole = w.store && w.tile.rows == BM;
+    if (whole) fence_proxy_async_shared();  // the stores read dg and du through the async proxy
+    sync_mma_threads<kThreads>();
+    if (whole) {
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int panel = 0; panel < BN / 64; ++panel) {
+          tma_store(p.d_pre_act_map, g_tile + panel * PrePanel::kElems, w.n0 + 64 * panel, 0, w.tile.row0);
+          tma_store(p.d_pre_act_map, u_tile + panel * PrePanel::kElems, w.n0 + 64 * panel, 1, w.tile.row0);
+        }
+        bulk_commit();
+      }
+      return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      T* const tile = h == 0 ? g_tile : u_tile;
+      T* const base = dpre + static_cast<int64>(w.tile.row0) * 2 * p.inter + h * p.inter + w.n0;
+      write_staged_rows<BM, BN, kThreads, ALIGNED>(
+          [&](int r, int col) { return pre_smem(tile, r, col); },
+          [&](int r) -> T* { return w.store && r < w.tile.rows ? base + static_cast<int64>(r) * 2 * p.inter : nullptr; },
+          p.inter - w.n0);
+    }
   };
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
@@ -174,6 +220,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           mbarrier_wait(pre_full, tiles_done & 1);
         }
         finish(w);
+        if constexpr (TMA) {
+          store_d_pre_act(w);
+          // The stores have read dg and du before the tiles are refilled (persistent) or the
+          // block's shared memory goes (one tile).
+          if (threadIdx.x == 0) PERSISTENT ? bulk_wait_read() : bulk_wait();
+        }
         if constexpr (PERSISTENT) {
           fence_proxy_async_shared();  // the next tile's g and u come by TMA into what was read here
           __syncwarp();

@@ -94,6 +94,7 @@ struct BwdDown {  // templates/bwd_down.cuh
   TensorMap w2_map;
   TensorMap d_out_rows_map;
   TensorMap pre_act_map;
+  TensorMap d_pre_act_map;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh

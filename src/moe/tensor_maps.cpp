@@ -71,10 +71,14 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
       return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                          // act [TK, I]
               k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c),  // W2 [E, H, I]
               out_panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c)};                          // Y [TK, H]
-    case Role::kBwdDown:
+    case Role::kBwdDown: {
+      // pre_act and d_pre_act [TK, 2I] as [TK, 2, I]: a g box ends at column I (its columns past I
+      // load as zeros and are not stored) instead of running on into the u half.
+      const TensorMapSpec halves{3, {i, 2, tk, 1}, {i * kElem, 2 * i * kElem, 0}, {64, 1, bm, 1}, 128};
       return {panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c),  // W2 [E, H, I]
               k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),       // d_out_rows [TK, H]
-              {2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, {64, bm, 1, 1}, 128}};  // pre_act [TK, 2I]
+              halves, halves};                                             // pre_act, d_pre_act
+    }
     case Role::kBwdDw2:
       return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // d_out_rows [TK, H]
               panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c),                           // weighted_act [TK, I]
@@ -162,7 +166,11 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
     }
     case Role::kBwdDown: {
       auto& p = *static_cast<params::BwdDown*>(params);
-      return bind_all(s, dt, {{&p.w2_map, p.w2}, {&p.d_out_rows_map, p.d_out_rows}, {&p.pre_act_map, p.pre_act}});
+      return bind_all(s, dt,
+                      {{&p.w2_map, p.w2},
+                       {&p.d_out_rows_map, p.d_out_rows},
+                       {&p.pre_act_map, p.pre_act},
+                       {&p.d_pre_act_map, p.d_pre_act}});
     }
     case Role::kBwdDw2: {
       auto& p = *static_cast<params::BwdDw2*>(params);

@@ -75,4 +75,15 @@ __device__ __forceinline__ void store_float2(T* p, float lo, float hi) {
   *reinterpret_cast<uint32*>(p) = DTypeTraits<T>::pack2(lo, hi);
 }
 
+// Eight consecutive elements as four packed words; p must be 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void store_uint4(T* p, const uint32 (&w)[4]) {
+  uint4 v;
+  v.x = w[0];
+  v.y = w[1];
+  v.z = w[2];
+  v.w = w[3];
+  *reinterpret_cast<uint4*>(p) = v;
+}
+
 }  // namespace moejit

@@ -420,12 +420,14 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   CHECK(dx[1] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 32, 1, 1}, 128});
   CHECK(dx[2] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});  // dx_rows
   // bwd_down: W2 panels; d_out_rows [TK, H] (dO in sorted order) in BLOCK_M-row boxes.
-  // The epilogue's pre_act [TK, 2I] in 64-column panels of BLOCK_M rows, whatever BLOCK_K.
+  // The epilogue loads pre_act and stores d_pre_act [TK, 2I] viewed as [TK, 2, I], in 64-column
+  // panels of BLOCK_M rows whatever BLOCK_K, so a g panel stops at column I.
   auto bd = tensor_map_specs(Role::kBwdDown, c, s);
-  REQUIRE(bd.size() == 3);
+  REQUIRE(bd.size() == 4);
   CHECK(bd[0] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 32, 1, 1}, 128});
   CHECK(bd[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {32, 128, 1, 1}, 64});
-  CHECK(bd[2] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 128, 1, 1}, 128});
+  CHECK(bd[2] == TensorMapSpec{3, {i, 2, tk, 1}, {2 * i, 4 * i, 0}, {64, 1, 128, 1}, 128});
+  CHECK(bd[3] == bd[2]);
   // The dW roles: both operands as panels of 64 columns by BLOCK_K sorted rows: d_pre_act
   // [TK, 2I] and x_rows [TK, H]; d_out_rows [TK, H] and weighted_act [TK, I].
   // Their stores write dW1 [E, 2I, H] and dW2 [E, H, I] per expert: a box stops at the expert.
