@@ -223,8 +223,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (TMA) {
           store_d_pre_act(w);
           // The stores have read dg and du before the tiles are refilled (persistent) or the
-          // block's shared memory goes (one tile).
-          if (threadIdx.x == 0) PERSISTENT ? bulk_wait_read() : bulk_wait();
+          // block's shared memory goes (one tile); their writes complete with the grid, as
+          // CUTLASS's epilogues rely on, so the block need not wait for them.
+          if (threadIdx.x == 0) bulk_wait_read();
         }
         if constexpr (PERSISTENT) {
           fence_proxy_async_shared();  // the next tile's g and u come by TMA into what was read here
