@@ -85,7 +85,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   T* wact = static_cast<T*>(p.weighted_act);
   // Tile-local element (r, c) of the g or u tile in shared memory.
   const auto pre_smem = [](T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
-  static_assert(!TMA || Mma::kNi % 4 == 0, "the weighted activation's quad transposes take 4 column groups");
+  // TMA: the weighted activation leaves in 16-byte stores after a transpose within each quad of
+  // lanes, where registers allow: at two blocks per SM (128 registers) its four packed words
+  // spilled, so those configs store the fragment's pairs.
+  constexpr bool kQuadWact = TMA && GemmLaunch<WS, WARPS>::kMinBlocks == 1;
+  static_assert(!kQuadWact || Mma::kNi % 4 == 0, "the weighted activation's quad transposes take 4 column groups");
   Mma mma;
   // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
   const auto finish = [&](const TokenWork& w) {
@@ -100,14 +104,14 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
         const float s = valid ? load_float(scores + pair) : 0.f;
         float ds = 0.f;
-        uint32 wa_words[4];  // TMA: packed weighted activations of four 8-column groups
+        uint32 wa_words[4];  // kQuadWact: packed weighted activations of four 8-column groups
 #pragma unroll
         for (int ni = 0; ni < Mma::kNi; ++ni) {
           const int col = w.n0 + mma.col(ni);
           const bool in_range = valid && col < p.inter;
           // TMA reads g and u from shared memory, so out-of-range elements compute harmlessly
           // (and are not stored); the quad transpose below needs every lane.
-          if (!TMA && !in_range) continue;
+          if (!kQuadWact && !in_range) continue;
           const int64 gi = row * 2 * p.inter + col;
           const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
           float g[2], u[2], dg[2], du[2], wa[2];
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             // Over g and u, the same elements this thread read: stored by store_d_pre_act.
             store_float2(pre_smem(g_tile, r, mma.col(ni)), dg[0], dg[1]);
             store_float2(pre_smem(u_tile, r, mma.col(ni)), du[0], du[1]);
+            if (!kQuadWact && wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
           } else if (ALIGNED) {
             store_float2(dpre + gi, dg[0], dg[1]);
             store_float2(dpre + gi + p.inter, du[0], du[1]);
@@ -146,7 +151,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
             }
           }
-          if constexpr (TMA) {
+          if constexpr (kQuadWact) {
             wa_words[ni % 4] = DTypeTraits<T>::pack2(wa[0], wa[1]);
             if (ni % 4 == 3 && wact != nullptr) {
               // This lane now holds the 8 columns of group ni - 3 + q (q = lane % 4).
