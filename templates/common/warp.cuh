@@ -25,34 +25,30 @@ __device__ __forceinline__ int32 warp_inclusive_scan(int32 v) {
   return v;
 }
 
+// Swaps two words with lane ^ MASK: the lane with the MASK bit set gives and takes back words
+// HI0 and HI1, its partner words LO0 and LO1.
+template <int MASK, int HI0, int HI1, int LO0, int LO1>
+__device__ __forceinline__ void exchange_words(uint32 (&v)[4]) {
+  const bool high = (threadIdx.x & MASK) != 0;
+  uint32 a = high ? v[HI0] : v[LO0], b = high ? v[HI1] : v[LO1];
+  a = __shfl_xor_sync(kFullWarp, a, MASK);
+  b = __shfl_xor_sync(kFullWarp, b, MASK);
+  if (high) {  // constant indices keep v in registers
+    v[HI0] = a;
+    v[HI1] = b;
+  } else {
+    v[LO0] = a;
+    v[LO1] = b;
+  }
+}
+
 // The lanes of a quad (4k .. 4k + 3) hold the mma fragment layout's words: word j of lane q is
 // columns 2q, 2q + 1 of 8-column group j. Transposes them, so that lane q holds the four words of
 // group q (its 8 consecutive columns, one 16-byte store): swaps the off-diagonal 2 x 2 blocks
 // between lanes q and q ^ 2, then transposes each block between lanes q and q ^ 1.
 __device__ __forceinline__ void quad_transpose(uint32 (&v)[4]) {
-  const bool upper = (threadIdx.x & 2) != 0;
-  uint32 a = upper ? v[0] : v[2], b = upper ? v[1] : v[3];
-  a = __shfl_xor_sync(kFullWarp, a, 2);
-  b = __shfl_xor_sync(kFullWarp, b, 2);
-  if (upper) {
-    v[0] = a;
-    v[1] = b;
-  } else {
-    v[2] = a;
-    v[3] = b;
-  }
-  const bool odd = (threadIdx.x & 1) != 0;
-  a = odd ? v[0] : v[1];
-  b = odd ? v[2] : v[3];
-  a = __shfl_xor_sync(kFullWarp, a, 1);
-  b = __shfl_xor_sync(kFullWarp, b, 1);
-  if (odd) {
-    v[0] = a;
-    v[2] = b;
-  } else {
-    v[1] = a;
-    v[3] = b;
-  }
+  exchange_words<2, 0, 1, 2, 3>(v);
+  exchange_words<1, 0, 2, 1, 3>(v);
 }
 
 __device__ __forceinline__ int32 warp_sum(int32 v) {
