@@ -27,6 +27,8 @@ struct FwdUpParams {
   int32 inter;
   TensorMap w1_map;      // TMA: W1 as [E, 2, I, H], boxes BK x kHalf
   TensorMap x_rows_map;  // TMA: x_rows as [TK, H], boxes BK x BM
+  TensorMap act_map;      // TMA stores: act as [TK, I], boxes 64 x BM
+  TensorMap pre_act_map;  // TMA stores: pre_act as [TK, 2, I], boxes 64 x 1 x BM; unset in inference
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
@@ -79,34 +81,53 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w, const Staging& staged) {
         // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared
-        // memory and written with 16-byte stores. which: 0 act, 1 gate, 2 up.
+        // memory, then stored by TMA (a persistent block's whole tiles: the MMA warps go on while
+        // the copy engine drains it) or written with 16-byte stores. which: 0 act, 1 gate, 2 up.
         T* act = static_cast<T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter + w.n0;
         // One pass per output, inlined with a constant `which` so each pass keeps only its own
         // values live (a runtime loop over the three spilled at 128 x 256).
         auto write_output = [&](const int which) {
-          sync_mma_threads<kThreads>();
+          const auto put = [&](const Staging& tile) {
 #pragma unroll
-          for (int mi = 0; mi < Mma::kMi; ++mi)
+            for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int r = mma.row(mi, half);
+              for (int half = 0; half < 2; ++half) {
+                const int r = mma.row(mi, half);
 #pragma unroll
-              for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-                const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
-                const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
-                const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
-                const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
-                if (which == 0) staged.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
-                else if (which == 1) staged.put(r, c, g0, g1);
-                else staged.put(r, c, u0, u1);
+                for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+                  const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
+                  const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
+                  const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
+                  const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
+                  if (which == 0) tile.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
+                  else if (which == 1) tile.put(r, c, g0, g1);
+                  else tile.put(r, c, u0, u1);
+                }
               }
-            }
-          sync_mma_threads<kThreads>();
+          };
           const int64 stride = which == 0 ? p.inter : 2 * p.inter;
           T* base = which == 0 ? act
                                : pre + static_cast<int64>(w.tile.row0) * 2 * p.inter + w.n0 + (which == 2 ? p.inter : 0);
-          staged.template write<kThreads, ALIGNED>(
-              [&](int r) -> T* { return w.store && r < w.tile.rows ? base + r * stride : nullptr; }, p.inter - w.n0);
+          const auto row_dst = [&](int r) -> T* { return w.store && r < w.tile.rows ? base + r * stride : nullptr; };
+          if constexpr (Staging::kTmaStore) {
+            static_assert(BN % 64 == 0, "TMA stores of 64-column panels");
+            store_staged_async<kThreads, ALIGNED>(
+                staged, put, w.store && w.tile.rows == BM,
+                [&](const Staging& tile) {
+#pragma unroll
+                  for (int panel = 0; panel < BN / 64; ++panel) {
+                    const int32 col = w.n0 + 64 * panel;
+                    if (which == 0) tma_store(p.act_map, tile.panel(panel), col, w.tile.row0);
+                    else tma_store(p.pre_act_map, tile.panel(panel), col, which - 1, w.tile.row0);
+                  }
+                },
+                row_dst, p.inter - w.n0);
+          } else {
+            sync_mma_threads<kThreads>();
+            put(staged);
+            sync_mma_threads<kThreads>();
+            staged.template write<kThreads, ALIGNED>(row_dst, p.inter - w.n0);
+          }
         };
         write_output(0);
         if (pre != nullptr) {

@@ -52,6 +52,8 @@ struct FwdUp {  // templates/fwd_up.cuh
   std::int32_t inter;
   TensorMap w1_map;
   TensorMap x_rows_map;
+  TensorMap act_map;
+  TensorMap pre_act_map;
 };
 
 struct FwdDown {  // templates/fwd_down.cuh

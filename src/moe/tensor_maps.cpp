@@ -63,10 +63,14 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
   const std::uint32_t bm = c.block_m, bn = c.block_n;
   switch (role) {
     case Role::kFwdUp:
-      // W1 [E, 2I, H] as [E, 2, I, H]; each warpgroup's gate and up halves are one box each.
+      // W1 [E, 2I, H] as [E, 2, I, H]; each warpgroup's gate and up halves are one box each. A
+      // persistent grid's TMA stores write act [TK, I] and pre_act [TK, 2I] as [TK, 2, I] (a g
+      // box ends at column I) in 64-column panels of BLOCK_M rows.
       return {k_major(4, {h, i, 2, e}, {h * kElem, i * h * kElem, 2 * i * h * kElem},
                       static_cast<std::uint32_t>(gemm_wgmma_n(role, c) / 2), c),
-              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c)};  // x_rows [TK, H]
+              k_major(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, bm, c),  // x_rows [TK, H]
+              out_panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c),
+              {3, {i, 2, tk, 1}, {i * kElem, 2 * i * kElem, 0}, {64, 1, bm, 1}, 128}};
     case Role::kFwdDown:
       return {k_major(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, bm, c),                          // act [TK, I]
               k_major(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, bn / c.cluster, c),  // W2 [E, H, I]
@@ -158,7 +162,11 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
   switch (role) {
     case Role::kFwdUp: {
       auto& p = *static_cast<params::FwdUp*>(params);
-      return bind_all(s, dt, {{&p.w1_map, p.w1}, {&p.x_rows_map, p.x_rows}});
+      return bind_all(s, dt,
+                      {{&p.w1_map, p.w1},
+                       {&p.x_rows_map, p.x_rows},
+                       {&p.act_map, p.act},
+                       {&p.pre_act_map, p.pre_act}});
     }
     case Role::kFwdDown: {
       auto& p = *static_cast<params::FwdDown*>(params);

@@ -36,17 +36,17 @@ struct SwizzledTile {
   }
 };
 
-// Stages the accumulators in `tile`, then, when `whole`, the first MMA thread stores it with
-// store_panels(tile) (one tma_store per panel) and commits the group; otherwise the MMA threads
-// write it row by row (row_dst, cols_valid as StagedTile::write). `whole` is the same in every
-// MMA thread. The first MMA thread must bulk_wait() before the block exits.
-template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Mma, typename StorePanels, typename RowDst>
-__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN>& tile, const Mma& mma,
-                                                         bool whole, StorePanels store_panels, RowDst row_dst,
-                                                         int cols_valid) {
-  if (threadIdx.x == 0) bulk_wait_read();  // the last tile's stores have read the staging
+// Stages a tile in `tile` with put(tile) (every MMA thread puts its values), then, when `whole`,
+// the first MMA thread stores it with store_panels(tile) (one tma_store per panel) and commits
+// the group; otherwise the MMA threads write it row by row (row_dst, cols_valid as
+// StagedTile::write). `whole` is the same in every MMA thread. The first MMA thread must
+// bulk_wait() before the block exits.
+template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Put, typename StorePanels, typename RowDst>
+__device__ __forceinline__ void store_staged_async(const SwizzledTile<T, BM, BN>& tile, Put put, bool whole,
+                                                   StorePanels store_panels, RowDst row_dst, int cols_valid) {
+  if (threadIdx.x == 0) bulk_wait_read();  // the last stores have read the staging
   sync_mma_threads<THREADS>();
-  for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
+  put(tile);
   if (whole) fence_proxy_async_shared();  // the stores read the staging through the async proxy
   sync_mma_threads<THREADS>();
   if (!whole) {
@@ -55,6 +55,16 @@ __device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, B
     store_panels(tile);
     bulk_commit();
   }
+}
+
+// store_staged_async of the accumulators.
+template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Mma, typename StorePanels, typename RowDst>
+__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN>& tile, const Mma& mma,
+                                                         bool whole, StorePanels store_panels, RowDst row_dst,
+                                                         int cols_valid) {
+  store_staged_async<THREADS, ALIGNED>(
+      tile, [&](const SwizzledTile<T, BM, BN>& t) { for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { t.put(r, c, v0, v1); }); },
+      whole, store_panels, row_dst, cols_valid);
 }
 
 }  // namespace moejit

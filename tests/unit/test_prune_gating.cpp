@@ -388,8 +388,12 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   // fwd_up: W1 [E, 2I, H] as [E, 2, I, H]; the two warpgroups split M, so each wgmma spans all
   // 128 gate and 128 up rows: boxes of 128 rows. Split along N (64-row tiles), 64-row boxes.
   // x_rows [TK, H] (x scattered into sorted order) in BLOCK_M-row boxes.
+  // A persistent grid's TMA stores write act [TK, I] and pre_act [TK, 2I] as [TK, 2, I] in
+  // 64-column panels of BLOCK_M rows.
   auto up = tensor_map_specs(Role::kFwdUp, c, s);
-  REQUIRE(up.size() == 2);
+  REQUIRE(up.size() == 4);
+  CHECK(up[2] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 128, 1, 1}, 128});
+  CHECK(up[3] == TensorMapSpec{3, {i, 2, tk, 1}, {2 * i, 4 * i, 0}, {64, 1, 128, 1}, 128});
   CHECK(up[0] == TensorMapSpec{4, {h, i, 2, e}, {2 * h, 2 * i * h, 4 * i * h}, {64, 128, 1, 1}, 128});
   CHECK(up[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 128, 1, 1}, 128});
   TileConfig split_n = c;
