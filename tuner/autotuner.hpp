@@ -1,7 +1,8 @@
 // The autotuner: for each role of a problem, every config of its space is pruned for the
 // device, compiled in parallel, run once on a scratch problem and compared with the heuristic
 // default's output (a miscompiled or wrong config is rejected, not chosen), timed with CUDA
-// events, and the winner picked with a deterministic tie-break (tuner/winner.hpp).
+// events, the fastest few timed again in turns, and the winner picked among those with a
+// deterministic tie-break (tuner/winner.hpp).
 #pragma once
 
 #include <functional>
@@ -21,6 +22,7 @@ namespace moejit {
 struct TuneOptions {
   double budget_s = 60;  // wall clock for compiling and timing; candidates not reached are recorded as skipped
   int reps = 7;          // timed launches per candidate (the median is kept)
+  int final_rounds = 7;  // rounds of the finalists' timing in turns (tuner/winner.hpp: finalists)
   // Time candidates back to back after a warm-up burst instead of after an L2 flush each
   // (TuningSession::time); `moejit tune --timing sustained`.
   bool sustained = false;

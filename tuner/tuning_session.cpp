@@ -181,15 +181,22 @@ void TuningSession::prime(const std::map<Role, RoleKernel>& kernels) {
 }
 
 Timing TuningSession::time(Role role, const RoleKernel& k, int reps, bool sustained) {
+  return time(role, std::vector<RoleKernel>{k}, reps, sustained).front();
+}
+
+std::vector<Timing> TuningSession::time(Role role, const std::vector<RoleKernel>& kernels, int rounds,
+                                        bool sustained) {
   const cuda::Driver& d = cuda::driver();
-  const auto launch_once = [&] {
+  const std::size_t n = kernels.size();
+  if (n == 0 || rounds < 1) throw InternalError("timing needs a kernel and a round");
+  const auto launch_once = [&](const RoleKernel& k) {
     if (role == Role::kBwdDown) {
       MOEJIT_CU(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(bwd_.ds_acc), 0, bwd_.ds_count, stream_.get()));
     }
     launch(role, k);
   };
-  std::vector<cuda::Event> starts, stops;
-  for (int i = 0; i < reps; ++i) {
+  std::vector<cuda::Event> starts, stops;  // [round * n + kernel]
+  for (std::size_t i = 0; i < n * static_cast<std::size_t>(rounds); ++i) {
     starts.emplace_back();
     stops.emplace_back();
   }
@@ -201,26 +208,33 @@ Timing TuningSession::time(Role role, const RoleKernel& k, int reps, bool sustai
     double burst_ms = 0;
     for (int batch = 1; burst_ms < kBurstMs; batch = std::min(2 * batch, 1024)) {
       starts[0].record(stream_.get());
-      for (int i = 0; i < batch; ++i) launch_once();
+      for (int i = 0; i < batch; ++i) launch_once(kernels[i % n]);
       stops[0].record(stream_.get());
       stops[0].synchronize();
       burst_ms += stops[0].elapsed_since(starts[0]);
     }
   }
-  for (int i = 0; i < reps; ++i) {
-    // Evict the previous launch's data from L2 so every repetition reads from memory.
-    if (!sustained) {
-      MOEJIT_CU(d.cuMemsetD8Async(flush_.get(), static_cast<unsigned char>(i), flush_.bytes(), stream_.get()));
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t at = r * n + j;
+      // Evict the previous launch's data from L2 so every repetition reads from memory.
+      if (!sustained) {
+        MOEJIT_CU(d.cuMemsetD8Async(flush_.get(), static_cast<unsigned char>(at), flush_.bytes(), stream_.get()));
+      }
+      starts[at].record(stream_.get());
+      launch_once(kernels[j]);
+      stops[at].record(stream_.get());
     }
-    starts[i].record(stream_.get());
-    launch_once();
-    stops[i].record(stream_.get());
   }
   stream_.synchronize();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) ms.push_back(stops[i].elapsed_since(starts[i]));
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.back() - ms.front()};
+  std::vector<Timing> out;
+  for (std::size_t j = 0; j < n; ++j) {
+    std::vector<double> ms;
+    for (int r = 0; r < rounds; ++r) ms.push_back(stops[r * n + j].elapsed_since(starts[r * n + j]));
+    std::sort(ms.begin(), ms.end());
+    out.push_back({ms[ms.size() / 2], ms.back() - ms.front()});
+  }
+  return out;
 }
 
 TuningSession::Span TuningSession::output_of(Role role) const {

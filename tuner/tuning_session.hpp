@@ -44,6 +44,9 @@ class TuningSession {
   // after about 25 ms of untimed ones, as a step's kernels run, with the clocks where a long run
   // holds them; nothing is flushed (a step leaves its own data in L2).
   Timing time(Role role, const RoleKernel& k, int reps, bool sustained = false);
+  // The same for several candidates of one role, timed in turns (one launch of each per round,
+  // `rounds` rounds), so a clock change under the power cap hits them alike. One Timing each.
+  std::vector<Timing> time(Role role, const std::vector<RoleKernel>& kernels, int rounds, bool sustained = false);
 
   // Keeps a copy of the role's current output as the reference for diff().
   void snapshot(Role role);

@@ -1,21 +1,52 @@
 #include "tuner/winner.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace moejit {
 
+namespace {
+
+bool eligible(const db::CandidateResult& c) { return !c.rejected && std::isfinite(c.median_ms); }
+
+}  // namespace
+
+std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c) {
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < c.size(); ++i) {
+    if (eligible(c[i])) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return c[a].median_ms < c[b].median_ms; });
+  if (order.empty()) return order;
+  const double limit = c[order.front()].median_ms * (1.0 + kFinalistFraction);
+  std::size_t n = 0;
+  while (n < order.size() && n < kMaxFinalists && c[order[n]].median_ms <= limit) ++n;
+  order.resize(n);
+  return order;
+}
+
+std::optional<std::size_t> choose_winner(const std::vector<db::CandidateResult>& c,
+                                         const std::vector<std::size_t>& among,
+                                         const std::optional<TileConfig>& incumbent) {
+  std::vector<db::CandidateResult> pool;
+  for (std::size_t i : among) pool.push_back(c.at(i));
+  const auto w = choose_winner(pool, incumbent);
+  if (!w) return std::nullopt;
+  return among[*w];
+}
+
 std::optional<std::size_t> choose_winner(const std::vector<db::CandidateResult>& c,
                                          const std::optional<TileConfig>& incumbent) {
-  auto eligible = [&](std::size_t i) { return !c[i].rejected && std::isfinite(c[i].median_ms); };
   std::optional<std::size_t> fastest;
   for (std::size_t i = 0; i < c.size(); ++i) {
-    if (eligible(i) && (!fastest || c[i].median_ms < c[*fastest].median_ms)) fastest = i;
+    if (eligible(c[i]) && (!fastest || c[i].median_ms < c[*fastest].median_ms)) fastest = i;
   }
   if (!fastest) return std::nullopt;
   const double limit = c[*fastest].median_ms * (1.0 + kTieFraction);
   std::optional<std::size_t> best;
   for (std::size_t i = 0; i < c.size(); ++i) {
-    if (!eligible(i) || c[i].median_ms > limit) continue;
+    if (!eligible(c[i]) || c[i].median_ms > limit) continue;
     if (incumbent && c[i].config == *incumbent) return i;
     if (!best || c[i].config.smaller_than(c[*best].config)) best = i;
   }

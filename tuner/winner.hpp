@@ -12,10 +12,25 @@ namespace moejit {
 // same kernel vary by about 1% between runs).
 inline constexpr double kTieFraction = 0.02;
 
+// Candidates within this fraction of the fastest first-pass median are timed again, in turns
+// (autotune): the clocks under the power cap drift by 10-20% over seconds, enough to reorder
+// configs timed one after another. At most kMaxFinalists of them, the fastest first.
+inline constexpr double kFinalistFraction = 0.10;
+inline constexpr std::size_t kMaxFinalists = 4;
+
+// Indices of the eligible candidates (timed, not rejected) whose median is within
+// kFinalistFraction of the fastest, fastest first, at most kMaxFinalists.
+std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& candidates);
+
 // Index of the winner among candidates that were timed and not rejected: the fastest median,
 // except that among ties the incumbent (the config in use before this tuning) is kept, and
 // otherwise the smaller config wins (TileConfig::smaller_than). nullopt when none is eligible.
 std::optional<std::size_t> choose_winner(const std::vector<db::CandidateResult>& candidates,
+                                         const std::optional<TileConfig>& incumbent);
+// The same choice among the candidates at `among` only (the finalists, whose medians were
+// measured together); an index into `candidates`.
+std::optional<std::size_t> choose_winner(const std::vector<db::CandidateResult>& candidates,
+                                         const std::vector<std::size_t>& among,
                                          const std::optional<TileConfig>& incumbent);
 
 }  // namespace moejit

@@ -67,6 +67,30 @@ TEST_CASE("rejected and untimed candidates never win", "[tuner]") {
   CHECK_FALSE(choose_winner(c, std::nullopt));
 }
 
+TEST_CASE("finalists: the eligible candidates near the fastest, fastest first, a few at most", "[tuner]") {
+  const double nan = std::nan("");
+  std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.08),   timed(gemm(64, 128, 32), 1.00),
+                                        timed(gemm(128, 64, 32), 1.20),  {gemm(128, 128, 32), 0.5, 0.0, true, "wrong"},
+                                        {gemm(64, 64, 64), nan, nan, true, "skipped"}, timed(gemm(128, 128, 64), 1.10)};
+  // 1.08 and 1.10 are within 10% of 1.00; 1.20 is not; the rejected 0.5 is never one.
+  CHECK(finalists(c) == std::vector<std::size_t>{1, 0, 5});
+  for (double ms : {1.01, 1.02, 1.03, 1.04}) c.push_back(timed(gemm(64, 256, 32), ms));
+  REQUIRE(finalists(c).size() == kMaxFinalists);
+  CHECK(finalists(c) == std::vector<std::size_t>{1, 6, 7, 8});
+  CHECK(finalists(std::vector<db::CandidateResult>{c[3], c[4]}).empty());
+}
+
+TEST_CASE("the winner among the finalists only, as an index into all candidates", "[tuner]") {
+  // Candidate 0 looked fastest in the first pass but is not a finalist here: only the
+  // finalists' medians were measured together.
+  std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 0.50), timed(gemm(128, 128, 32), 1.00),
+                                        timed(gemm(64, 128, 32), 1.01), timed(gemm(128, 64, 64), 0.90)};
+  CHECK(choose_winner(c, {1, 2, 3}, std::nullopt) == 3u);
+  CHECK(choose_winner(c, {1, 2}, std::nullopt) == 2u);           // a tie: the smaller config
+  CHECK(choose_winner(c, {1, 2}, gemm(128, 128, 32)) == 1u);     // a tie: the incumbent
+  CHECK_FALSE(choose_winner(c, {}, std::nullopt));
+}
+
 TEST_CASE("tuning keys name the kernel variant, not the caller's mode", "[tuner]") {
   const MoeShape qwen3{32768, 128, 2048, 768, 8, DType::kBF16};
   // 2 E H = 1024 pairs: dW1's buffer cannot hold the weighted activation of 512 tokens x 8.
