@@ -122,7 +122,9 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     // The pass above timed candidates seconds apart, and the clocks under the power cap move
     // by 10-20% in that time: the finalists are timed again in turns, and the winner is one of
     // them, by those times.
-    const std::vector<std::size_t> final = finalists(rc.results);
+    std::optional<TileConfig> incumbent;
+    if (auto it = options.incumbents.find(rc.role); it != options.incumbents.end()) incumbent = it->second;
+    const std::vector<std::size_t> final = finalists(rc.results, incumbent);
     if (final.size() > 1) {
       std::vector<TuningSession::RoleKernel> kernels;
       for (std::size_t i : final) {
@@ -139,8 +141,6 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     session.run(rc.role, primed.at(rc.role));
     const double ref_ms = rc.results.front().median_ms;  // the reference is timed first
     rc.results.insert(rc.results.end(), rc.pruned.begin(), rc.pruned.end());
-    std::optional<TileConfig> incumbent;
-    if (auto it = options.incumbents.find(rc.role); it != options.incumbents.end()) incumbent = it->second;
     const auto w = choose_winner(rc.results, final, incumbent);
     if (!w) {
       say(fmt::format("{}: no correct candidate", role_name(rc.role)));

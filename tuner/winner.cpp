@@ -11,7 +11,8 @@ bool eligible(const db::CandidateResult& c) { return !c.rejected && std::isfinit
 
 }  // namespace
 
-std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c) {
+std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c,
+                                   const std::optional<TileConfig>& incumbent) {
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < c.size(); ++i) {
     if (eligible(c[i])) order.push_back(i);
@@ -22,8 +23,11 @@ std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c) {
   const double limit = c[order.front()].median_ms * (1.0 + kFinalistFraction);
   std::size_t n = 0;
   while (n < order.size() && n < kMaxFinalists && c[order[n]].median_ms <= limit) ++n;
-  order.resize(n);
-  return order;
+  std::vector<std::size_t> out(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+  for (std::size_t k = n; incumbent && k < order.size() && c[order[k]].median_ms <= limit; ++k) {
+    if (c[order[k]].config == *incumbent) out.push_back(order[k]);
+  }
+  return out;
 }
 
 std::optional<std::size_t> choose_winner(const std::vector<db::CandidateResult>& c,

@@ -19,8 +19,11 @@ inline constexpr double kFinalistFraction = 0.10;
 inline constexpr std::size_t kMaxFinalists = 4;
 
 // Indices of the eligible candidates (timed, not rejected) whose median is within
-// kFinalistFraction of the fastest, fastest first, at most kMaxFinalists.
-std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& candidates);
+// kFinalistFraction of the fastest, fastest first, at most kMaxFinalists; and the incumbent
+// last where it is within that fraction but not among the first kMaxFinalists, so that a tie
+// can still keep it (choose_winner).
+std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& candidates,
+                                   const std::optional<TileConfig>& incumbent);
 
 // Index of the winner among candidates that were timed and not rejected: the fastest median,
 // except that among ties the incumbent (the config in use before this tuning) is kept, and

@@ -73,11 +73,15 @@ TEST_CASE("finalists: the eligible candidates near the fastest, fastest first, a
                                         timed(gemm(128, 64, 32), 1.20),  {gemm(128, 128, 32), 0.5, 0.0, true, "wrong"},
                                         {gemm(64, 64, 64), nan, nan, true, "skipped"}, timed(gemm(128, 128, 64), 1.10)};
   // 1.08 and 1.10 are within 10% of 1.00; 1.20 is not; the rejected 0.5 is never one.
-  CHECK(finalists(c) == std::vector<std::size_t>{1, 0, 5});
+  CHECK(finalists(c, std::nullopt) == std::vector<std::size_t>{1, 0, 5});
   for (double ms : {1.01, 1.02, 1.03, 1.04}) c.push_back(timed(gemm(64, 256, 32), ms));
-  REQUIRE(finalists(c).size() == kMaxFinalists);
-  CHECK(finalists(c) == std::vector<std::size_t>{1, 6, 7, 8});
-  CHECK(finalists(std::vector<db::CandidateResult>{c[3], c[4]}).empty());
+  REQUIRE(finalists(c, std::nullopt).size() == kMaxFinalists);
+  CHECK(finalists(c, std::nullopt) == std::vector<std::size_t>{1, 6, 7, 8});
+  // The incumbent joins them where it is near enough (1.08), never from outside the band (1.20).
+  CHECK(finalists(c, gemm(64, 64, 32)) == std::vector<std::size_t>{1, 6, 7, 8, 0});
+  CHECK(finalists(c, gemm(128, 64, 32)) == std::vector<std::size_t>{1, 6, 7, 8});
+  CHECK(finalists(c, gemm(64, 128, 32)) == std::vector<std::size_t>{1, 6, 7, 8});  // already one
+  CHECK(finalists(std::vector<db::CandidateResult>{c[3], c[4]}, std::nullopt).empty());
 }
 
 TEST_CASE("the winner among the finalists only, as an index into all candidates", "[tuner]") {
