@@ -2,7 +2,8 @@
 # A/B of builds that differ in templates, role by role, on the GPU machine: each build's
 # `moejit tune` times every config of the roles at one shape and token count (nothing shipped,
 # L2 flushed), builds alternating per role so clock drift hits both alike; then a table of each
-# role's best config per build and the configs both timed.
+# role's best config per build (the tuner's winner), the configs both timed, and with several
+# roles the sum of their bests per build.
 #   tools/ab-roles.sh SHAPE TOKENS ROLES BUILD...
 #   tools/ab-roles.sh 128,2048,768,8 32768 fwd_up,fwd_down build/base build/release
 # A BUILD is a build directory holding tools/moejit/moejit (with src/ beside it for its
@@ -33,15 +34,20 @@ def name(c):
     s = f"bm{c['block_m']}_bn{c['block_n']}_bk{c['block_k']}_s{c['stages']}_w{c['warps']}"
     return (s + ("_c2" if c.get("cluster", 1) == 2 else "") + ("_tma" if c["use_tma"] else "")
             + ("_ws" if c["warp_specialized"] else "") + ("_persistent" if c.get("persistent") else ""))
+total = {b: 0.0 for b in builds}
 for role in roles:
-    times = {}
+    times, best = {}, {}
     for b in builds:
         rows = json.load(open(f"{out}/{b}-{role}.json"))["rows"]
         times[b] = {name(c["config"]): c["median_ms"] for r in rows for c in r["candidates"] if c["median_ms"] is not None}
-    best = {b: min(t.items(), key=lambda kv: kv[1]) for b, t in times.items()}
+        # The tuner's winner, timed in turns with the other finalists (tuner/winner.hpp).
+        best[b] = (name(rows[0]["winner"]), rows[0]["median_ms"])
+        total[b] += best[b][1]
     print(f"{role}: " + "  ".join(f"{b} best {best[b][1]:.3f} ms ({best[b][0]})" for b in builds))
     common = sorted(set.intersection(*(set(t) for t in times.values())), key=lambda c: times[builds[0]][c])
     common = common[:8] + [c for c in common[8:] if "_c2" in c]
     for c in common:
         print(f"  {c:<40}" + "".join(f" {times[b][c]:8.3f}" for b in builds))
+if len(roles) > 1:
+    print("sum of the roles' best: " + "  ".join(f"{b} {total[b]:.3f} ms" for b in builds))
 EOF
