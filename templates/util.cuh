@@ -42,13 +42,21 @@ struct TopkIdsParams {
   uint64 seed;
 };
 
-// Distinct experts per token, each expert equally likely: (r + k * (E / K)) mod E.
+// K distinct experts per token, a uniform draw among the E-choose-K sets (Floyd's sampling), so
+// each expert's tokens are independent of another's as under a real router. The former pattern
+// (r + k * E / K) gave groups of K experts identical token sets, whose gathered rows L2 then
+// served: the tuner ranked a cp.async gather of x 0.3 ms ahead where the step lost 0.5 ms.
 __global__ void fill_topk_ids_kernel(const __grid_constant__ TopkIdsParams p) {
-  const int32 stride = max_of(1, p.experts / p.topk);
   for (int64 t = blockIdx.x * static_cast<int64>(blockDim.x) + threadIdx.x; t < p.tokens;
        t += static_cast<int64>(gridDim.x) * blockDim.x) {
-    const int32 r = static_cast<int32>(mix32(p.seed * 0x9e3779b97f4a7c15ull + t) % static_cast<uint32>(p.experts));
-    for (int32 k = 0; k < p.topk; ++k) p.ids[t * p.topk + k] = (r + k * stride) % p.experts;
+    int32* ids = p.ids + t * p.topk;
+    for (int32 k = 0, j = p.experts - p.topk; k < p.topk; ++k, ++j) {
+      const int32 pick =
+          static_cast<int32>(mix32(p.seed * 0x9e3779b97f4a7c15ull + t * p.topk + k) % static_cast<uint32>(j + 1));
+      bool taken = false;
+      for (int32 i = 0; i < k; ++i) taken |= ids[i] == pick;
+      ids[k] = taken ? j : pick;
+    }
   }
 }
 
