@@ -9,7 +9,8 @@ tuner): torch.profiler's CUDA activity trace over a few steps after warm-up.
 Prints, per kernel (moejit's by role, the rest by name), launches per step, mean µs per launch,
 its share of the step, then the step's span on the device (first kernel's start to last kernel's
 end) against the sum of kernel times: the difference is the idle time between kernels (launch
-gaps and waits), which no role's tuning sees. Inputs rotate past L2 as in bench_torch.py.
+gaps and waits), which no role's tuning sees, and where that idle time sits: the pairs of
+kernels with the most idle time between them. Inputs rotate past L2 as in bench_torch.py.
 """
 
 import argparse
@@ -86,9 +87,27 @@ def main():
     for r in rows:
         print(f"{r['kernel']:<40} {r['per_step']:>6.1f} {r['mean_us']:>9.1f} {r['share']:>7.1%}")
     print(f"device span per step {span:.1f} us, kernels busy {busy:.1f} us, idle {span - busy:.1f} us")
+    gaps = idle_gaps(kernels, a.steps)
+    print(f"{'idle before':<40} {'after':<24} {'/step':>6} {'mean us':>9}")
+    for g in gaps[:8]:
+        print(f"{g['before']:<40} {g['after']:<24} {g['per_step']:>6.1f} {g['mean_us']:>9.1f}")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"tokens": a.tokens, "shape": a.shape, "mode": a.mode,
-                                                    "span_us": span, "busy_us": busy, "kernels": rows}, indent=1))
+                                                    "span_us": span, "busy_us": busy, "kernels": rows,
+                                                    "gaps": gaps}, indent=1))
+
+
+def idle_gaps(kernels, steps):
+    """The device's idle time between consecutive kernels, by the pair of kernels around it, most
+    idle per step first: says whether the span's idle is launch latency spread over every
+    boundary or one wait (a host round trip, a step boundary)."""
+    by_pair = collections.defaultdict(list)
+    for prev, ev in zip(kernels, kernels[1:]):
+        by_pair[(kernel_label(ev.name), kernel_label(prev.name))].append(
+            max(0.0, ev.time_range.start - prev.time_range.end))
+    rows = [{"before": b, "after": f, "per_step": len(ds) / steps, "mean_us": statistics.mean(ds),
+             "us_per_step": sum(ds) / steps} for (b, f), ds in by_pair.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
 if __name__ == "__main__":
