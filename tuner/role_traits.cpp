@@ -20,8 +20,15 @@ RoleKind role_kind(Role r) {
 
 int token_block_m(const MoeShape& s) {
   const long long per_expert = (s.pairs() + s.experts - 1) / std::max(1, s.experts);
+  // A uniform router gives an expert about per_expert +- sqrt(per_expert) rows. A tile of just
+  // the mean sends half the experts into a second, nearly empty tile that streams the expert's
+  // weights once more, so the tile covers the mean plus two spreads: (bm - m)^2 >= 4 m past m,
+  // in integers as in python/moejit/_layout.py.
+  const auto covers = [&](long long bm) {
+    return bm >= per_expert && (bm - per_expert) * (bm - per_expert) >= 4 * per_expert;
+  };
   int bm = 16;
-  while (bm < per_expert && bm < 128) bm *= 2;
+  while (!covers(bm) && bm < 128) bm *= 2;
   return bm;
 }
 

@@ -18,8 +18,8 @@ enum class RoleKind {
 
 RoleKind role_kind(Role r);
 
-// Tile rows shared by routing and every token GEMM of a problem: the expected tokens per
-// expert rounded up to a power of two, clamped to [16, 128].
+// Tile rows shared by routing and every token GEMM of a problem: the smallest power of two in
+// [16, 128] that covers the expected tokens per expert m plus two spreads (m + 2 sqrt(m)).
 int token_block_m(const MoeShape& shape);
 
 struct GemmDims {

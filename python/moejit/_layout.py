@@ -20,7 +20,7 @@ def _aligned(nbytes):
 def token_block_m(pairs, experts):
     per_expert = (pairs + experts - 1) // max(1, experts)
     block_m = 16
-    while block_m < per_expert and block_m < 128:
+    while not (block_m >= per_expert and (block_m - per_expert) ** 2 >= 4 * per_expert) and block_m < 128:
         block_m *= 2
     return block_m
 

@@ -20,6 +20,19 @@ TileConfig gemm(int bm, int bn, int bk, int stages, int warps, bool ws) {
 
 }  // namespace
 
+TEST_CASE("token tiles cover the mean pairs per expert plus two spreads, in [16, 128]", "[launch]") {
+  const auto block_m = [](long long tokens) { return token_block_m(MoeShape{tokens, 128, 2048, 768, 8, DType::kBF16}); };
+  CHECK(block_m(1) == 16);
+  CHECK(block_m(128) == 16);  // 8 pairs per expert: 8 + 2 * 2.8 = 13.7
+  CHECK(block_m(256) == 32);  // 16: 24
+  CHECK(block_m(512) == 64);  // 32: 43.3
+  CHECK(block_m(768) == 64);  // 48: 61.9
+  CHECK(block_m(800) == 128);  // 50: 64.1
+  // 64: 80. A 64-row tile would give about half the experts a second, nearly empty tile.
+  CHECK(block_m(1024) == 128);
+  CHECK(block_m(32768) == 128);
+}
+
 TEST_CASE("token GEMM grids cover the routing's tile bound times the output column blocks", "[launch]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   const long long max_tiles = 2176;
