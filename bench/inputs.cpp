@@ -49,16 +49,18 @@ constexpr std::size_t kSlicesPerUpload = 64;          // bounds the host staging
 
 RoutingSpec parse_routing(const std::string& text) {
   if (text == "uniform") return {};
+  if (text == "balanced") return {false, true, 0.0};
   if (text.rfind("zipf:", 0) == 0) {
     const std::string value = text.substr(5);
     char* end = nullptr;
     const double s = std::strtod(value.c_str(), &end);
-    if (!value.empty() && *end == '\0' && s > 0 && std::isfinite(s)) return {true, s};
+    if (!value.empty() && *end == '\0' && s > 0 && std::isfinite(s)) return {true, false, s};
   }
-  throw InvalidArgument("--routing", "expected 'uniform' or 'zipf:S' with S > 0, got '" + text + "'");
+  throw InvalidArgument("--routing", "expected 'uniform', 'balanced' or 'zipf:S' with S > 0, got '" + text + "'");
 }
 
 std::string routing_name(const RoutingSpec& r) {
+  if (r.balanced) return "balanced";
   if (!r.zipf) return "uniform";
   char buf[32];
   std::snprintf(buf, sizeof buf, "zipf:%g", r.exponent);
@@ -90,6 +92,18 @@ std::vector<std::int32_t> routing_ids(long long tokens, int experts, int topk, c
     for (int e = 0; e < experts; ++e) log_weight[e] = -routing.exponent * std::log(e + 1.0);
   }
   std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens) * topk);
+  if (routing.balanced) {
+    // Pair i of the deal goes to expert i mod E: K consecutive pairs are K distinct experts (K <= E),
+    // and every expert's count is within one of T*K/E. The token order is shuffled so that an
+    // expert's tokens are scattered over x as a real router's are.
+    std::vector<long long> token_order(static_cast<std::size_t>(tokens));
+    std::iota(token_order.begin(), token_order.end(), 0LL);
+    Rng rng(seed, 0);
+    for (long long i = tokens - 1; i > 0; --i) std::swap(token_order[i], token_order[rng.next() % (i + 1)]);
+    for (long long t = 0; t < tokens; ++t)
+      for (int k = 0; k < topk; ++k) ids[token_order[t] * topk + k] = static_cast<std::int32_t>((t * topk + k) % experts);
+    return ids;
+  }
   constexpr long long kTokensPerTask = 1024;
   parallel_for((tokens + kTokensPerTask - 1) / kTokensPerTask, host_threads(), [&](std::size_t task) {
     Rng rng(seed, task);

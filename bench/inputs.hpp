@@ -13,12 +13,15 @@
 namespace moejit::bench {
 
 // How tokens pick experts. Zipf ranks expert e as e + 1: p(e) is proportional to (e + 1)^-s.
+// Balanced gives every expert ceil or floor of T*K/E pairs, the load a perfectly balancing router
+// reaches: against uniform it shows what the spread of pairs per expert costs (tiles that spill).
 struct RoutingSpec {
   bool zipf = false;
+  bool balanced = false;
   double exponent = 0.0;
 };
 
-// "uniform" or "zipf:S" (S > 0); throws InvalidArgument naming --routing.
+// "uniform", "balanced" or "zipf:S" (S > 0); throws InvalidArgument naming --routing.
 RoutingSpec parse_routing(const std::string& text);
 std::string routing_name(const RoutingSpec& r);
 
@@ -26,7 +29,7 @@ std::string routing_name(const RoutingSpec& r);
 void fill_uniform(const cuda::DeviceBuffer& buffer, DType dtype, double lo, double hi, std::uint64_t seed);
 
 // topk_ids [tokens, topk]: each token's K distinct experts, drawn without replacement with the
-// routing's probabilities.
+// routing's probabilities, or for balanced routing dealt round-robin to tokens in a random order.
 std::vector<std::int32_t> routing_ids(long long tokens, int experts, int topk, const RoutingSpec& routing,
                                       std::uint64_t seed);
 
