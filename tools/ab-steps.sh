@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Whole-step A/B of builds on the GPU machine: each build's own moejit_bench runs BENCH_ARGS in
+# turn, ROUNDS times (A B A B ...), so clock drift hits all alike; each run's table lines are
+# printed and its JSON lands in $OUT/ab-steps-NAME-ROUND.json.
+# Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
+# whose template hash differs from a table's (its rows would be stale there) runs a copy with the
+# hash rewritten to its own: both sides then run the same configs and only the kernels differ.
+#   tools/ab-steps.sh ROUNDS BUILD... -- BENCH_ARGS...
+#   tools/ab-steps.sh 2 build/main build/release -- --tokens 1024,8192,32768 --modes forward,full --rounds 3
+# A BUILD holds bench/moejit_bench, tools/moejit/moejit and src/ (tools/variant-build.sh, or a
+# whole build tree such as build/release).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export MOEJIT_CACHE_DIR=${MOEJIT_CACHE_DIR:-/tmp/moejit-kernels}
+rounds=$1
+shift
+builds=()
+while (($#)) && [[ $1 != "--" ]]; do builds+=("$1"); shift; done
+[[ ${1:-} == "--" ]] && shift
+out=${OUT:-/tmp}
+mkdir -p "$out"
+declare -A tables
+for build in "${builds[@]}"; do
+  tag=$(basename "$build")
+  hash=$("$build/tools/moejit/moejit" info | sed -n 's/.*templates.*hash \([0-9a-f]*\).*/\1/p')
+  [[ -n $hash ]] || { echo "$build: moejit info printed no template hash" >&2; exit 1; }
+  dir=/tmp/ab-steps-tables/$tag
+  rm -rf "$dir" && mkdir -p "$dir"
+  for table in db/*.json; do
+    sed -E "s/(\"template_hash\": *\")[0-9a-f]+\"/\1$hash\"/" "$table" > "$dir/$(basename "$table")"
+  done
+  tables[$tag]=$dir
+  echo "$tag: template hash $hash"
+done
+for ((r = 1; r <= rounds; r++)); do
+  for build in "${builds[@]}"; do
+    tag=$(basename "$build")
+    echo "-- $tag, round $r"
+    log=/tmp/ab-steps-$tag-$r.txt
+    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "$build/bench/moejit_bench" "$@" \
+      --json "$out/ab-steps-$tag-$r.json" > "$log" 2>&1; then
+      grep -E "^ *[0-9]+ +(forward|backward|full|inference|memeff) " "$log"
+    else
+      tail -3 "$log"
+    fi
+  done
+done
