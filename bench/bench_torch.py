@@ -79,12 +79,26 @@ IMPLS = {
 }
 
 
-def make_sets(t, e, h, k, dtype, count, generator):
+def balanced_ids(t, e, k, generator):
+    """[t, k] expert ids dealt round-robin over a shuffled token order: every expert gets t*k/e
+    pairs to within one, as moejit_bench --routing balanced (bench/inputs.cpp)."""
+    deal = (torch.arange(t * k, device="cuda") % e).view(t, k)
+    ids = torch.empty_like(deal)
+    ids[torch.randperm(t, device="cuda", generator=generator)] = deal
+    return ids
+
+
+def make_sets(t, e, h, k, dtype, count, generator, routing="uniform"):
+    """`count` input sets; routing "uniform" (top-k of uniform scores) or "balanced"."""
     sets = []
     for _ in range(count):
         x = (torch.rand(t, h, device="cuda", generator=generator, dtype=torch.float32) * 2 - 1).add_(1e-3).to(dtype)
         scores = torch.rand(t, e, device="cuda", generator=generator)
-        weights, ids = scores.topk(k, dim=-1)
+        if routing == "balanced":
+            ids = balanced_ids(t, e, k, generator)
+            weights = scores.gather(1, ids)
+        else:
+            weights, ids = scores.topk(k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(dtype)
         d_out = (torch.rand(t, h, device="cuda", generator=generator) * 2 - 1).add_(1e-3).to(dtype)
         sets.append((x.requires_grad_(), ids, weights.requires_grad_(), d_out))

@@ -3,7 +3,7 @@
 tuner): torch.profiler's CUDA activity trace over a few steps after warm-up.
 
   python3 bench/profile_step.py [--tokens 32768] [--shape 128,2048,768,8]
-                                [--mode full|forward|inference]
+                                [--mode full|forward|inference] [--routing uniform|balanced]
                                 [--steps 5] [--json OUT.json]
 
 Prints, per kernel (moejit's by role, the rest by name), launches per step, mean µs per launch,
@@ -43,6 +43,9 @@ def main():
     ap.add_argument("--shape", default="128,2048,768,8", help="E,H,I,K")
     # inference: no input needs grad, so the op runs the inference plan (nothing saved).
     ap.add_argument("--mode", choices=("full", "forward", "inference"), default="full")
+    # balanced: every expert gets T*K/E pairs; against uniform it shows which kernels pay for the
+    # spread of pairs per expert (tiles that spill a few rows).
+    ap.add_argument("--routing", choices=("uniform", "balanced"), default="uniform")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -53,7 +56,7 @@ def main():
     w1.requires_grad_()
     w2.requires_grad_()
     per_set = a.tokens * h * 2 * 2
-    sets = make_sets(a.tokens, e, h, k, torch.bfloat16, max(2, (120 << 20) // per_set + 1), gen)
+    sets = make_sets(a.tokens, e, h, k, torch.bfloat16, max(2, (120 << 20) // per_set + 1), gen, a.routing)
 
     def step(s):
         if a.mode == "inference":
@@ -82,7 +85,7 @@ def main():
     for label, ds in sorted(by_label.items(), key=lambda kv: -sum(kv[1])):
         rows.append({"kernel": label, "per_step": len(ds) / a.steps, "mean_us": statistics.mean(ds),
                      "share": sum(ds) / a.steps / span})
-    print(f"T={a.tokens} shape={a.shape} mode={a.mode} steps={a.steps}")
+    print(f"T={a.tokens} shape={a.shape} mode={a.mode} routing={a.routing} steps={a.steps}")
     print(f"{'kernel':<40} {'/step':>6} {'mean us':>9} {'share':>7}")
     for r in rows:
         print(f"{r['kernel']:<40} {r['per_step']:>6.1f} {r['mean_us']:>9.1f} {r['share']:>7.1%}")
@@ -93,8 +96,8 @@ def main():
         print(f"{g['before']:<40} {g['after']:<24} {g['per_step']:>6.1f} {g['mean_us']:>9.1f}")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps({"tokens": a.tokens, "shape": a.shape, "mode": a.mode,
-                                                    "span_us": span, "busy_us": busy, "kernels": rows,
-                                                    "gaps": gaps}, indent=1))
+                                                    "routing": a.routing, "span_us": span, "busy_us": busy,
+                                                    "kernels": rows, "gaps": gaps}, indent=1))
 
 
 def idle_gaps(kernels, steps):
