@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a git revision in its own worktree and copies what a GPU A/B needs (the library, the
 # moejit CLI and moejit_bench, found through their runpaths $ORIGIN/../../src and $ORIGIN/../src)
-# into build/NAME of this checkout, small enough (~6 MiB) that several variants travel together
+# into build/NAME of this checkout, small enough (~7 MiB) that several variants travel together
 # under the device's carry limit. Each variant keeps its own bench binary: the public headers
 # (Options) may differ between revisions.
 #   tools/variant-build.sh REV NAME     e.g. tools/variant-build.sh main main
