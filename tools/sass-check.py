@@ -52,4 +52,14 @@ for path in sys.argv[1:]:
     hgmma = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
     drains = sass.count("DEPBAR.LE gsb0, 0x0")
     serialized = " SERIALIZED" if hgmma > 1 and drains >= hgmma else ""
-    print(path.rsplit("/", 1)[-1], dict(sorted(ops.items())), f"wait-all {drains}{serialized}")
+    # R2UR per HGMMA in the first k tile's wgmma sequence (first HGMMA to the one that ends the
+    # group, gsb0): about 1.5 when the loop's descriptors live in uniform registers; a branch that
+    # ptxas takes as divergent moves them to vector registers and doubles it (session 14).
+    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/\s+\S", line)]
+    at = [i for i, line in enumerate(lines) if "HGMMA" in line]
+    ends = [i for i in at if "gsb0" in lines[i]]
+    uniform = ""
+    if ends:
+        first = lines[at[0]:ends[0] + 1]
+        uniform = f" r2ur/hgmma {sum('R2UR' in x for x in first) / sum('HGMMA' in x for x in first):.1f}"
+    print(path.rsplit("/", 1)[-1], dict(sorted(ops.items())), f"wait-all {drains}{serialized}{uniform}")
