@@ -80,7 +80,8 @@ nlohmann::json stats_json(const Stats& s, double flops) {
           {"tflops", tflops(flops, s.median_ms)},
           {"host_us_per_iter", s.host_us_per_iter},
           {"host_bound", s.host_bound},
-          {"samples_ms", s.samples_ms}};
+          {"samples_ms", s.samples_ms},
+          {"spans_unix_s", s.spans_unix_s}};
 }
 
 nlohmann::json memory_json(const Footprint& f) {

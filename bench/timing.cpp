@@ -17,6 +17,10 @@ constexpr int kMaxLeadMemsets = 512;
 // Head start over the host's estimated enqueue time of all timed iterations.
 constexpr double kLeadMargin = 1.5;
 
+double unix_now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 double now_ms() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double, std::milli>(clock::now().time_since_epoch()).count();
@@ -49,9 +53,12 @@ Stats merge(const std::vector<Stats>& rounds) {
     host_us += r.host_us_per_iter * static_cast<double>(r.samples_ms.size());
     host_bound = host_bound || r.host_bound;
   }
+  std::vector<std::array<double, 2>> spans;
+  for (const Stats& r : rounds) spans.insert(spans.end(), r.spans_unix_s.begin(), r.spans_unix_s.end());
   Stats s = summarize(std::move(all));
   if (!s.samples_ms.empty()) s.host_us_per_iter = host_us / static_cast<double>(s.samples_ms.size());
   s.host_bound = host_bound;
+  s.spans_unix_s = std::move(spans);
   return s;
 }
 
@@ -106,12 +113,15 @@ Stats StreamTimer::measure(int warmup, int iters, const Step& untimed, const Ste
   }
   const double host_total_ms = now_ms() - t;
   end.back().synchronize();
+  // The host wakes within microseconds of the last event: the GPU span ends now.
+  const double gpu_end_s = unix_now_s();
 
   std::vector<float> samples;
   for (int k = 0; k < iters; ++k) samples.push_back(end[k].elapsed_since(begin[k]));
   Stats s = summarize(std::move(samples));
   s.host_us_per_iter = 1e3 * host_total_ms / iters;
   s.host_bound = host_total_ms > lead_end.elapsed_since(lead_begin);
+  s.spans_unix_s.push_back({gpu_end_s - 1e-3 * end.back().elapsed_since(begin.front()), gpu_end_s});
   return s;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -20,12 +21,16 @@ struct Stats {
   // The host took longer to enqueue the timed iterations than the GPU's head start lasted, so the
   // GPU may have idled between launches and the times may include that idling.
   bool host_bound = false;
+  // Wall-clock span [start, end] in Unix seconds of each measure() call's timed iterations on the
+  // GPU (their first event to their last), so samples of clocks and power taken beside the run
+  // (tools/power-phases.py) can be attributed to this step.
+  std::vector<std::array<double, 2>> spans_unix_s;
 };
 
 // Median (mean of the middle two for an even count), min and nearest-rank 90th percentile.
 Stats summarize(std::vector<float> samples_ms);
 
-// One Stats over the samples of several measure() calls of the same step (rounds).
+// One Stats over the samples (and spans) of several measure() calls of the same step (rounds).
 Stats merge(const std::vector<Stats>& rounds);
 
 // Enqueues the work of iteration i on the timer's stream. i counts warm-up and timed iterations

@@ -12,6 +12,10 @@
 #                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
 #                                       importing build/release/retune-part.json if present, and
 #                                       export $OUT/NVIDIA_H200.json after each (db/README.md)
+#   tools/gpu-round.sh power BENCH_ARGS...
+#                                       moejit_bench BENCH_ARGS with nvidia-smi sampling clocks and
+#                                       power every 10 ms beside it; prints them per step and side
+#                                       (tools/power-phases.py); $OUT/power-smi.csv, $OUT/power-bench.json
 #   tools/gpu-round.sh ncu KERNEL BENCH_ARGS...
 #                                       ncu on KERNEL's second launch in moejit_bench BENCH_ARGS:
 #                                       $OUT/ncu-KERNEL.txt (throughputs, stalls) and the SASS
@@ -67,6 +71,16 @@ case "${1:-}" in
       "$cli" db export --db "$db" --out "$out/NVIDIA_H200.json" > /dev/null
       echo "$shape tuned at $((SECONDS - start)) s: $(tail -1 "$out/tune.log")"
     done
+    ;;
+  power)
+    shift
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader \
+      -lms 10 > "$out/power-smi.csv" &
+    smi=$!
+    build/release/bench/moejit_bench "$@" --json "$out/power-bench.json" 2>&1 | tail -20
+    kill "$smi"
+    wait "$smi" 2> /dev/null
+    tools/power-phases.py "$out/power-bench.json" "$out/power-smi.csv"
     ;;
   ncu)
     kernel=$2
