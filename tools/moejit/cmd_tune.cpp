@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -52,6 +53,23 @@ void parse_shard(const Args& a, TunePlanRequest& r) {
   }
 }
 
+// --budget: seconds of compiling and timing per tuning item, a positive finite number.
+double parse_budget(const Args& a) {
+  if (!a.has("budget")) return env::tune_budget_s();
+  const std::string text = a.get("budget");
+  std::size_t used = 0;
+  double s = 0;
+  try {
+    s = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(s) || s <= 0) {
+    throw InvalidArgument("--budget", "expected seconds above 0, got '" + text + "'");
+  }
+  return s;
+}
+
 }  // namespace
 
 int run_tune(int argc, char** argv, int start) {
@@ -71,7 +89,7 @@ int run_tune(int argc, char** argv, int start) {
   }
   req.force = a.has("force");
   parse_shard(a, req);
-  const double budget = a.has("budget") ? std::stod(a.get("budget")) : env::tune_budget_s();
+  const double budget = parse_budget(a);
   const std::string timing = a.get("timing", "burst");
   if (timing != "burst" && timing != "sustained") {
     throw InvalidArgument("--timing", "expected burst or sustained, got '" + timing + "'");
