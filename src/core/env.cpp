@@ -1,5 +1,7 @@
 #include "core/env.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <thread>
 
@@ -79,15 +81,18 @@ bool autotune_enabled() {
   return !v || *v != 0;
 }
 
-double tune_budget_s() {
-  auto v = get("MOEJIT_TUNE_BUDGET_S");
-  if (!v) return 60.0;
+double parse_tune_budget_s(const std::string& text, const std::string& what) {
   char* end = nullptr;
-  const double s = std::strtod(v->c_str(), &end);
-  if (end == v->c_str() || *end != '\0' || !(s > 0)) {
-    throw InvalidArgument("MOEJIT_TUNE_BUDGET_S", "expected a positive number of seconds, got '" + *v + "'");
+  const double s = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(s > 0) || !(s <= kMaxTuneBudgetS)) {
+    throw InvalidArgument(what, fmt::format("expected seconds above 0 and at most {:g}, got '{}'", kMaxTuneBudgetS, text));
   }
   return s;
+}
+
+double tune_budget_s() {
+  auto v = get("MOEJIT_TUNE_BUDGET_S");
+  return v ? parse_tune_budget_s(*v, "MOEJIT_TUNE_BUDGET_S") : 60.0;
 }
 
 }  // namespace moejit::env

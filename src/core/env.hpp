@@ -28,6 +28,10 @@ std::string cuda_driver_library();
 bool autotune_enabled();
 // MOEJIT_TUNE_BUDGET_S: wall-clock seconds one self-tuning run may take; default 60.
 double tune_budget_s();
+// A tuning budget in seconds from text ("30", "2.5"): above 0 and at most kMaxTuneBudgetS (the
+// tuner's deadline is a clock time point). Throws InvalidArgument naming `what` otherwise.
+inline constexpr double kMaxTuneBudgetS = 1e6;
+double parse_tune_budget_s(const std::string& text, const std::string& what);
 
 // Parses an integer variable; nullopt when unset or empty. Throws InvalidArgument naming the
 // variable when it is set to something that is not an integer.

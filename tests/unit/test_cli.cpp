@@ -43,11 +43,11 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   r = run_command(cli() + " tune --shape 8,256,128,2 --tokens 512 --timing warm --db /nonexistent/x.sqlite");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("--timing"));
-  for (const char* budget : {"abc", "0", "-5", "nan", "10s"}) {
+  for (const char* budget : {"abc", "0", "-5", "nan", "10s", "inf", "1e300"}) {
     r = run_command(cli() + " tune --shape 8,256,128,2 --tokens 512 --budget " + budget + " --db /nonexistent/x.sqlite");
     INFO(budget);
     CHECK(r.exit_code == 2);
-    CHECK_THAT(r.output, Catch::Contains("--budget: expected seconds above 0"));
+    CHECK_THAT(r.output, Catch::Contains("--budget: expected seconds above 0 and at most"));
   }
   r = run_command(cli() + " frobnicate");
   CHECK(r.exit_code == 2);

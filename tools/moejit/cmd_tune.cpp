@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -53,23 +52,6 @@ void parse_shard(const Args& a, TunePlanRequest& r) {
   }
 }
 
-// --budget: seconds of compiling and timing per tuning item, a positive finite number.
-double parse_budget(const Args& a) {
-  if (!a.has("budget")) return env::tune_budget_s();
-  const std::string text = a.get("budget");
-  std::size_t used = 0;
-  double s = 0;
-  try {
-    s = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !std::isfinite(s) || s <= 0) {
-    throw InvalidArgument("--budget", "expected seconds above 0, got '" + text + "'");
-  }
-  return s;
-}
-
 }  // namespace
 
 int run_tune(int argc, char** argv, int start) {
@@ -89,7 +71,7 @@ int run_tune(int argc, char** argv, int start) {
   }
   req.force = a.has("force");
   parse_shard(a, req);
-  const double budget = parse_budget(a);
+  const double budget = a.has("budget") ? env::parse_tune_budget_s(a.get("budget"), "--budget") : env::tune_budget_s();
   const std::string timing = a.get("timing", "burst");
   if (timing != "burst" && timing != "sustained") {
     throw InvalidArgument("--timing", "expected burst or sustained, got '" + timing + "'");

@@ -1,0 +1,28 @@
+// The environment variables the library reads (src/core/env.cpp): a malformed value is an error
+// naming the variable, never a silent default or an overflowing deadline.
+#include <catch2/catch.hpp>
+
+#include "core/env.hpp"
+#include "moejit/error.hpp"
+#include "support/temp_dir.hpp"
+
+using namespace moejit;
+using moejit::test::ScopedEnv;
+
+TEST_CASE("the tuning budget: seconds above 0 and at most 10^6, from the variable or the CLI", "[env]") {
+  CHECK(env::parse_tune_budget_s("30", "--budget") == 30.0);
+  CHECK(env::parse_tune_budget_s("2.5", "--budget") == 2.5);
+  CHECK(env::parse_tune_budget_s("1e6", "--budget") == env::kMaxTuneBudgetS);
+  for (const char* bad : {"", "abc", "0", "-1", "nan", "inf", "1e300", "10s"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(env::parse_tune_budget_s(bad, "--budget"), Catch::Contains("--budget"));
+  }
+  {
+    ScopedEnv v("MOEJIT_TUNE_BUDGET_S", "12");
+    CHECK(env::tune_budget_s() == 12.0);
+  }
+  {
+    ScopedEnv v("MOEJIT_TUNE_BUDGET_S", "inf");
+    CHECK_THROWS_AS(env::tune_budget_s(), InvalidArgument);
+  }
+}
