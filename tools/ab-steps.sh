@@ -5,10 +5,12 @@
 # Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
 # whose template hash differs from a table's (its rows would be stale there) runs a copy with the
 # hash rewritten to its own: both sides then run the same configs and only the kernels differ.
-#   tools/ab-steps.sh ROUNDS BUILD... -- BENCH_ARGS...
+#   tools/ab-steps.sh ROUNDS BUILD[:TABLES]... -- BENCH_ARGS...
 #   tools/ab-steps.sh 2 build/main build/release -- --tokens 1024,8192,32768 --modes forward,full --rounds 3
+#   tools/ab-steps.sh 2 build/release build/release:build/new-tables -- --tokens 32768 --modes full
 # A BUILD holds bench/moejit_bench, tools/moejit/moejit and src/ (tools/variant-build.sh, or a
-# whole build tree such as build/release).
+# whole build tree such as build/release). :TABLES runs that side on the tables of another folder
+# instead of db/ (a table A/B: the same build twice, on two tables), hash rewritten likewise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -20,25 +22,31 @@ while (($#)) && [[ $1 != "--" ]]; do builds+=("$1"); shift; done
 [[ ${1:-} == "--" ]] && shift
 out=${OUT:-/tmp}
 mkdir -p "$out"
-declare -A tables
-for build in "${builds[@]}"; do
+declare -A tables bins
+tags=()
+for side in "${builds[@]}"; do
+  build=${side%%:*}
+  source=db
+  [[ $side == *:* ]] && source=${side#*:}
   tag=$(basename "$build")
+  [[ $source != db ]] && tag=$tag-$(basename "$source")
   hash=$("$build/tools/moejit/moejit" info | sed -n 's/.*templates.*hash \([0-9a-f]*\).*/\1/p')
   [[ -n $hash ]] || { echo "$build: moejit info printed no template hash" >&2; exit 1; }
   dir=/tmp/ab-steps-tables/$tag
   rm -rf "$dir" && mkdir -p "$dir"
-  for table in db/*.json; do
+  for table in "$source"/*.json; do
     sed -E "s/(\"template_hash\": *\")[0-9a-f]+\"/\1$hash\"/" "$table" > "$dir/$(basename "$table")"
   done
   tables[$tag]=$dir
-  echo "$tag: template hash $hash"
+  bins[$tag]=$build/bench/moejit_bench
+  tags+=("$tag")
+  echo "$tag: template hash $hash, tables of $source"
 done
 for ((r = 1; r <= rounds; r++)); do
-  for build in "${builds[@]}"; do
-    tag=$(basename "$build")
+  for tag in "${tags[@]}"; do
     echo "-- $tag, round $r"
     log=/tmp/ab-steps-$tag-$r.txt
-    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "$build/bench/moejit_bench" "$@" \
+    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "${bins[$tag]}" "$@" \
       --json "$out/ab-steps-$tag-$r.json" > "$log" 2>&1; then
       grep -E "^ *[0-9]+ +(forward|backward|full|inference|memeff) " "$log"
     else
