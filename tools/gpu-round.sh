@@ -26,6 +26,9 @@ cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export MOEJIT_CACHE_DIR=${MOEJIT_CACHE_DIR:-/tmp/moejit-kernels}
 out=${OUT:-/tmp}
+# The bench modes run this checkout's shipped tables (the db/ path the build was configured with
+# need not exist on the GPU machine's copy) and never tune, unless told otherwise.
+bench_env=(MOEJIT_SHIPPED_DB_DIR="${MOEJIT_SHIPPED_DB_DIR:-$PWD/db}" MOEJIT_AUTOTUNE="${MOEJIT_AUTOTUNE:-0}")
 case "${1:-}" in
   tests)
     bin=build/release/tests/moejit_gpu_tests
@@ -53,7 +56,7 @@ case "${1:-}" in
     echo "gpu test cases failed: $fails"
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
-  bench) shift; build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
+  bench) shift; env "${bench_env[@]}" build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
   sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
   retune)
     shift
@@ -77,7 +80,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader \
       -lms 10 > "$out/power-smi.csv" &
     smi=$!
-    build/release/bench/moejit_bench "$@" --json "$out/power-bench.json" 2>&1 | tail -20
+    env "${bench_env[@]}" build/release/bench/moejit_bench "$@" --json "$out/power-bench.json" 2>&1 | tail -20
     kill "$smi"
     wait "$smi" 2> /dev/null
     tools/power-phases.py "$out/power-bench.json" "$out/power-smi.csv"
@@ -86,7 +89,7 @@ case "${1:-}" in
     kernel=$2
     shift 2
     ncu=/usr/local/cuda/bin/ncu
-    timeout 300 "$ncu" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+    env "${bench_env[@]}" timeout 300 "$ncu" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
       --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis -f -o "/tmp/ncu-$kernel" \
       build/release/bench/moejit_bench "$@" > "/tmp/ncu-$kernel.log" 2>&1
     tail -2 "/tmp/ncu-$kernel.log"
