@@ -46,15 +46,15 @@ Stats summarize(std::vector<float> samples_ms) {
 
 Stats merge(const std::vector<Stats>& rounds) {
   std::vector<float> all;
+  std::vector<std::array<double, 2>> spans;
   double host_us = 0;
   bool host_bound = false;
   for (const Stats& r : rounds) {
     all.insert(all.end(), r.samples_ms.begin(), r.samples_ms.end());
+    spans.insert(spans.end(), r.spans_unix_s.begin(), r.spans_unix_s.end());
     host_us += r.host_us_per_iter * static_cast<double>(r.samples_ms.size());
     host_bound = host_bound || r.host_bound;
   }
-  std::vector<std::array<double, 2>> spans;
-  for (const Stats& r : rounds) spans.insert(spans.end(), r.spans_unix_s.begin(), r.spans_unix_s.end());
   Stats s = summarize(std::move(all));
   if (!s.samples_ms.empty()) s.host_us_per_iter = host_us / static_cast<double>(s.samples_ms.size());
   s.host_bound = host_bound;
