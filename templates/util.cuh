@@ -43,9 +43,10 @@ struct TopkIdsParams {
 };
 
 // K distinct experts per token, a uniform draw among the E-choose-K sets (Floyd's sampling), so
-// each expert's tokens are independent of another's as under a real router. The former pattern
-// (r + k * E / K) gave groups of K experts identical token sets, whose gathered rows L2 then
-// served: the tuner ranked a cp.async gather of x 0.3 ms ahead where the step lost 0.5 ms.
+// each expert's tokens are independent of another's, as under a real router. The former pattern
+// (r + k * E / K) gave groups of K experts identical token sets, which flattered configs that
+// gather token rows: fwd_up gathering x timed level with the scattered rows under it and 5 %
+// behind under a uniform draw (performance log, session 13).
 __global__ void fill_topk_ids_kernel(const __grid_constant__ TopkIdsParams p) {
   for (int64 t = blockIdx.x * static_cast<int64>(blockDim.x) + threadIdx.x; t < p.tokens;
        t += static_cast<int64>(gridDim.x) * blockDim.x) {
