@@ -91,18 +91,42 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr bool kQuadWact = TMA && GemmLaunch<WS, WARPS>::kMinBlocks == 1;
   static_assert(!kQuadWact || Mma::kNi % 4 == 0, "the weighted activation's quad transposes take 4 column groups");
   Mma mma;
+  // The flat pair and router score of each of this thread's rows, loaded for all of them at once
+  // before the epilogue waits for g and u: loaded row by row inside finish(), each pair of
+  // dependent loads came after the previous rows' stores (which may alias them) and stalled the
+  // MMA warps once per row (ncu, session 16).
+  struct RowScores {
+    int32 pair[Mma::kMi][2];
+    float s[Mma::kMi][2];
+  };
+  const auto row_scores = [&](const TokenWork& w) {
+    RowScores rs;
+#pragma unroll
+    for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = mma.row(mi, half);
+        rs.pair[mi][half] = w.store && r < w.tile.rows ? p.routing.sorted_pairs[w.tile.row0 + r] : -1;
+      }
+#pragma unroll
+    for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        rs.s[mi][half] = rs.pair[mi][half] >= 0 ? load_float(scores + rs.pair[mi][half]) : 0.f;
+    return rs;
+  };
   // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
-  const auto finish = [&](const TokenWork& w) {
+  const auto finish = [&](const TokenWork& w, const RowScores& rs) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = mma.row(mi, half);
-        const bool valid = w.store && r < w.tile.rows;
+        const int32 pair = rs.pair[mi][half];
+        const bool valid = pair >= 0;
         const int64 row = w.tile.row0 + r;
-        const int32 pair = valid ? p.routing.sorted_pairs[row] : 0;
-        const float s = valid ? load_float(scores + pair) : 0.f;
+        const float s = rs.s[mi][half];
         float ds = 0.f;
         uint32 wa_words[4];  // kQuadWact: packed weighted activations of four 8-column groups
 #pragma unroll
@@ -222,9 +246,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       [&](const TokenWork& w, const Staging&) {
         if constexpr (TMA) {
           if (!PERSISTENT && threadIdx.x == 0) copy_pre(w);
-          mbarrier_wait(pre_full, tiles_done & 1);
         }
-        finish(w);
+        const RowScores rs = row_scores(w);
+        if constexpr (TMA) mbarrier_wait(pre_full, tiles_done & 1);
+        finish(w, rs);
         if constexpr (TMA) {
           store_d_pre_act(w);
           // The stores have read dg and du before the tiles are refilled (persistent) or the
