@@ -25,41 +25,60 @@ struct GatherSumParams {
   int32 experts;
 };
 
-// VEC consecutive elements of a row: one 16-byte access when VEC is 8 (rows 16-byte aligned).
+// VEC consecutive elements of a row, held as loaded (one 16-byte word when VEC is 8: rows
+// 16-byte aligned) and converted to fp32 only when used, so a thread can keep several in flight.
 template <typename T, int VEC>
 struct RowChunk {
-  float v[VEC];
+  static constexpr int kWords = VEC == 8 ? 4 : VEC;  // packed pairs, or one element each
+  uint32 words[kWords];
 
   __device__ __forceinline__ void load(const T* src, int valid) {
     if constexpr (VEC == 8) {
       const uint4 q = *reinterpret_cast<const uint4*>(src);
-      const uint32 words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        v[2 * j] = DTypeTraits<T>::to_float(static_cast<uint16>(words[j] & 0xffffu));
-        v[2 * j + 1] = DTypeTraits<T>::to_float(static_cast<uint16>(words[j] >> 16));
-      }
+      words[0] = q.x;
+      words[1] = q.y;
+      words[2] = q.z;
+      words[3] = q.w;
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = j < valid ? load_float(src + j) : 0.f;
+      for (int j = 0; j < VEC; ++j) words[j] = j < valid ? reinterpret_cast<const uint16*>(src)[j] : 0u;
     }
+  }
+  __device__ __forceinline__ float at(int j) const {
+    if constexpr (VEC == 8) return DTypeTraits<T>::to_float(static_cast<uint16>(words[j / 2] >> (16 * (j % 2))));
+    return DTypeTraits<T>::to_float(static_cast<uint16>(words[j]));
   }
   __device__ __forceinline__ void store(T* dst, int valid) const {
     if constexpr (VEC == 8) {
       uint4 q;
-      q.x = DTypeTraits<T>::pack2(v[0], v[1]);
-      q.y = DTypeTraits<T>::pack2(v[2], v[3]);
-      q.z = DTypeTraits<T>::pack2(v[4], v[5]);
-      q.w = DTypeTraits<T>::pack2(v[6], v[7]);
+      q.x = words[0];
+      q.y = words[1];
+      q.z = words[2];
+      q.w = words[3];
       *reinterpret_cast<uint4*>(dst) = q;
     } else {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        if (j < valid) store_float(dst + j, v[j]);
+        if (j < valid) reinterpret_cast<uint16*>(dst)[j] = static_cast<uint16>(words[j]);
+      }
+    }
+  }
+  __device__ __forceinline__ void pack(const float (&v)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      if constexpr (VEC == 8) {
+        words[j] = DTypeTraits<T>::pack2(v[2 * j], v[2 * j + 1]);
+      } else {
+        words[j] = DTypeTraits<T>::from_float(v[j]);
       }
     }
   }
 };
+
+// Pairs a thread handles at once: their row indices, then their rows, are all loaded before any
+// is used. One row at a time left a thread one 16-byte load in flight, which held the moves to
+// about 3.6 TB/s, latency-bound (performance log, session 16).
+constexpr int kPairsInFlight = 8;
 
 template <typename T, int THREADS, int VEC, bool SCATTER>
 __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_constant__ GatherSumParams p) {
@@ -76,29 +95,46 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
   const int32 routed = p.expert_offsets[p.experts];
   T* rows = static_cast<T*>(p.rows);
   T* tokens = static_cast<T*>(p.tokens) + t * p.hidden + h0;
+  const T* scores = static_cast<const T*>(p.scores);
+  const auto row_of = [&](int k) -> int32 { return k < p.topk ? p.pair_rows[first_pair + k] : routed; };
   RowChunk<T, VEC> chunk;
   if constexpr (SCATTER) {
     chunk.load(tokens, valid);
-    for (int k = 0; k < p.topk; ++k) {
-      const int32 row = p.pair_rows[first_pair + k];
-      if (row < routed) chunk.store(rows + static_cast<int64>(row) * p.hidden + h0, valid);
+    for (int k0 = 0; k0 < p.topk; k0 += kPairsInFlight) {
+      int32 row[kPairsInFlight];
+#pragma unroll
+      for (int j = 0; j < kPairsInFlight; ++j) row[j] = row_of(k0 + j);
+#pragma unroll
+      for (int j = 0; j < kPairsInFlight; ++j) {
+        if (row[j] < routed) chunk.store(rows + static_cast<int64>(row[j]) * p.hidden + h0, valid);
+      }
     }
     return;
   }
-  const T* scores = static_cast<const T*>(p.scores);
   float acc[VEC];
 #pragma unroll
   for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
-  for (int k = 0; k < p.topk; ++k) {
-    const int32 row = p.pair_rows[first_pair + k];
-    if (row >= routed) continue;
-    const float w = scores != nullptr ? load_float(scores + first_pair + k) : 1.f;
-    chunk.load(rows + static_cast<int64>(row) * p.hidden + h0, valid);
+  for (int k0 = 0; k0 < p.topk; k0 += kPairsInFlight) {
+    int32 row[kPairsInFlight];
+    float weight[kPairsInFlight];
+    RowChunk<T, VEC> in[kPairsInFlight];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) acc[j] += w * chunk.v[j];
+    for (int j = 0; j < kPairsInFlight; ++j) row[j] = row_of(k0 + j);
+#pragma unroll
+    for (int j = 0; j < kPairsInFlight; ++j) {
+      if (row[j] >= routed) continue;
+      weight[j] = scores != nullptr ? load_float(scores + first_pair + k0 + j) : 1.f;
+      in[j].load(rows + static_cast<int64>(row[j]) * p.hidden + h0, valid);
+    }
+    // Summed in pair order, as one pair at a time did: the result does not depend on kPairsInFlight.
+#pragma unroll
+    for (int j = 0; j < kPairsInFlight; ++j) {
+      if (row[j] >= routed) continue;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[e] += weight[j] * in[j].at(e);
+    }
   }
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) chunk.v[j] = acc[j];
+  chunk.pack(acc);
   chunk.store(tokens, valid);
 }
 
