@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
   const T* scores = static_cast<const T*>(p.scores);
   const auto row_of = [&](int k) -> int32 { return k < p.topk ? p.pair_rows[first_pair + k] : routed; };
   RowChunk<T, VEC> chunk;
+  // if/else rather than an early return: NVRTC warns of unreachable code after one (#128-D).
   if constexpr (SCATTER) {
     chunk.load(tokens, valid);
     for (int k0 = 0; k0 < p.topk; k0 += kPairsInFlight) {
@@ -110,33 +111,33 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
         if (row[j] < routed) chunk.store(rows + static_cast<int64>(row[j]) * p.hidden + h0, valid);
       }
     }
-    return;
-  }
-  float acc[VEC];
+  } else {
+    float acc[VEC];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
-  for (int k0 = 0; k0 < p.topk; k0 += kPairsInFlight) {
-    int32 row[kPairsInFlight];
-    float weight[kPairsInFlight];
-    RowChunk<T, VEC> in[kPairsInFlight];
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
+    for (int k0 = 0; k0 < p.topk; k0 += kPairsInFlight) {
+      int32 row[kPairsInFlight];
+      float weight[kPairsInFlight];
+      RowChunk<T, VEC> in[kPairsInFlight];
 #pragma unroll
-    for (int j = 0; j < kPairsInFlight; ++j) row[j] = row_of(k0 + j);
+      for (int j = 0; j < kPairsInFlight; ++j) row[j] = row_of(k0 + j);
 #pragma unroll
-    for (int j = 0; j < kPairsInFlight; ++j) {
-      if (row[j] >= routed) continue;
-      weight[j] = scores != nullptr ? load_float(scores + first_pair + k0 + j) : 1.f;
-      in[j].load(rows + static_cast<int64>(row[j]) * p.hidden + h0, valid);
+      for (int j = 0; j < kPairsInFlight; ++j) {
+        if (row[j] >= routed) continue;
+        weight[j] = scores != nullptr ? load_float(scores + first_pair + k0 + j) : 1.f;
+        in[j].load(rows + static_cast<int64>(row[j]) * p.hidden + h0, valid);
+      }
+      // Summed in pair order, as one pair at a time did: the result does not depend on kPairsInFlight.
+#pragma unroll
+      for (int j = 0; j < kPairsInFlight; ++j) {
+        if (row[j] >= routed) continue;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] += weight[j] * in[j].at(e);
+      }
     }
-    // Summed in pair order, as one pair at a time did: the result does not depend on kPairsInFlight.
-#pragma unroll
-    for (int j = 0; j < kPairsInFlight; ++j) {
-      if (row[j] >= routed) continue;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) acc[e] += weight[j] * in[j].at(e);
-    }
+    chunk.pack(acc);
+    chunk.store(tokens, valid);
   }
-  chunk.pack(acc);
-  chunk.store(tokens, valid);
 }
 
 }  // namespace moejit
