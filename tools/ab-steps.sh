@@ -5,12 +5,14 @@
 # Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
 # whose template hash differs from a table's (its rows would be stale there) runs a copy with the
 # hash rewritten to its own: both sides then run the same configs and only the kernels differ.
-#   tools/ab-steps.sh ROUNDS BUILD[:TABLES]... -- BENCH_ARGS...
+#   tools/ab-steps.sh ROUNDS BUILD[:TABLES][+ROLE=CONFIG]... -- BENCH_ARGS...
 #   tools/ab-steps.sh 2 build/main build/release -- --tokens 1024,8192,32768 --modes forward,full --rounds 3
 #   tools/ab-steps.sh 2 build/release build/release:build/new-tables -- --tokens 32768 --modes full
+#   tools/ab-steps.sh 2 build/release build/release+bwd_down=bm128_bn256_bk64_s4_w8_g8_tma_ws -- --tokens 32768
 # A BUILD holds bench/moejit_bench, tools/moejit/moejit and src/ (tools/variant-build.sh, or a
 # whole build tree such as build/release). :TABLES runs that side on the tables of another folder
 # instead of db/ (a table A/B: the same build twice, on two tables), hash rewritten likewise.
+# +ROLE=CONFIG (repeatable) forces that side's config of a role (moejit_bench --override).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -22,14 +24,19 @@ while (($#)) && [[ $1 != "--" ]]; do builds+=("$1"); shift; done
 [[ ${1:-} == "--" ]] && shift
 out=${OUT:-/tmp}
 mkdir -p "$out"
-declare -A tables bins
+declare -A tables bins overrides
 tags=()
 for side in "${builds[@]}"; do
+  forced=()
+  IFS=+ read -r -a parts <<< "$side"
+  side=${parts[0]}
+  for o in "${parts[@]:1}"; do forced+=(--override "$o"); done
   build=${side%%:*}
   source=db
   [[ $side == *:* ]] && source=${side#*:}
   tag=$(basename "$build")
   [[ $source != db ]] && tag=$tag-$(basename "$source")
+  ((${#forced[@]})) && tag=$tag-override$((${#tags[@]} + 1))
   hash=$("$build/tools/moejit/moejit" info | sed -n 's/.*templates.*hash \([0-9a-f]*\).*/\1/p')
   [[ -n $hash ]] || { echo "$build: moejit info printed no template hash" >&2; exit 1; }
   dir=/tmp/ab-steps-tables/$tag
@@ -39,14 +46,17 @@ for side in "${builds[@]}"; do
   done
   tables[$tag]=$dir
   bins[$tag]=$build/bench/moejit_bench
+  overrides[$tag]="${forced[*]}"
   tags+=("$tag")
-  echo "$tag: template hash $hash, tables of $source"
+  echo "$tag: template hash $hash, tables of $source${forced:+, ${forced[*]}}"
 done
 for ((r = 1; r <= rounds; r++)); do
   for tag in "${tags[@]}"; do
     echo "-- $tag, round $r"
     log=/tmp/ab-steps-$tag-$r.txt
-    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "${bins[$tag]}" "$@" \
+    # Word-split on purpose: "--override ROLE=CONFIG" pairs, none holding spaces.
+    # shellcheck disable=SC2086
+    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "${bins[$tag]}" "$@" ${overrides[$tag]} \
       --json "$out/ab-steps-$tag-$r.json" > "$log" 2>&1; then
       grep -E "^ *[0-9]+ +(forward|backward|full|inference|memeff) " "$log"
     else
