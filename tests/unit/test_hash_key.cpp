@@ -4,6 +4,7 @@
 
 #include "core/hash.hpp"
 #include "jit/codegen.hpp"
+#include "jit/embedded_templates.hpp"
 #include "jit/kernel_key.hpp"
 
 using namespace moejit;
@@ -17,6 +18,28 @@ TEST_CASE("FNV-1a 64 matches the published test vectors", "[hash]") {
 TEST_CASE("Hasher fields are length-delimited", "[hash]") {
   CHECK(Hasher().field("ab").field("c").value() != Hasher().field("a").field("bc").value());
   CHECK(Hasher().field("x").value() == Hasher().field("x").value());
+}
+
+TEST_CASE("the template hash covers code, not comments or blank lines", "[hash]") {
+  using jit::template_code;
+  const std::string code = "int a = 1;\nint b = a;\n";
+  CHECK(template_code("int a = 1;  // why a is 1\n\n// a note\nint b = a;\t\n") == code);
+  CHECK(template_code("int a = 1; /* a block\n   over lines */\nint b = a;") == code);
+  CHECK(template_code("int a = 1;  // reworded\nint b = a;  // and here\n") == code);
+  CHECK(template_code("int a = 2;\nint b = a;\n") != code);
+  // Literals stay whole: what looks like a comment inside one is code.
+  CHECK(template_code("s = \"a//b\";  // c\n") == "s = \"a//b\";\n");
+  CHECK(template_code("s = \"q\\\"//\";\n") == "s = \"q\\\"//\";\n");
+  CHECK(template_code("c = '\"'; // \"x\"\nd = '/';\n") == "c = '\"';\nd = '/';\n");
+  CHECK(template_code("int/* x */a;\n") == "int a;\n");  // the tokens stay apart
+  CHECK(template_code("").empty());
+  // Every embedded template reduces to code, and the hash is a 16-digit hex string.
+  for (const jit::TemplateFile& f : jit::embedded_template_files()) {
+    INFO(f.name);
+    CHECK_FALSE(template_code(f.content).empty());
+    CHECK(template_code(f.content).find("//") == std::string::npos);
+  }
+  CHECK(jit::template_hash().size() == 16);
 }
 
 namespace {
