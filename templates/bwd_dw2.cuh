@@ -82,10 +82,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               const uint32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
 #pragma unroll
               for (int j = 0; j < 8; ++j) {
-                const uint16 gb = static_cast<uint16>(gw[j / 2] >> (16 * (j % 2)));
-                const uint16 ub = static_cast<uint16>(uw[j / 2] >> (16 * (j % 2)));
-                v[j] = DTypeTraits<T>::from_float(
-                    SwiGlu::weighted_act(DTypeTraits<T>::to_float(gb), DTypeTraits<T>::to_float(ub), s));
+                v[j] = DTypeTraits<T>::from_float(SwiGlu::weighted_act(word_element<T>(gw, j), word_element<T>(uw, j), s));
               }
               return;
             }

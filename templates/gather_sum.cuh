@@ -45,7 +45,7 @@ struct RowChunk {
     }
   }
   __device__ __forceinline__ float at(int j) const {
-    if constexpr (VEC == 8) return DTypeTraits<T>::to_float(static_cast<uint16>(words[j / 2] >> (16 * (j % 2))));
+    if constexpr (VEC == 8) return word_element<T>(words, j);
     return DTypeTraits<T>::to_float(static_cast<uint16>(words[j]));
   }
   __device__ __forceinline__ void store(T* dst, int valid) const {

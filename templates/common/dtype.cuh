@@ -61,6 +61,12 @@ __device__ __forceinline__ void store_float(T* p, float v) {
   reinterpret_cast<uint16*>(p)[0] = DTypeTraits<T>::from_float(v);
 }
 
+// Element j of 16-bit elements packed two to a word, low half first, as fp32.
+template <typename T>
+__device__ __forceinline__ float word_element(const uint32* words, int j) {
+  return DTypeTraits<T>::to_float(static_cast<uint16>(words[j / 2] >> (16 * (j % 2))));
+}
+
 // Two consecutive elements as floats; p must be 4-byte aligned.
 template <typename T>
 __device__ __forceinline__ void load_float2(const T* p, float& lo, float& hi) {
