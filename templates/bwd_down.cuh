@@ -12,8 +12,15 @@
 // stalled the MMA warps for ~30 % of the role), writes dg and du over them, and stores them by
 // TMA (the fragment layout's scattered 4-byte stores wasted half the sectors they wrote); the
 // weighted activation goes out in 16-byte stores after a transpose within each quad of lanes.
+// A persistent grid of 256-column tiles instead hands each tile's d_act to an epilogue warpgroup
+// (kBwdDownEpilogueGroup): the MMA warps' share of the epilogue was 40 % of their time at
+// T=32768 (ncu, session 16), with the tensor cores idle; the warpgroup reads g and u from
+// pre_act, eight rows per warp in flight, and writes every output with 8-byte coalesced stores.
+// d_act goes over in fp32 beside at most 96 KB of stages, else in the storage type. In place
+// the role took 7 % less time than the one-tile 128 x 256 block (session 17).
 #pragma once
 
+#include "common/epilogue_group.cuh"
 #include "common/token_gemm.cuh"
 #include "common/swiglu.cuh"
 #include "common/warp.cuh"
@@ -38,14 +45,23 @@ struct BwdDownParams {
   TensorMap d_pre_act_map;   // TMA: d_pre_act as pre_act_map
 };
 
+// Which bwd_down configs hand their tiles to an epilogue warpgroup: the persistent ones wider than
+// 128 columns, whose g and u tiles would not fit beside the stages (tuner/role_traits.cpp).
+template <bool PERSISTENT, int BN>
+constexpr bool kBwdDownEpilogueGroup = PERSISTENT && BN > 128;
+
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
-__global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
+__global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PERSISTENT, BN>>::kThreads,
+                                  GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PERSISTENT, BN>>::kMinBlocks)
+    bwd_down_kernel(const __grid_constant__ BwdDownParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
   constexpr int kThreads = WARPS * 32;
+  constexpr bool kGroup = kBwdDownEpilogueGroup<PERSISTENT, BN>;
   using Mma = GemmMma<WGMMA, WS, T, BM, BN, BK, WARPS, WM, true, false>;
-  // Persistent where g and u fit beside the stages: up to 128 columns (tuner/role_traits.cpp).
-  static_assert(!PERSISTENT || (kPersistentEligible<TMA, WS, WARPS, CLUSTER> && BN <= 128),
-                "a persistent grid of two-warpgroup TMA tiles or pairs, up to 128 columns");
+  // Persistent where g and u fit beside the stages (up to 128 columns), or with an epilogue
+  // warpgroup in blocks of their own (tuner/role_traits.cpp).
+  static_assert(!PERSISTENT || (kPersistentEligible<TMA, WS, WARPS, CLUSTER> && (BN <= 128 || CLUSTER == 1)),
+                "a persistent grid of two-warpgroup TMA tiles or pairs, pairs up to 128 columns");
   // TMA: the epilogue's g and u tiles, BN / 64 panels each (SmemTile<BM, 64>, 128-byte swizzle).
   // A one-tile block copies them into its stages once the main loop is done; a persistent block's
   // producer copies them into memory of their own after issuing the tile's k tiles, so they land
@@ -53,19 +69,35 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   // copies landed) and, persistent, `pre_empty` (every MMA warp is done with them).
   using PrePanel = SmemTile<BM, 64>;
   constexpr int kPreElems = 2 * BN * BM;
+  // kGroup: d_act goes over in fp32 where the stages leave room for it (up to 96 KB of stages),
+  // else rounded to the storage type, as PyTorch's own grouped GEMMs round it before the SwiGLU
+  // backward; deeper pipelines may pay for that.
+  constexpr bool kFp32Handoff = STAGES * (BM + BN) * BK * 2 <= kFp32HandoffMaxStageBytes;
+  using Handoff = HandoffTile<BM, BN, typename Select<kFp32Handoff, float, T>::type>;
   // What run_token_gemm hands the epilogue to stage an output tile in; bwd_down stores from
   // registers and leaves it alone.
   using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, PERSISTENT ? 2 : BM, PERSISTENT ? kPreElems : 0> sm(smem_raw);
+  constexpr int kOutElems = !PERSISTENT ? 0 : kGroup ? Handoff::kBytes / 2 : kPreElems;
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 2 : BM, kOutElems> sm(smem_raw);
   static_assert(!TMA || PERSISTENT || kPreElems <= decltype(sm)::kPipelineBytes / 2, "g and u fit the stages");
   T* const g_tile = PERSISTENT ? sm.out : sm.a;
   T* const u_tile = g_tile + BN * BM;
   uint64* const pre_full = reinterpret_cast<uint64*>(sm.rows);
   uint64* const pre_empty = pre_full + 1;
+  // kGroup: the d_act tile takes g and u's place, and their barriers: `act_full` (every MMA warp
+  // wrote its part) and `act_empty` (every epilogue warp is done reading it).
+  const Handoff act_tile{reinterpret_cast<decltype(Handoff::base)>(sm.out)};
+  uint64* const act_full = pre_full;
+  uint64* const act_empty = pre_empty;
   if (TMA && threadIdx.x == 0) {
-    mbarrier_init(pre_full, 1);
-    if (PERSISTENT) mbarrier_init(pre_empty, WARPS);
+    if (kGroup) {
+      mbarrier_init(act_full, WARPS);
+      mbarrier_init(act_empty, kEpilogueWarps);
+    } else {
+      mbarrier_init(pre_full, 1);
+      if (PERSISTENT) mbarrier_init(pre_empty, WARPS);
+    }
     mbarrier_init_fence();  // the main loop's block or cluster barrier publishes them
   }
   const auto copy_pre = [&](const TokenWork& w) {
@@ -218,6 +250,88 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           p.inter - w.n0);
     }
   };
+  // kGroup: the epilogue warpgroup's work on a tile the MMA warps handed over. Warp w finishes
+  // rows w, w + 4, ..., kRows at a time: lane l holds columns 4l..4l+3 and 128+4l..128+4l+3, so
+  // each load and store of g, u, dg, du and the weighted activation covers 256 contiguous bytes.
+  const auto group_epilogue = [&]() {
+    if constexpr (kGroup) {
+      static_assert(BM == 32 * kEpilogueWarps && BN == 256, "a row per lane and warp, 256 columns");
+      return [&](const TokenWork& w) {
+        const int warp = static_cast<int>(threadIdx.x / 32) % kEpilogueWarps;
+        const int lane = static_cast<int>(threadIdx.x & 31);
+        // Each lane looks up one of the warp's rows ahead of the wait.
+        const int lane_row = warp + kEpilogueWarps * lane;
+        const int32 lane_pair = w.store && lane_row < w.tile.rows ? p.routing.sorted_pairs[w.tile.row0 + lane_row] : -1;
+        const float lane_s = lane_pair >= 0 ? load_float(scores + lane_pair) : 0.f;
+        mbarrier_wait(act_full, tiles_done & 1);
+        // Rows in flight per warp: their g and u loads are all issued before any row is finished.
+        // With two, each tile took 16 round trips to memory per warp, longer than the next tile's
+        // main loop (session 16).
+        constexpr int kRows = 8;
+        for (int i = 0; i < 32; i += kRows) {
+          if (!w.store || warp + kEpilogueWarps * i >= w.tile.rows) break;  // rows past the tile's come last
+          uint2 gw[kRows][2], uw[kRows][2];
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+              const int r = warp + kEpilogueWarps * (i + j);
+              const int col = w.n0 + 4 * (part * 32 + lane);
+              // I is a multiple of 8 (TMA), so a chunk of 4 columns is wholly in range or out.
+              if (r >= w.tile.rows || col >= p.inter) continue;
+              const int64 gi = (w.tile.row0 + r) * 2LL * p.inter + col;
+              gw[j][part] = *reinterpret_cast<const uint2*>(pre + gi);
+              uw[j][part] = *reinterpret_cast<const uint2*>(pre + gi + p.inter);
+            }
+#pragma unroll
+          for (int j = 0; j < kRows; ++j) {
+            const int32 pair = __shfl_sync(kFullWarp, lane_pair, i + j);
+            const float s = __shfl_sync(kFullWarp, lane_s, i + j);
+            if (pair < 0) break;
+            const int r = warp + kEpilogueWarps * (i + j);
+            const int64 row = w.tile.row0 + r;
+            float ds = 0.f;
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+              const int c = part * 32 + lane;
+              const int col = w.n0 + 4 * c;
+              if (col >= p.inter) continue;
+              float d[4];
+              act_tile.load(r, c, d);
+              const uint32 gws[2] = {gw[j][part].x, gw[j][part].y}, uws[2] = {uw[j][part].x, uw[j][part].y};
+              uint32 dgw[2], duw[2], waw[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float dg[2], du[2], wa[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  const float g = word_element<T>(gws, 2 * h + e);
+                  const float u = word_element<T>(uws, 2 * h + e);
+                  ds += d[2 * h + e] * SwiGlu::act(g, u);
+                  SwiGlu::backward(g, u, s * d[2 * h + e], dg[e], du[e]);
+                  wa[e] = SwiGlu::weighted_act(g, u, s);
+                }
+                dgw[h] = DTypeTraits<T>::pack2(dg[0], dg[1]);
+                duw[h] = DTypeTraits<T>::pack2(du[0], du[1]);
+                waw[h] = DTypeTraits<T>::pack2(wa[0], wa[1]);
+              }
+              const int64 gi = row * 2 * p.inter + col;
+              store_uint2(dpre + gi, dgw);
+              store_uint2(dpre + gi + p.inter, duw);
+              if (wact != nullptr) store_uint2(wact + row * p.inter + col, waw);
+            }
+            ds = warp_sum(ds);
+            if (lane == 0) atomicAdd(p.ds_acc + pair, ds);
+          }
+        }
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(act_empty);
+        ++tiles_done;
+      };
+    } else {
+      return NoEpilogueGroup{};
+    }
+  }();
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
@@ -244,6 +358,15 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](const TokenWork& w, const Staging&) {
+        if constexpr (kGroup) {
+          // Hand d_act over once the epilogue warpgroup is done with the last tile's.
+          if (tiles_done > 0) mbarrier_wait(act_empty, (tiles_done - 1) & 1);
+          act_tile.store(mma);
+          __syncwarp();  // the warp's shared-memory writes precede lane 0's arrival
+          if ((threadIdx.x & 31) == 0) mbarrier_arrive(act_full);
+          ++tiles_done;
+          return;
+        }
         if constexpr (TMA) {
           if (!PERSISTENT && threadIdx.x == 0) copy_pre(w);
         }
@@ -268,11 +391,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (!TMA) gather_row_offsets<BM>(p.routing, w.tile, p.hidden, sm.rows);
       },
       [&](const TokenWork& w) {
-        if (!tma_thread<kThreads>()) return;
+        if (kGroup || !tma_thread<kThreads>()) return;
         if (tiles_done > 0) mbarrier_wait_or_trap(pre_empty, (tiles_done - 1) & 1);
         copy_pre(w);
         ++tiles_done;
-      });
+      },
+      group_epilogue);
 }
 
 }  // namespace moejit

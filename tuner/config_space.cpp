@@ -135,6 +135,11 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
               push_both_grids(out, role, warp_specialized(gemm(bm, bn, bk, stages, warps), tma_eligible(role, shape)));
             }
         }
+        // bwd_down's 128 x 256 tile with an epilogue warpgroup: the fp32 d_act it hands over takes
+        // 128 KB, which leaves the stages 96 KB, BK 32 at four stages (role_smem_bytes).
+        if (role == Role::kBwdDown && bm == 128 && tma_eligible(role, shape)) {
+          push_both_grids(out, role, warp_specialized(gemm(bm, 4 * n_min, 32, 4, 8), true));
+        }
         // Cluster pairs of the widest two-warpgroup TMA tiles: neighbouring m tiles of one expert
         // share the weight tile, each block copying half of it into both.
         if (bm >= 128 && tma_eligible(role, shape)) {
@@ -206,8 +211,14 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       const int bn = role == Role::kFwdUp ? 64 : 128;
       if (device.is_hopper() && bm >= 64 && tma_eligible(role, shape)) {
         c = hopper_tma_default(role, bm);
-        c.persistent = persistent_eligible(role, c);
-        if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) return c;
+        // Persistent where eligible, unless only the one-tile grid fits (bwd_down's 128 x 256
+        // tile: its persistent form needs an epilogue warpgroup's 128 KB).
+        for (bool persistent : {true, false}) {
+          c.persistent = persistent && persistent_eligible(role, c);
+          if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) {
+            return c;
+          }
+        }
       }
       // wgmma, multistage, where TMA cannot copy: the most frequent multistage winners of the
       // session 3 table. 128-row tiles: fwd_up 128 x (128 gate + 128 up), BK 64, 4 stages; the

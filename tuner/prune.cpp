@@ -44,7 +44,14 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
                        c.cluster);
   }
   if (c.persistent && !persistent_eligible(role, c)) {
-    return std::string("persistent grids are for two-warpgroup TMA tiles and cluster pairs (bwd_down: up to 128 columns)");
+    return std::string(
+        "persistent grids are for two-warpgroup TMA tiles and cluster pairs (bwd_down's pairs: up to 128 columns)");
+  }
+  // A one-tile bwd_down block copies the tile's g and u into its stages once the main loop is
+  // done (templates/bwd_down.cuh).
+  if (role == Role::kBwdDown && c.use_tma && !persistent_grid(role, c) &&
+      4LL * c.block_m * c.block_n > 2LL * c.stages * (c.block_m + c.block_n) * c.block_k) {
+    return fmt::format("g and u ({} B) do not fit the stages", 4LL * c.block_m * c.block_n);
   }
   const GemmDims d = gemm_dims(role, shape);
   if (c.block_n > std::max<long long>(next_pow2(d.n), min_block_n(role))) {
@@ -65,8 +72,9 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
 std::optional<std::string> prune_reason(Role role, const TileConfig& c, const MoeShape& shape,
                                         const cuda::DeviceInfo& device) {
   if (auto why = arch_gate_reason(c, device)) return *why;
-  if (c.block_threads() > device.max_threads_per_block) {
-    return fmt::format("{} threads per block exceed the device's {}", c.block_threads(), device.max_threads_per_block);
+  if (role_block_threads(role, c) > device.max_threads_per_block) {
+    return fmt::format("{} threads per block exceed the device's {}", role_block_threads(role, c),
+                       device.max_threads_per_block);
   }
   const RoleKind kind = role_kind(role);
   if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {

@@ -52,10 +52,12 @@ int gemm_warp_rows(Role r, const TileConfig& c) {
   if (c.arch_tag == ArchTag::kHopper) {
     if (c.warps % 4 != 0) return 0;
     const int groups = c.warps / 4;
+    // 512 threads get 128 registers each, fewer than one m64 x n256 wgmma takes (ptxas: 154).
+    const int widest = role_block_threads(r, c) > 384 ? 128 : 256;
     for (int wgm = groups; wgm >= 1; wgm /= 2) {
       if (groups % wgm != 0 || bm % (64 * wgm) != 0) continue;
       const int n = bn / (groups / wgm);
-      if (n == 64 || n == 128 || n == 256) return wgm;
+      if ((n == 64 || n == 128 || n == 256) && n <= widest) return wgm;
     }
     return 0;
   }
@@ -100,6 +102,10 @@ SortedRows sorted_rows_read(Role r, const TileConfig& c) {
 
 namespace {
 
+// Mirrors templates/common/epilogue_group.cuh: beside at most this many bytes of stages, an
+// epilogue warpgroup's handoff tile is fp32; beside more, it is the storage type.
+constexpr long long kFp32HandoffMaxStageBytes = 96 * 1024;
+
 // A full and an empty mbarrier per stage in warp-specialized pipelines.
 long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialized ? 16LL * c.stages : 0; }
 
@@ -107,12 +113,27 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 
 bool persistent_eligible(Role r, const TileConfig& c) {
   const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
-  // bwd_down's block also keeps the tile's g and u apart from the stages: up to 128 columns fit.
-  if (r == Role::kBwdDown && c.block_n > 128) return false;
+  // bwd_down's block also keeps the tile's g and u apart from the stages, up to 128 columns; a
+  // 128 x 256 tile hands d_act to an epilogue warpgroup instead (one row per lane and warp).
+  if (r == Role::kBwdDown && c.block_n > 128 && !(c.block_n == 256 && c.block_m == 128 && c.cluster == 1)) {
+    return false;
+  }
   return gemm && c.use_tma && c.warp_specialized && (c.warps == 8 || c.cluster == 2);
 }
 
 bool persistent_grid(Role r, const TileConfig& c) { return c.persistent && persistent_eligible(r, c); }
+
+bool epilogue_group(Role r, const TileConfig& c) {
+  return r == Role::kBwdDown && c.block_n > 128 && persistent_grid(r, c);
+}
+
+int role_block_threads(Role r, const TileConfig& c) { return c.block_threads() + (epilogue_group(r, c) ? 128 : 0); }
+
+long long epilogue_handoff_bytes(Role r, const TileConfig& c) {
+  if (!epilogue_group(r, c)) return 0;
+  const long long stages = 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k;
+  return (stages <= kFp32HandoffMaxStageBytes ? 4LL : 2LL) * c.block_m * c.block_n;
+}
 
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
   switch (role_kind(r)) {
@@ -128,11 +149,13 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       // the barriers (templates/common/gemm.cuh, GemmSmem).
       // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
       // apart from the stages instead of keeping row offsets; bwd_down keeps its g and u tiles
-      // there (2 x BM x BLOCK_N) and two barriers for them in the row offsets' place.
+      // there (2 x BM x BLOCK_N), or the fp32 d_act it hands to its epilogue warpgroup (as
+      // many bytes), and two barriers for them in the row offsets' place.
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
-             (!persistent_grid(r, c) ? 8LL * c.block_m
-              : r == Role::kBwdDown  ? 4LL * c.block_m * c.block_n + 16
-                                     : 2LL * c.block_m * c.block_n);
+             (!persistent_grid(r, c)  ? 8LL * c.block_m
+              : epilogue_group(r, c) ? epilogue_handoff_bytes(r, c) + 16
+              : r == Role::kBwdDown   ? 4LL * c.block_m * c.block_n + 16
+                                      : 2LL * c.block_m * c.block_n);
     case RoleKind::kExpertGemm:
       // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
       // persistent grid's output tile instead (it copies with TMA, needing no ring).

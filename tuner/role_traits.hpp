@@ -56,12 +56,26 @@ SortedRows sorted_rows_read(Role r, const TileConfig& c);
 
 // Whether the config may run a persistent grid (templates/common/gemm.cuh, kPersistentEligible):
 // the TMA warp-specialized tiles with two MMA warpgroups, and the cluster pairs, of every GEMM
-// role (bwd_down's up to 128 columns wide). The space holds these tiles both ways.
+// role; bwd_down's pairs up to 128 columns wide, and its 128 x 256 tiles with an epilogue
+// warpgroup. The space holds these tiles both ways.
 bool persistent_eligible(Role r, const TileConfig& c);
 
 // Whether the config runs a persistent grid (TileConfig::persistent, where eligible): the grid
 // then holds only the blocks the device runs at once.
 bool persistent_grid(Role r, const TileConfig& c);
+
+// Whether the config's blocks add an epilogue warpgroup (templates/bwd_down.cuh,
+// kBwdDownEpilogueGroup): bwd_down's persistent tiles wider than 128 columns, whose g and u do not
+// fit beside the stages; the MMA warps hand each tile's d_act over in shared memory instead.
+bool epilogue_group(Role r, const TileConfig& c);
+
+// Threads per block: TileConfig::block_threads plus the epilogue warpgroup, if any.
+int role_block_threads(Role r, const TileConfig& c);
+
+// Shared memory of the tile the MMA warps hand to the epilogue warpgroup (0 without one): fp32
+// beside at most 96 KB of stages, else the storage type, d_act rounded as PyTorch's grouped GEMMs
+// round it (templates/common/epilogue_group.cuh).
+long long epilogue_handoff_bytes(Role r, const TileConfig& c);
 
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);

@@ -31,7 +31,7 @@ unsigned grid_extent(long long blocks, Role role) {
 LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& shape, long long max_tiles,
                                bool vector) {
   LaunchGeometry g;
-  g.block = {static_cast<unsigned>(c.block_threads())};
+  g.block = {static_cast<unsigned>(role_block_threads(role, c))};
   g.smem_bytes = static_cast<unsigned>(role_smem_bytes(role, c, shape));
   const GemmDims d = gemm_dims(role, shape);
   switch (role_kind(role)) {

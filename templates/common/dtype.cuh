@@ -92,4 +92,13 @@ __device__ __forceinline__ void store_uint4(T* p, const uint32 (&w)[4]) {
   *reinterpret_cast<uint4*>(p) = v;
 }
 
+// Four consecutive elements as two packed words; p must be 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ void store_uint2(T* p, const uint32 (&w)[2]) {
+  uint2 v;
+  v.x = w[0];
+  v.y = w[1];
+  *reinterpret_cast<uint2*>(p) = v;
+}
+
 }  // namespace moejit

@@ -63,9 +63,11 @@ struct GemmSmem {
 
 // A role's __launch_bounds__: block threads, and the minimum of blocks per SM, which fixes the
 // registers each thread starts with (the warp-specialized register split depends on it).
-template <bool WS, int WARPS>
+// EPILOGUE_GROUP adds an epilogue warpgroup (persistent_main_loop); tuner/role_traits.cpp
+// (role_block_threads) mirrors it.
+template <bool WS, int WARPS, bool EPILOGUE_GROUP = false>
 struct GemmLaunch {
-  static constexpr int kThreads = WARPS * 32 + (WS ? kProducerThreads : 0);
+  static constexpr int kThreads = WARPS * 32 + (WS ? kProducerThreads : 0) + (EPILOGUE_GROUP ? 128 : 0);
   static constexpr int kMinBlocks = WS ? RegisterSplit<WS ? WARPS : 4>::kBlocksPerSm : 1;
 };
 

@@ -111,12 +111,30 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 //   2 MMA warpgroups, one block per SM, launched at 168 (65536 / 384): 3 * 168 = 120 + 2 * 192.
 //   1 MMA warpgroup, two blocks per SM so one's prologue and epilogue overlap the other's main
 //   loop, launched at 128 (65536 / 512): 2 * 128 = 88 + 168, room for 128 x 128 accumulators.
-template <int MMA_WARPS>
+//   2 MMA warpgroups and an epilogue warpgroup (bwd_down's, below), launched at 128 (65536 / 512),
+//   which is all ptxas gives any of them: 4 * 128 >= 40 (a TMA-only producer) + 2 * 168 + 128.
+template <int MMA_WARPS, bool EPILOGUE_GROUP = false>
 struct RegisterSplit {
   static_assert(MMA_WARPS == 4 || MMA_WARPS == 8, "one or two MMA warpgroups");
-  static constexpr int kProducer = MMA_WARPS == 8 ? 120 : 88;
-  static constexpr int kMma = MMA_WARPS == 8 ? 192 : 168;
+  static_assert(!EPILOGUE_GROUP || MMA_WARPS == 8, "an epilogue warpgroup beside two MMA warpgroups");
+  static constexpr int kProducer = EPILOGUE_GROUP ? 40 : MMA_WARPS == 8 ? 120 : 88;
+  static constexpr int kMma = MMA_WARPS == 8 && !EPILOGUE_GROUP ? 192 : 168;
+  static constexpr int kEpilogue = 128;
   static constexpr int kBlocksPerSm = MMA_WARPS == 8 ? 1 : 2;
+};
+
+// Stands for "no epilogue warpgroup" in persistent_main_loop.
+struct NoEpilogueGroup {
+  template <typename Work>
+  __device__ __forceinline__ void operator()(const Work&) const {}
+};
+template <typename GroupEpilogue>
+struct HasEpilogueGroup {
+  static constexpr bool value = true;
+};
+template <>
+struct HasEpilogueGroup<NoEpilogueGroup> {
+  static constexpr bool value = false;
 };
 
 // The producer thread that issues a stage's TMA copies (the first one).
@@ -217,13 +235,22 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
+// With an epilogue warpgroup (group_epilogue not NoEpilogueGroup; threads past the producer's),
+// that warpgroup runs group_epilogue(work) for every work item in turn, while the MMA warps'
+// epilogue(work) only hands their accumulators over: the tensor cores then run the next item's
+// main loop under the last item's epilogue. The two sides meet on barriers of the role's own.
 template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
-          typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue>
+          typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue,
+          typename GroupEpilogue = NoEpilogueGroup>
 __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
                                                        int64 items, Schedule schedule, KTiles k_tiles, Load load,
-                                                       AfterLoads after_loads, Landed landed, Epilogue epilogue) {
+                                                       AfterLoads after_loads, Landed landed, Epilogue epilogue,
+                                                       GroupEpilogue group_epilogue = {}) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaGroups = kMmaThreads / 128;
+  constexpr bool kEpilogueGroup = HasEpilogueGroup<GroupEpilogue>::value;
+  static_assert(!kEpilogueGroup || CLUSTER == 1, "an epilogue warpgroup in blocks of their own");
+  using Split = RegisterSplit<kMmaGroups * 4, kEpilogueGroup>;
   uint64* full = barriers;
   uint64* empty = barriers + STAGES;
   init_stage_barriers<STAGES, TMA_BYTES>(full, empty, CLUSTER * kMmaGroups);
@@ -234,8 +261,16 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
   const int64 first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
   uint32 it = 0;  // k tiles through the ring so far: stage it % STAGES, phase (it / STAGES) & 1
 
+  if (kEpilogueGroup && threadIdx.x >= kMmaThreads + kProducerThreads) {
+    setmaxnreg_dec<Split::kEpilogue>();
+    for (int64 item = first; item < items; item += step) {
+      Work w;
+      if (schedule(item, w)) group_epilogue(w);
+    }
+    return;
+  }
   if (threadIdx.x >= kMmaThreads) {
-    setmaxnreg_dec<RegisterSplit<kMmaGroups * 4>::kProducer>();
+    setmaxnreg_dec<Split::kProducer>();
     for (int64 item = first; item < items; item += step) {
       Work w;
       if (!schedule(item, w)) continue;
@@ -257,7 +292,7 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     return;
   }
 
-  setmaxnreg_inc<RegisterSplit<kMmaGroups * 4>::kMma>();
+  setmaxnreg_inc<Split::kMma>();
   // Warp 0 of each warpgroup releases a stage here, warp 1 in the other block.
   const int warp_in_group = static_cast<int>((threadIdx.x & 127) >> 5);
   const auto release = [&](uint32 j) {

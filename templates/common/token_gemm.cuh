@@ -84,19 +84,21 @@ __device__ __forceinline__ void store_token_tile(const Staging& staged, const Mm
 // (a StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
 // store_accumulators_async can store with TMA) in a persistent block.
 // prologue(work) runs in every thread of a one-tile block before its main loop, after_loads(work)
-// in a persistent block's producer threads (persistent_main_loop).
+// in a persistent block's producer threads, group_epilogue(work) in its epilogue warpgroup, if it
+// has one (persistent_main_loop).
 template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
-          typename Smem, typename Load, typename Epilogue, typename Prologue = NoStep, typename AfterLoads = NoStep>
+          typename Smem, typename Load, typename Epilogue, typename Prologue = NoStep, typename AfterLoads = NoStep,
+          typename GroupEpilogue = NoEpilogueGroup>
 __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
                                                const Smem& sm, Load load, Epilogue epilogue, Prologue prologue = {},
-                                               AfterLoads after_loads = {}) {
+                                               AfterLoads after_loads = {}, GroupEpilogue group_epilogue = {}) {
   if constexpr (PERSISTENT) {
     const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
         mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER),
         [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
         [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) {},
-        [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); });
+        [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); }, group_epilogue);
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
     TokenWork w;

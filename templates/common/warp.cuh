@@ -51,7 +51,8 @@ __device__ __forceinline__ void quad_transpose(uint32 (&v)[4]) {
   exchange_words<1, 0, 2, 1, 3>(v);
 }
 
-__device__ __forceinline__ int32 warp_sum(int32 v) {
+template <typename V>
+__device__ __forceinline__ V warp_sum(V v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(kFullWarp, v, d);
   return v;

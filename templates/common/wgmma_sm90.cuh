@@ -198,28 +198,40 @@ struct WgmmaMma {
 
   __device__ __forceinline__ void zero() { zero_fragments(acc); }
 
-  // Descriptor of the 64 x 16 (A) or N x 16 (B) operand slice starting at tile row / column
-  // `first` and reduction index kk.
-  template <typename Tile, bool KMAJOR>
-  __device__ __forceinline__ static uint64 desc(const T* tile, int first, int kk) {
-    if constexpr (KMAJOR) {
-      constexpr int kRow = BK < 64 ? BK : 64;  // elements of one swizzle row
-      constexpr uint32 kRowBytes = kRow * 2;
-      return wgmma_desc(tile + (kk / kRow) * Tile::kRows * kRow + first * kRow + kk % kRow, 16, 8 * kRowBytes,
-                        kRowBytes == 128 ? 1 : 2);
-    } else {
-      return wgmma_desc(tile + (first / 64) * Tile::kPanelElems + kk * 64, BK * 128, 1024, 1);
-    }
+  // A K-major tile's swizzle row (up to BK = 64 elements; panels beyond), in elements and bytes.
+  static constexpr int kRow = BK < 64 ? BK : 64;
+  static constexpr uint32 kRowBytes = kRow * 2;
+  // Descriptor of a whole A or B tile in shared memory.
+  template <bool KMAJOR>
+  __device__ __forceinline__ static uint64 tile_desc(const T* tile) {
+    if constexpr (KMAJOR) return wgmma_desc(tile, 16, 8 * kRowBytes, kRowBytes == 128 ? 1 : 2);
+    else return wgmma_desc(tile, BK * 128, 1024, 1);
   }
-
+  // 16-byte units from a tile's start to its 64 x 16 (A) or N x 16 (B) operand slice at tile row /
+  // column `first` and reduction index kk.
+  template <typename Tile, bool KMAJOR>
+  __device__ __forceinline__ static uint32 slice_units(int first, int kk) {
+    constexpr int kUnit = 16 / static_cast<int>(sizeof(T));
+    if constexpr (KMAJOR) return ((kk / kRow) * Tile::kRows * kRow + first * kRow + kk % kRow) / kUnit;
+    else return ((first / 64) * Tile::kPanelElems + kk * 64) / kUnit;
+  }
+  // A slice's descriptor is its tile's with the slice's offset added to the start address field,
+  // the low 14 bits (16-byte units below 256 KB: the sum never carries out of them). Built from a
+  // base computed once per k tile, each wgmma's descriptors cost a 32-bit add, where a pointer
+  // conversion and a rebuilt descriptor cost about 25 instructions: with n128 wgmmas, a share of
+  // the issue slots the epilogue warpgroup needed (ncu, session 17).
   __device__ __forceinline__ void compute(const T* sa, const T* sb) {
+    const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
+    const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(m0, 0);
+    const uint32 b_lo = static_cast<uint32>(b) + slice_units<BTile, B_KMAJOR>(n0, 0);
+    const uint64 a_hi = a & ~0xFFFFFFFFull, b_hi = b & ~0xFFFFFFFFull;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      const uint64 db = desc<BTile, B_KMAJOR>(sb, n0, kk);
+      const uint64 db = b_hi | (b_lo + slice_units<BTile, B_KMAJOR>(0, kk));
 #pragma unroll
       for (int mi = 0; mi < kMi; ++mi) {
-        const uint64 da = desc<ATile, A_KMAJOR>(sa, m0 + mi * 64, kk);
+        const uint64 da = a_hi | (a_lo + slice_units<ATile, A_KMAJOR>(mi * 64, kk));
         Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
             reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db);
       }

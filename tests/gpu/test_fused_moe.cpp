@@ -353,6 +353,25 @@ TEST_CASE("persistent grids: blocks that run several tiles give the reference's 
   }
 }
 
+TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles give the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: the epilogue warpgroup is an sm_90 TMA config");
+    return;
+  }
+  // More 128 x 256 tiles than resident blocks (one per SM), so the MMA warps hand a tile over
+  // while the epilogue warpgroup may still finish the last: 64 m tiles by three column tiles
+  // (I = 520, the last 8 columns wide) with K = E; then every pair on one expert of three, whose
+  // last m tile is partial. Three configs: BK 32 x 4 stages handing over fp32, BK 32 x 6 and
+  // BK 64 x 3 bf16.
+  for (const CaseSpec& spec : {CaseSpec{4096, 2, 264, 520, 2, DType::kBF16, Routing::kRandom, 81},
+                               CaseSpec{6000, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, 82}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) { return epilogue_group(r, c); }) == 3);
+  }
+}
+
 TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   if (!gpu->info.is_hopper()) {

@@ -71,8 +71,12 @@ TEST_CASE("persistent grids: the GEMM roles' two-warpgroup TMA tiles and pairs, 
   two.use_tma = true;
   TileConfig one = gemm(128, 128, 64, 3, 4, true);
   one.use_tma = true;
-  // bwd_down keeps its g and u tiles beside the stages: persistent up to 128 columns.
-  CHECK_FALSE(persistent_eligible(Role::kBwdDown, two));
+  // bwd_down keeps its g and u tiles beside the stages up to 128 columns; its 128 x 256 tiles hand
+  // d_act to an epilogue warpgroup instead, in blocks of their own (no pairs).
+  CHECK(persistent_eligible(Role::kBwdDown, two));
+  TileConfig two_pair = two;
+  two_pair.cluster = 2;
+  CHECK_FALSE(persistent_eligible(Role::kBwdDown, two_pair));
   TileConfig narrow = gemm(128, 128, 64, 4, 8, true);
   narrow.use_tma = true;
   CHECK(persistent_eligible(Role::kBwdDown, narrow));
@@ -97,9 +101,11 @@ TEST_CASE("persistent grids: the GEMM roles' two-warpgroup TMA tiles and pairs, 
   TileConfig persistent = two;
   persistent.persistent = true;
   CHECK(persistent_grid(Role::kFwdDown, persistent));
-  CHECK_FALSE(persistent_grid(Role::kBwdDown, persistent));  // not eligible: 256 columns
+  CHECK(persistent_grid(Role::kBwdDown, persistent));
   // The geometry keeps the whole tile grid; launch_role trims it to the resident blocks.
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
+  CHECK(launch_geometry(Role::kBwdDown, persistent, s, 2176, true).block.x == 256 + 128 + 128);  // + the epilogue warpgroup
+  CHECK(launch_geometry(Role::kFwdDown, persistent, s, 2176, true).block.x == 256 + 128);
   CHECK(launch_geometry(Role::kFwdDown, persistent, s, 2176, true).grid.x == 2176 * 8);
 }
 

@@ -236,15 +236,33 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
   CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
   // bwd_down's persistent block keeps the tile's g and u (2 x BM x BLOCK_N) and their two
-  // barriers; its 256-column tiles run one tile per block, with g and u in the stages.
+  // barriers; its 256-column tiles hand d_act to an epilogue warpgroup: fp32 (as many bytes as g
+  // and u) beside four stages of BK 32, bf16 beside three of BK 64, and nothing fits four.
   TileConfig down = cfg(128, 128, 64, 4, 8, true);
   down.use_tma = true;
   down.persistent = true;
   CHECK(role_smem_bytes(Role::kBwdDown, down, large) == 2LL * 4 * (128 + 128) * 64 + 16 * 4 + 4LL * 128 * 128 + 16);
   CHECK_FALSE(prune_reason(Role::kBwdDown, down, large, fab::h200()));
-  const auto not_eligible = prune_reason(Role::kBwdDown, wide, large, fab::h200());
-  REQUIRE(not_eligible);
-  CHECK_THAT(*not_eligible, Catch::Contains("persistent grids are for"));
+  CHECK_FALSE(epilogue_group(Role::kBwdDown, down));
+  CHECK(role_block_threads(Role::kBwdDown, down) == 384);
+  CHECK(epilogue_handoff_bytes(Role::kBwdDown, wide) == 2LL * 128 * 256);
+  CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256 + 16);
+  CHECK_FALSE(prune_reason(Role::kBwdDown, wide, large, fab::h200()));
+  TileConfig deeper = wide;
+  deeper.stages = 4;
+  const auto too_deep = prune_reason(Role::kBwdDown, deeper, large, fab::h200());
+  REQUIRE(too_deep);
+  CHECK_THAT(*too_deep, Catch::Contains("shared memory"));
+  TileConfig grouped = cfg(128, 256, 32, 4, 8, true);
+  grouped.use_tma = true;
+  grouped.persistent = true;
+  CHECK(epilogue_group(Role::kBwdDown, grouped));
+  CHECK(role_block_threads(Role::kBwdDown, grouped) == 512);
+  CHECK(epilogue_handoff_bytes(Role::kBwdDown, grouped) == 4LL * 128 * 256);
+  CHECK(epilogue_handoff_bytes(Role::kBwdDown, down) == 0);
+  CHECK(role_smem_bytes(Role::kBwdDown, grouped, large) == 2LL * 4 * (128 + 256) * 32 + 16 * 4 + 4LL * 128 * 256 + 16);
+  CHECK_FALSE(prune_reason(Role::kBwdDown, grouped, large, fab::h200()));
+  CHECK_FALSE(epilogue_group(Role::kFwdDown, grouped));  // the other roles' persistent blocks have none
   wide.persistent = false;
   CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
@@ -279,9 +297,13 @@ TEST_CASE("the space holds every tile that may run a persistent grid both ways",
       persistent += c.persistent;
     }
     CHECK(persistent > 0);
-    // The tuned defaults of the two-warpgroup TMA tiles are persistent.
+    // The tuned defaults of the two-warpgroup TMA tiles are persistent where that fits (not
+    // bwd_down's 128 x 256 BK 64 tile, whose epilogue warpgroup's d_act would not).
     const TileConfig d = default_config(r, large, fab::h200());
-    CHECK(d.persistent == persistent_eligible(r, d));
+    TileConfig as_persistent = d;
+    as_persistent.persistent = true;
+    const bool fits = role_smem_bytes(r, as_persistent, large) <= fab::h200().smem_optin_per_block;
+    CHECK(d.persistent == (persistent_eligible(r, d) && fits));
   }
 }
 
