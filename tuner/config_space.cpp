@@ -135,8 +135,9 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
               push_both_grids(out, role, warp_specialized(gemm(bm, bn, bk, stages, warps), tma_eligible(role, shape)));
             }
         }
-        // bwd_down's 128 x 256 tile with an epilogue warpgroup: the fp32 d_act it hands over takes
-        // 128 KB, which leaves the stages 96 KB, BK 32 at four stages (role_smem_bytes).
+        // bwd_down's 128 x 256 tiles with an epilogue warpgroup: the loop above offers their
+        // persistent forms, of which those beside a bf16 d_act fit (BK 32 x 6, BK 64 x 3); this adds
+        // the depth beside which an fp32 d_act (128 KB) fits, BK 32 x 4 (role_smem_bytes).
         if (role == Role::kBwdDown && bm == 128 && tma_eligible(role, shape)) {
           push_both_grids(out, role, warp_specialized(gemm(bm, 4 * n_min, 32, 4, 8), true));
         }
