@@ -18,8 +18,12 @@
 #                                       (tools/power-phases.py); $OUT/power-smi.csv, $OUT/power-bench.json
 #   tools/gpu-round.sh ncu KERNEL BENCH_ARGS...
 #                                       ncu on KERNEL's second launch in moejit_bench BENCH_ARGS:
-#                                       $OUT/ncu-KERNEL.txt (throughputs, stalls) and the SASS
-#                                       samples $OUT/ncu-KERNEL.csv.gz (tools/ncu-regions.py)
+#                                       $OUT/ncu-TAG.txt (throughputs, stalls) and the SASS
+#                                       samples $OUT/ncu-TAG.csv.gz (tools/ncu-regions.py); the
+#                                       bench of $BUILD (default build/release: a variant from
+#                                       tools/variant-build.sh works too: one whose template
+#                                       hash differs from db/'s runs heuristic configs, so pass
+#                                       --override ROLE=CONFIG), TAG = $TAG or KERNEL
 # Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,13 +92,15 @@ case "${1:-}" in
   ncu)
     kernel=$2
     shift 2
+    tag=${TAG:-$kernel}
     ncu=/usr/local/cuda/bin/ncu
     env "${bench_env[@]}" timeout 300 "$ncu" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-      --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis -f -o "/tmp/ncu-$kernel" \
-      build/release/bench/moejit_bench "$@" > "/tmp/ncu-$kernel.log" 2>&1
-    tail -2 "/tmp/ncu-$kernel.log"
-    "$ncu" -i "/tmp/ncu-$kernel.ncu-rep" --page details > "$out/ncu-$kernel.txt" 2>&1
-    "$ncu" -i "/tmp/ncu-$kernel.ncu-rep" --page source --csv --print-source sass | gzip > "$out/ncu-$kernel.csv.gz"
+      --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis -f -o "/tmp/ncu-$tag" \
+      "${BUILD:-build/release}/bench/moejit_bench" "$@" > "/tmp/ncu-$tag.log" 2>&1
+    tail -2 "/tmp/ncu-$tag.log"
+    "$ncu" -i "/tmp/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag.txt" 2>&1
+    "$ncu" -i "/tmp/ncu-$tag.ncu-rep" --page source --csv --print-source sass | gzip > "$out/ncu-$tag.csv.gz"
+    grep -E "_kernel<|Duration|SM Frequency" "$out/ncu-$tag.txt" | head -3
     ;;
   *) sed -n '2,19p' "$0"; exit 2 ;;
 esac
