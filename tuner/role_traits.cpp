@@ -114,7 +114,7 @@ long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialize
 bool persistent_eligible(Role r, const TileConfig& c) {
   const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
   // bwd_down's block also keeps the tile's g and u apart from the stages, up to 128 columns; a
-  // 128 x 256 tile hands d_act to an epilogue warpgroup instead (one row per lane and warp).
+  // 128 x 256 tile hands d_act to an epilogue warpgroup instead (templates/bwd_down.cuh).
   if (r == Role::kBwdDown && c.block_n > 128 && !(c.block_n == 256 && c.block_m == 128 && c.cluster == 1)) {
     return false;
   }
@@ -149,8 +149,8 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       // the barriers (templates/common/gemm.cuh, GemmSmem).
       // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
       // apart from the stages instead of keeping row offsets; bwd_down keeps its g and u tiles
-      // there (2 x BM x BLOCK_N), or the fp32 d_act it hands to its epilogue warpgroup (as
-      // many bytes), and two barriers for them in the row offsets' place.
+      // there (2 x BM x BLOCK_N), or the d_act it hands to its epilogue warpgroup
+      // (epilogue_handoff_bytes), and two barriers for them in the row offsets' place.
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
              (!persistent_grid(r, c)  ? 8LL * c.block_m
               : epilogue_group(r, c) ? epilogue_handoff_bytes(r, c) + 16
