@@ -213,7 +213,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       if (device.is_hopper() && bm >= 64 && tma_eligible(role, shape)) {
         c = hopper_tma_default(role, bm);
         // Persistent where eligible, unless only the one-tile grid fits (bwd_down's 128 x 256
-        // tile: its persistent form needs an epilogue warpgroup's 128 KB).
+        // tile: its persistent form's d_act does not fit beside four stages of BK 64).
         for (bool persistent : {true, false}) {
           c.persistent = persistent && persistent_eligible(role, c);
           if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) {
