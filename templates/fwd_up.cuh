@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 #pragma unroll
             for (int panel = 0; panel < BN / 64; ++panel) tma_store(p.act_map, g_tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
             bulk_commit();
-            bulk_wait_read();
+            bulk_wait();  // written, not only read: the block may exit after its last tile
           }
         } else {
           write_rows(g_tile, static_cast<T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter + w.n0, p.inter);
