@@ -14,7 +14,8 @@
 // A persistent block whose stages leave room for the tile's g and u (kFwdUpHandoff) hands them
 // over in shared memory to the producer warpgroup's three spare warps, which store g and u, compute
 // act and store it while the MMA warps run the next tile: the epilogue was 15 % of the MMA warps'
-// time with the tensor cores idle (ncu, session 17).
+// time with the tensor cores idle (ncu, session 17). In inference (no pre_act) the MMA warps put
+// act alone, half the bytes, and the spare warps only store it.
 #pragma once
 
 #include "common/token_gemm.cuh"
@@ -44,6 +45,24 @@ struct FwdUpParams {
 template <bool PERSISTENT, int CLUSTER, int STAGES, int BM, int BN, int BK>
 constexpr bool kFwdUpHandoff =
     PERSISTENT && CLUSTER == 1 && STAGES * (BM + 2 * BN) * BK * 2 <= kFwdUpHandoffMaxStageBytes;
+
+// Calls f(r, col, g, u) for each pair of this thread's outputs: row r, tile columns col and
+// col + 1, their gate and up accumulators. A warp's (warpgroup's) N range [n0, n0 + kWarpN) holds
+// gate columns n0 / 2 ... then the up columns of the same outputs, so acc[.][ni] (gate) pairs
+// with acc[.][ni + kNi / 2] (up) for ni < kNi / 2.
+template <typename Mma, typename F>
+__device__ __forceinline__ void for_each_gate_up(const Mma& mma, F f) {
+#pragma unroll
+  for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+        const float g[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
+        const float u[2] = {mma.acc[mi][ni + Mma::kNi / 2][2 * half], mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1]};
+        f(mma.row(mi, half), mma.col(ni) - mma.n0 / 2, g, u);
+      }
+}
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
@@ -75,15 +94,6 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   uint32 tiles_done = 0;  // kHandoff: this thread's tiles so far, the barriers' phase
 
   Mma mma;
-  // This thread's gate and up values of accumulator pair (mi, ni, half) for ni < kNi / 2: the N
-  // range [n0, n0 + kWarpN) holds gate columns n0 / 2 ... then the up columns of the same outputs.
-  const auto gate_up = [&](int mi, int ni, int half, float (&g)[2], float (&u)[2]) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      g[j] = mma.acc[mi][ni][2 * half + j];
-      u[j] = mma.acc[mi][ni + Mma::kNi / 2][2 * half + j];
-    }
-  };
   // act of two outputs from their g and u rounded to T, as pre_act keeps them: the packed word
   // (to_float of one element) is the rounding.
   const auto act_of = [](const float (&g)[2], const float (&u)[2], float (&a)[2]) {
@@ -91,12 +101,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
 #pragma unroll
     for (int j = 0; j < 2; ++j) a[j] = SwiGlu::act(word_element<T>(gw, j), word_element<T>(uw, j));
   };
-  // The tile column of accumulator pair ni (ni < kNi / 2).
-  const auto out_col = [&](int ni) { return mma.col(ni) - mma.n0 / 2; };
-  // kHandoff: the spare warps' work on a tile whose g and u the MMA warps put in g_tile and u_tile.
-  // One thread stores g and u by TMA (or the warps row by row, a short tile's rows past it being
-  // the next tile's), the warps compute act into g_tile 16 bytes at a time, and it leaves the same
-  // way; act_empty once the stores have read the tiles.
+  // kHandoff: the spare warps' work on a tile whose g and u the MMA warps put in g_tile and u_tile
+  // (in inference, act in g_tile). One thread stores g and u by TMA (or the warps row by row, a
+  // short tile's rows past it being the next tile's), the warps compute act into g_tile 16 bytes
+  // at a time, and it leaves the same way; act_empty once the stores have read the tiles.
   const auto handoff_epilogue = [&]() {
     if constexpr (kHandoff) {
       return make_epilogue_group<EpilogueWarps::kSpareProducerWarps>([&](const TokenWork& w) {
@@ -128,23 +136,23 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
             write_rows(u_tile, base + p.inter, 2 * p.inter);
           }
           sync_spare();
-        }
-        for (int chunk = t; chunk < BM * BN / 8; chunk += kSpare) {
-          const int r = chunk / (BN / 8), col = chunk % (BN / 8) * 8;
-          T* const gp = g_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col);
-          const uint4 gv = *reinterpret_cast<const uint4*>(gp);
-          const uint4 uv = *reinterpret_cast<const uint4*>(u_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col));
-          const uint32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-          uint32 aw[4];
+          for (int chunk = t; chunk < BM * BN / 8; chunk += kSpare) {
+            const int r = chunk / (BN / 8), col = chunk % (BN / 8) * 8;
+            T* const gp = g_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col);
+            const uint4 gv = *reinterpret_cast<const uint4*>(gp);
+            const uint4 uv = *reinterpret_cast<const uint4*>(u_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col));
+            const uint32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+            uint32 aw[4];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            aw[j] = DTypeTraits<T>::pack2(SwiGlu::act(word_element<T>(gw, 2 * j), word_element<T>(uw, 2 * j)),
-                                          SwiGlu::act(word_element<T>(gw, 2 * j + 1), word_element<T>(uw, 2 * j + 1)));
+            for (int j = 0; j < 4; ++j) {
+              aw[j] = DTypeTraits<T>::pack2(SwiGlu::act(word_element<T>(gw, 2 * j), word_element<T>(uw, 2 * j)),
+                                            SwiGlu::act(word_element<T>(gw, 2 * j + 1), word_element<T>(uw, 2 * j + 1)));
+            }
+            store_uint4(gp, aw);
           }
-          store_uint4(gp, aw);
+          if (whole) fence_proxy_async_shared();  // the act stores read g_tile through the async proxy
+          sync_spare();
         }
-        if (whole) fence_proxy_async_shared();  // the act stores read g_tile through the async proxy
-        sync_spare();
         if (whole) {
           if (t == 0) {
 #pragma unroll
@@ -196,19 +204,20 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w, const Staging& staged) {
         if constexpr (kHandoff) {
-          // Put g and u once the spare warps are done with the last tile's.
+          // Put g and u (in inference, act) once the spare warps are done with the last tile's.
           if (tiles_done > 0) mbarrier_wait(act_empty, (tiles_done - 1) & 1);
-#pragma unroll
-          for (int mi = 0; mi < Mma::kMi; ++mi)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-              for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-                float g[2], u[2];
-                gate_up(mi, ni, half, g, u);
-                g_tile.put(mma.row(mi, half), out_col(ni), g[0], g[1]);
-                u_tile.put(mma.row(mi, half), out_col(ni), u[0], u[1]);
-              }
+          if (pre != nullptr) {
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              g_tile.put(r, col, g[0], g[1]);
+              u_tile.put(r, col, u[0], u[1]);
+            });
+          } else {
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              float a[2];
+              act_of(g, u, a);
+              g_tile.put(r, col, a[0], a[1]);
+            });
+          }
           fence_proxy_async_shared();  // TMA stores read g and u through the async proxy
           __syncwarp();                // the warp's writes precede lane 0's arrival
           if ((threadIdx.x & 31) == 0) mbarrier_arrive(act_full);
@@ -223,26 +232,17 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         // values live (a runtime loop over the three spilled at 128 x 256).
         auto write_output = [&](const int which) {
           const auto put = [&](const Staging& tile) {
-#pragma unroll
-            for (int mi = 0; mi < Mma::kMi; ++mi)
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int r = mma.row(mi, half);
-#pragma unroll
-                for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-                  float g[2], u[2];
-                  gate_up(mi, ni, half, g, u);
-                  if (which == 0) {
-                    float a[2];
-                    act_of(g, u, a);
-                    tile.put(r, out_col(ni), a[0], a[1]);
-                  } else if (which == 1) {
-                    tile.put(r, out_col(ni), g[0], g[1]);
-                  } else {
-                    tile.put(r, out_col(ni), u[0], u[1]);
-                  }
-                }
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              if (which == 0) {
+                float a[2];
+                act_of(g, u, a);
+                tile.put(r, col, a[0], a[1]);
+              } else if (which == 1) {
+                tile.put(r, col, g[0], g[1]);
+              } else {
+                tile.put(r, col, u[0], u[1]);
               }
+            });
           };
           const int64 stride = which == 0 ? p.inter : 2 * p.inter;
           T* base = which == 0 ? act
