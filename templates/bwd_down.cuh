@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   const auto group_epilogue = [&]() {
     if constexpr (kGroup) {
       static_assert(BM == 32 * kEpilogueWarps && BN == 256, "a row per lane and warp, 256 columns");
-      return [&](const TokenWork& w) {
+      return make_epilogue_group<EpilogueWarps::kAddedWarpgroup>([&](const TokenWork& w) {
         const int warp = static_cast<int>(threadIdx.x / 32) % kEpilogueWarps;
         const int lane = static_cast<int>(threadIdx.x & 31);
         // Each lane looks up one of the warp's rows ahead of the wait.
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         __syncwarp();
         if (lane == 0) mbarrier_arrive(act_empty);
         ++tiles_done;
-      };
+      });
     } else {
       return NoEpilogueGroup{};
     }

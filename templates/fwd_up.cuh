@@ -9,10 +9,18 @@
 // sorted order (gather_sum's scatter); its rows past the tile's expert feed only output rows
 // that are not stored. The B tile comes as two boxes per warpgroup, gate and up, from W1
 // viewed as [E, 2, I, H], so gate rows past I read as zeros instead of up rows.
+// act is computed from g and u rounded to the storage type, the values pre_act keeps: the
+// backward and the memory-efficient recompute start from the same ones.
+// A persistent block whose stages leave room for the tile's g and u (kFwdUpHandoff) hands them
+// over in shared memory to the producer warpgroup's three spare warps, which store g and u, compute
+// act and store it while the MMA warps run the next tile: the epilogue was 15 % of the MMA warps'
+// time with the tensor cores idle (ncu, session 17). In inference (no pre_act) the MMA warps put
+// act alone, half the bytes, and the spare warps only store it.
 #pragma once
 
 #include "common/token_gemm.cuh"
 #include "common/swiglu.cuh"
+#include "common/epilogue_group.cuh"
 
 namespace moejit {
 
@@ -31,6 +39,31 @@ struct FwdUpParams {
   TensorMap pre_act_map;  // TMA stores: pre_act as [TK, 2, I], boxes 64 x 1 x BM; unset in inference
 };
 
+// Which fwd_up configs hand g and u to the producer warpgroup's spare warps: the persistent TMA
+// blocks of their own whose stages leave room for the two BM x BN tiles (tuner/role_traits.cpp,
+// fwd_up_handoff, mirrors it).
+template <bool PERSISTENT, int CLUSTER, int STAGES, int BM, int BN, int BK>
+constexpr bool kFwdUpHandoff =
+    PERSISTENT && CLUSTER == 1 && STAGES * (BM + 2 * BN) * BK * 2 <= kFwdUpHandoffMaxStageBytes;
+
+// Calls f(r, col, g, u) for each pair of this thread's outputs: row r, tile columns col and
+// col + 1, their gate and up accumulators. A warp's (warpgroup's) N range [n0, n0 + kWarpN) holds
+// gate columns n0 / 2 ... then the up columns of the same outputs, so acc[.][ni] (gate) pairs
+// with acc[.][ni + kNi / 2] (up) for ni < kNi / 2.
+template <typename Mma, typename F>
+__device__ __forceinline__ void for_each_gate_up(const Mma& mma, F f) {
+#pragma unroll
+  for (int mi = 0; mi < Mma::kMi; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
+        const float g[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
+        const float u[2] = {mma.acc[mi][ni + Mma::kNi / 2][2 * half], mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1]};
+        f(mma.row(mi, half), mma.col(ni) - mma.n0 / 2, g, u);
+      }
+}
+
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
 __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS, WARPS>::kMinBlocks) fwd_up_kernel(const __grid_constant__ FwdUpParams p) {
   static_assert(CLUSTER == 1 || TMA, "a cluster pair shares TMA copies");
@@ -40,14 +73,104 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   constexpr int kHalf = Mma::kWarpN / 2;  // gate columns per warp (warpgroup)
   static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
                 "a persistent grid of two-warpgroup TMA tiles or pairs");
+  constexpr bool kHandoff = kFwdUpHandoff<PERSISTENT, CLUSTER, STAGES, BM, BN, BK>;
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
   using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
+  // kHandoff: the g and u tiles (act is computed into g's), and two barriers in the row offsets'
+  // place: `act_full` (every MMA warp put its part) and `act_empty` (the spare warps are done).
+  const GemmSmem<Mma, STAGES, !PERSISTENT ? BM : kHandoff ? 2 : 0, !PERSISTENT ? 0 : kHandoff ? 2 * BM * BN : BM * BN>
+      sm(smem_raw);
   const T* x = static_cast<const T*>(p.x);
   T* pre = static_cast<T*>(p.pre_act);
+  const SwizzledTile<T, BM, BN> g_tile{sm.out}, u_tile{sm.out + BM * BN};
+  uint64* const act_full = reinterpret_cast<uint64*>(sm.rows);
+  uint64* const act_empty = act_full + 1;
+  if (kHandoff && threadIdx.x == 0) {
+    mbarrier_init(act_full, WARPS);
+    mbarrier_init(act_empty, 1);
+    mbarrier_init_fence();  // the main loop's block barrier publishes them
+  }
+  uint32 tiles_done = 0;  // kHandoff: this thread's tiles so far, the barriers' phase
 
   Mma mma;
+  // act of two outputs from their g and u rounded to T, as pre_act keeps them: the packed word
+  // (to_float of one element) is the rounding.
+  const auto act_of = [](const float (&g)[2], const float (&u)[2], float (&a)[2]) {
+    const uint32 gw[1] = {DTypeTraits<T>::pack2(g[0], g[1])}, uw[1] = {DTypeTraits<T>::pack2(u[0], u[1])};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) a[j] = SwiGlu::act(word_element<T>(gw, j), word_element<T>(uw, j));
+  };
+  // kHandoff: the spare warps' work on a tile whose g and u the MMA warps put in g_tile and u_tile
+  // (in inference, act in g_tile). One thread stores g and u by TMA (or the warps row by row, a
+  // short tile's rows past it being the next tile's), the warps compute act into g_tile 16 bytes
+  // at a time, and it leaves the same way; act_empty once the stores have read the tiles.
+  const auto handoff_epilogue = [&]() {
+    if constexpr (kHandoff) {
+      return make_epilogue_group<EpilogueWarps::kSpareProducerWarps>([&](const TokenWork& w) {
+        constexpr int kSpare = 32 * kSpareProducerWarps;
+        const int t = static_cast<int>(threadIdx.x) - (kThreads + 32);
+        const bool whole = w.store && w.tile.rows == BM;
+        const auto sync_spare = [] { asm volatile("bar.sync 3, %0;\n" ::"n"(kSpare) : "memory"); };
+        const auto write_rows = [&](const SwizzledTile<T, BM, BN>& tile, T* base, int64 stride) {
+          write_staged_rows<BM, BN, kSpare, ALIGNED>(
+              [&](int r, int col) { return tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col); },
+              [&](int r) -> T* { return w.store && r < w.tile.rows ? base + r * stride : nullptr; }, p.inter - w.n0,
+              t);
+        };
+        mbarrier_wait(act_full, tiles_done & 1);
+        if (pre != nullptr) {
+          if (whole) {
+            if (t == 0) {
+#pragma unroll
+              for (int panel = 0; panel < BN / 64; ++panel) {
+                tma_store(p.pre_act_map, g_tile.panel(panel), w.n0 + 64 * panel, 0, w.tile.row0);
+                tma_store(p.pre_act_map, u_tile.panel(panel), w.n0 + 64 * panel, 1, w.tile.row0);
+              }
+              bulk_commit();
+              bulk_wait_read();  // act goes over g
+            }
+          } else {
+            T* const base = pre + static_cast<int64>(w.tile.row0) * 2 * p.inter + w.n0;
+            write_rows(g_tile, base, 2 * p.inter);
+            write_rows(u_tile, base + p.inter, 2 * p.inter);
+          }
+          sync_spare();
+          for (int chunk = t; chunk < BM * BN / 8; chunk += kSpare) {
+            const int r = chunk / (BN / 8), col = chunk % (BN / 8) * 8;
+            T* const gp = g_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col);
+            const uint4 gv = *reinterpret_cast<const uint4*>(gp);
+            const uint4 uv = *reinterpret_cast<const uint4*>(u_tile.smem + SwizzledTile<T, BM, BN>::Layout::offset(r, col));
+            const uint32 gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+            uint32 aw[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              aw[j] = DTypeTraits<T>::pack2(SwiGlu::act(word_element<T>(gw, 2 * j), word_element<T>(uw, 2 * j)),
+                                            SwiGlu::act(word_element<T>(gw, 2 * j + 1), word_element<T>(uw, 2 * j + 1)));
+            }
+            store_uint4(gp, aw);
+          }
+          if (whole) fence_proxy_async_shared();  // the act stores read g_tile through the async proxy
+          sync_spare();
+        }
+        if (whole) {
+          if (t == 0) {
+#pragma unroll
+            for (int panel = 0; panel < BN / 64; ++panel) tma_store(p.act_map, g_tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
+            bulk_commit();
+            bulk_wait();  // written, not only read: the block may exit after its last tile
+          }
+        } else {
+          write_rows(g_tile, static_cast<T*>(p.act) + static_cast<int64>(w.tile.row0) * p.inter + w.n0, p.inter);
+          sync_spare();
+        }
+        if (t == 0) mbarrier_arrive(act_empty);
+        ++tiles_done;
+      });
+    } else {
+      return NoEpilogueGroup{};
+    }
+  }();
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
@@ -80,6 +203,27 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](const TokenWork& w, const Staging& staged) {
+        if constexpr (kHandoff) {
+          // Put g and u (in inference, act) once the spare warps are done with the last tile's.
+          if (tiles_done > 0) mbarrier_wait(act_empty, (tiles_done - 1) & 1);
+          if (pre != nullptr) {
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              g_tile.put(r, col, g[0], g[1]);
+              u_tile.put(r, col, u[0], u[1]);
+            });
+          } else {
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              float a[2];
+              act_of(g, u, a);
+              g_tile.put(r, col, a[0], a[1]);
+            });
+          }
+          fence_proxy_async_shared();  // TMA stores read g and u through the async proxy
+          __syncwarp();                // the warp's writes precede lane 0's arrival
+          if ((threadIdx.x & 31) == 0) mbarrier_arrive(act_full);
+          ++tiles_done;
+          return;
+        }
         // Up to three [BM, BN] outputs (act, then g and u into pre_act), each staged in shared
         // memory, then stored by TMA (a persistent block's whole tiles: the MMA warps go on while
         // the copy engine drains it) or written with 16-byte stores. which: 0 act, 1 gate, 2 up.
@@ -88,22 +232,17 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         // values live (a runtime loop over the three spilled at 128 x 256).
         auto write_output = [&](const int which) {
           const auto put = [&](const Staging& tile) {
-#pragma unroll
-            for (int mi = 0; mi < Mma::kMi; ++mi)
-#pragma unroll
-              for (int half = 0; half < 2; ++half) {
-                const int r = mma.row(mi, half);
-#pragma unroll
-                for (int ni = 0; ni < Mma::kNi / 2; ++ni) {
-                  const int c = mma.col(ni) - mma.n0 / 2;  // the N range [n0, n0 + kWarpN) holds outputs n0/2 ..
-                  const float g0 = mma.acc[mi][ni][2 * half], g1 = mma.acc[mi][ni][2 * half + 1];
-                  const float u0 = mma.acc[mi][ni + Mma::kNi / 2][2 * half];
-                  const float u1 = mma.acc[mi][ni + Mma::kNi / 2][2 * half + 1];
-                  if (which == 0) tile.put(r, c, SwiGlu::act(g0, u0), SwiGlu::act(g1, u1));
-                  else if (which == 1) tile.put(r, c, g0, g1);
-                  else tile.put(r, c, u0, u1);
-                }
+            for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
+              if (which == 0) {
+                float a[2];
+                act_of(g, u, a);
+                tile.put(r, col, a[0], a[1]);
+              } else if (which == 1) {
+                tile.put(r, col, g[0], g[1]);
+              } else {
+                tile.put(r, col, u[0], u[1]);
               }
+            });
           };
           const int64 stride = which == 0 ? p.inter : 2 * p.inter;
           T* base = which == 0 ? act
@@ -137,7 +276,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](const TokenWork& w) {
         if constexpr (!TMA) gather_row_offsets<BM>(p.routing, w.tile, p.hidden, sm.rows);
-      });
+      },
+      NoStep{}, handoff_epilogue);
 }
 
 }  // namespace moejit

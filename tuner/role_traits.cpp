@@ -105,6 +105,9 @@ namespace {
 // Mirrors templates/common/epilogue_group.cuh: beside at most this many bytes of stages, an
 // epilogue warpgroup's handoff tile is fp32; beside more, it is the storage type.
 constexpr long long kFp32HandoffMaxStageBytes = 96 * 1024;
+// Mirrors templates/common/epilogue_group.cuh: fwd_up's persistent blocks beside at most this many
+// bytes of stages hand g and u to the producer warpgroup's spare warps.
+constexpr long long kFwdUpHandoffMaxStageBytes = 144 * 1024;
 
 // A full and an empty mbarrier per stage in warp-specialized pipelines.
 long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialized ? 16LL * c.stages : 0; }
@@ -125,6 +128,11 @@ bool persistent_grid(Role r, const TileConfig& c) { return c.persistent && persi
 
 bool epilogue_group(Role r, const TileConfig& c) {
   return r == Role::kBwdDown && c.block_n > 128 && persistent_grid(r, c);
+}
+
+bool fwd_up_handoff(Role r, const TileConfig& c) {
+  return r == Role::kFwdUp && persistent_grid(r, c) && c.cluster == 1 &&
+         2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k <= kFwdUpHandoffMaxStageBytes;
 }
 
 int role_block_threads(Role r, const TileConfig& c) { return c.block_threads() + (epilogue_group(r, c) ? 128 : 0); }
@@ -150,12 +158,13 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
       // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
       // apart from the stages instead of keeping row offsets; bwd_down keeps its g and u tiles
       // there (2 x BM x BLOCK_N), or the d_act it hands to its epilogue warpgroup
-      // (epilogue_handoff_bytes), and two barriers for them in the row offsets' place.
+      // (epilogue_handoff_bytes), and two barriers for them in the row offsets' place; fwd_up's
+      // handoff blocks keep the tile's g and u and their two barriers likewise.
       return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
-             (!persistent_grid(r, c)  ? 8LL * c.block_m
-              : epilogue_group(r, c) ? epilogue_handoff_bytes(r, c) + 16
-              : r == Role::kBwdDown   ? 4LL * c.block_m * c.block_n + 16
-                                      : 2LL * c.block_m * c.block_n);
+             (!persistent_grid(r, c)                          ? 8LL * c.block_m
+              : epilogue_group(r, c)                         ? epilogue_handoff_bytes(r, c) + 16
+              : r == Role::kBwdDown || fwd_up_handoff(r, c) ? 4LL * c.block_m * c.block_n + 16
+                                                              : 2LL * c.block_m * c.block_n);
     case RoleKind::kExpertGemm:
       // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
       // persistent grid's output tile instead (it copies with TMA, needing no ring).

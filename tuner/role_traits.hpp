@@ -69,6 +69,11 @@ bool persistent_grid(Role r, const TileConfig& c);
 // fit beside the stages; the MMA warps hand each tile's d_act over in shared memory instead.
 bool epilogue_group(Role r, const TileConfig& c);
 
+// Whether fwd_up's persistent blocks hand each tile's g and u to the producer warpgroup's spare
+// warps (templates/fwd_up.cuh, kFwdUpHandoff): those of their own whose stages take at most 144 KB,
+// beside which the two bf16 tiles fit.
+bool fwd_up_handoff(Role r, const TileConfig& c);
+
 // Threads per block: TileConfig::block_threads plus the epilogue warpgroup, if any.
 int role_block_threads(Role r, const TileConfig& c);
 

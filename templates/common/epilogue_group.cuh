@@ -16,6 +16,11 @@ constexpr int kEpilogueWarps = 4;
 // tuner/role_traits.cpp (epilogue_handoff_bytes).
 constexpr int kFp32HandoffMaxStageBytes = 96 * 1024;
 
+// fwd_up hands g and u to the producer warpgroup's spare warps beside at most this many bytes of
+// stages: two bf16 128 x 128 tiles (64 KB) then fit beside them. Mirrored by tuner/role_traits.cpp
+// (fwd_up_handoff).
+constexpr int kFwdUpHandoffMaxStageBytes = 144 * 1024;
+
 // A BM x BN tile of S (float, or the storage type T) in units of 4 columns; unit u of row r sits
 // at unit u ^ (r % 8) of its row. The MMA warps' fragment writes (8 rows by 2 units per
 // instruction) and the epilogue warps' row reads (32 consecutive units of one row per instruction)

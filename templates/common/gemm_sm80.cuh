@@ -259,11 +259,13 @@ __device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f) {
 namespace moejit {
 
 // Writes a BM x BN tile staged in shared memory with 16-byte row-contiguous stores, its 8-element
-// chunk (r, col) at chunk(r, col); row_dst and cols_valid as StagedTile::write.
+// chunk (r, col) at chunk(r, col); row_dst and cols_valid as StagedTile::write. `thread` numbers
+// the calling thread among the THREADS that share the work.
 template <int BM, int BN, int THREADS, bool ALIGNED, typename Chunk, typename RowDst>
-__device__ __forceinline__ void write_staged_rows(Chunk chunk, RowDst row_dst, int cols_valid) {
+__device__ __forceinline__ void write_staged_rows(Chunk chunk, RowDst row_dst, int cols_valid,
+                                                  int thread = static_cast<int>(threadIdx.x)) {
   constexpr int kChunks = BN / 8;
-  for (int idx = threadIdx.x; idx < BM * kChunks; idx += THREADS) {
+  for (int idx = thread; idx < BM * kChunks; idx += THREADS) {
     const int r = idx / kChunks, col = (idx % kChunks) * 8;
     auto* dst = row_dst(r);
     if (dst == nullptr || col >= cols_valid) continue;

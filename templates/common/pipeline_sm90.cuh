@@ -123,18 +123,35 @@ struct RegisterSplit {
   static constexpr int kBlocksPerSm = MMA_WARPS == 8 ? 1 : 2;
 };
 
-// Stands for "no epilogue warpgroup" in persistent_main_loop.
+// Where an epilogue group's warps run (persistent_main_loop): none; a warpgroup added to the
+// block (bwd_down: 512 threads, every warp at the 128 registers the block starts with); or the
+// producer warpgroup's warps beside the TMA warp (fwd_up: 384 threads, at the producer's
+// registers, RegisterSplit's split kept).
+enum class EpilogueWarps { kNone, kAddedWarpgroup, kSpareProducerWarps };
+
+// The producer warpgroup's warps an epilogue group of EpilogueWarps::kSpareProducerWarps takes.
+constexpr int kSpareProducerWarps = kProducerWarps - 1;
+
+// An epilogue group: run(work) in its warps, for every work item in turn.
+template <EpilogueWarps WHERE, typename Run>
+struct EpilogueGroup {
+  static constexpr EpilogueWarps kWhere = WHERE;
+  Run run;
+  template <typename Work>
+  __device__ __forceinline__ void operator()(const Work& w) const {
+    run(w);
+  }
+};
+template <EpilogueWarps WHERE, typename Run>
+__device__ __forceinline__ EpilogueGroup<WHERE, Run> make_epilogue_group(Run run) {
+  return {run};
+}
+
+// Stands for "no epilogue group" in persistent_main_loop.
 struct NoEpilogueGroup {
+  static constexpr EpilogueWarps kWhere = EpilogueWarps::kNone;
   template <typename Work>
   __device__ __forceinline__ void operator()(const Work&) const {}
-};
-template <typename GroupEpilogue>
-struct HasEpilogueGroup {
-  static constexpr bool value = true;
-};
-template <>
-struct HasEpilogueGroup<NoEpilogueGroup> {
-  static constexpr bool value = false;
 };
 
 // The producer thread that issues a stage's TMA copies (the first one).
@@ -146,11 +163,12 @@ __device__ __forceinline__ bool tma_thread() {
 // Thread 0 initializes the stages' barriers: `full` waits for the producer's arrivals (see
 // above), `empty` for `releases` arrivals. The caller publishes them (block or cluster barrier).
 template <int STAGES, int TMA_BYTES>
-__device__ __forceinline__ void init_stage_barriers(uint64* full, uint64* empty, uint32 releases) {
+__device__ __forceinline__ void init_stage_barriers(uint64* full, uint64* empty, uint32 releases,
+                                                    uint32 producer_threads = kProducerThreads) {
   if (threadIdx.x != 0) return;
 #pragma unroll
   for (int s = 0; s < STAGES; ++s) {
-    mbarrier_init(full + s, kProducerThreads + kProducerWarps + (TMA_BYTES > 0 ? 1 : 0));
+    mbarrier_init(full + s, producer_threads + producer_threads / 32 + (TMA_BYTES > 0 ? 1 : 0));
     mbarrier_init(empty + s, releases);
   }
   mbarrier_init_fence();
@@ -235,10 +253,11 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
-// With an epilogue warpgroup (group_epilogue not NoEpilogueGroup; threads past the producer's),
-// that warpgroup runs group_epilogue(work) for every work item in turn, while the MMA warps'
-// epilogue(work) only hands their accumulators over: the tensor cores then run the next item's
-// main loop under the last item's epilogue. The two sides meet on barriers of the role's own.
+// With an epilogue group (group_epilogue an EpilogueGroup), its warps run group_epilogue(work)
+// for every work item in turn, while the MMA warps' epilogue(work) only hands their accumulators
+// over: the tensor cores then run the next item's main loop under the last item's epilogue. The
+// two sides meet on barriers of the role's own. Where the group takes the producer warpgroup's
+// spare warps, the producer is its first warp alone (TMA copies need no more).
 template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
           typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue,
           typename GroupEpilogue = NoEpilogueGroup>
@@ -248,12 +267,14 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
                                                        GroupEpilogue group_epilogue = {}) {
   constexpr int kMmaThreads = Mma::kThreads;
   constexpr int kMmaGroups = kMmaThreads / 128;
-  constexpr bool kEpilogueGroup = HasEpilogueGroup<GroupEpilogue>::value;
-  static_assert(!kEpilogueGroup || CLUSTER == 1, "an epilogue warpgroup in blocks of their own");
-  using Split = RegisterSplit<kMmaGroups * 4, kEpilogueGroup>;
+  constexpr EpilogueWarps kGroup = GroupEpilogue::kWhere;
+  static_assert(kGroup == EpilogueWarps::kNone || (CLUSTER == 1 && TMA_BYTES > 0),
+                "an epilogue group in TMA blocks of their own");
+  using Split = RegisterSplit<kMmaGroups * 4, kGroup == EpilogueWarps::kAddedWarpgroup>;
+  constexpr int kProducers = kGroup == EpilogueWarps::kSpareProducerWarps ? 32 : kProducerThreads;
   uint64* full = barriers;
   uint64* empty = barriers + STAGES;
-  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, CLUSTER * kMmaGroups);
+  init_stage_barriers<STAGES, TMA_BYTES>(full, empty, CLUSTER * kMmaGroups, kProducers);
   if constexpr (CLUSTER == 2) cluster_sync();
   else __syncthreads();
   const bool lane0 = (threadIdx.x & 31) == 0;
@@ -261,16 +282,23 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
   const int64 first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
   uint32 it = 0;  // k tiles through the ring so far: stage it % STAGES, phase (it / STAGES) & 1
 
-  if (kEpilogueGroup && threadIdx.x >= kMmaThreads + kProducerThreads) {
-    setmaxnreg_dec<Split::kEpilogue>();
+  const auto run_group = [&] {
     for (int64 item = first; item < items; item += step) {
       Work w;
       if (schedule(item, w)) group_epilogue(w);
     }
+  };
+  if (kGroup == EpilogueWarps::kAddedWarpgroup && threadIdx.x >= kMmaThreads + kProducerThreads) {
+    setmaxnreg_dec<Split::kEpilogue>();
+    run_group();
     return;
   }
   if (threadIdx.x >= kMmaThreads) {
-    setmaxnreg_dec<Split::kProducer>();
+    setmaxnreg_dec<Split::kProducer>();  // every warp of the warpgroup, spare ones included
+    if (kGroup == EpilogueWarps::kSpareProducerWarps && threadIdx.x >= kMmaThreads + kProducers) {
+      run_group();
+      return;
+    }
     for (int64 item = first; item < items; item += step) {
       Work w;
       if (!schedule(item, w)) continue;

@@ -372,6 +372,39 @@ TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles gi
   }
 }
 
+TEST_CASE("fwd_up's epilogue handoff: blocks that hand over several tiles give the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  if (!gpu->info.is_hopper()) {
+    WARN("skipped: the handoff is an sm_90 TMA config");
+    return;
+  }
+  // More 128 x 128 tiles than resident blocks (one per SM), so the MMA warps hand a tile over while
+  // the spare warps may still finish the last: 64 m tiles by five column tiles (I = 520, the last
+  // 8 columns wide) with K = E; then every pair on one expert of three, whose last m tile is
+  // partial and written row by row. Inference (the spare warps store act alone) and a config
+  // without the handoff give the same output bit for bit: act comes from the rounded g and u.
+  for (const CaseSpec& spec : {CaseSpec{4096, 2, 264, 520, 2, DType::kBF16, Routing::kRandom, 83},
+                               CaseSpec{6000, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, 84}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) { return fwd_up_handoff(r, c); }) >= 2);
+    const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+    const CaseData data = make_case(spec);
+    Options without;
+    without.config_overrides["fwd_up"] = default_config(Role::kFwdUp, shape, gpu->info).name();
+    REQUIRE_FALSE(fwd_up_handoff(Role::kFwdUp, default_config(Role::kFwdUp, shape, gpu->info)));
+    const Outputs plain = run_case(data, Mode::kTraining, without);
+    for (const PruneDecision& d : prune_space(Role::kFwdUp, shape, gpu->info)) {
+      if (d.reason || !fwd_up_handoff(Role::kFwdUp, d.config)) continue;
+      INFO(d.config.name());
+      Options with;
+      with.config_overrides["fwd_up"] = d.config.name();
+      CHECK(run_case(data, Mode::kTraining, with).out == plain.out);
+      CHECK(run_case(data, Mode::kInference, with).out == plain.out);
+    }
+  }
+}
+
 TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   if (!gpu->info.is_hopper()) {

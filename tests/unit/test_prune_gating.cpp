@@ -234,6 +234,22 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   up.persistent = true;
   CHECK(role_smem_bytes(Role::kFwdUp, up, large) == 2LL * 4 * (128 + 256) * 64 + 16 * 4 + 2LL * 128 * 128);
   CHECK_FALSE(prune_reason(Role::kFwdUp, up, large, fab::h200()));  // 229440 B: fits without row offsets
+  // fwd_up's persistent blocks beside at most 144 KB of stages hand g and u to the producer
+  // warpgroup's spare warps: both tiles and two barriers (threads unchanged); not pairs.
+  CHECK_FALSE(fwd_up_handoff(Role::kFwdUp, up));
+  TileConfig up3 = up;
+  up3.stages = 3;
+  CHECK(fwd_up_handoff(Role::kFwdUp, up3));
+  CHECK(role_smem_bytes(Role::kFwdUp, up3, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 4LL * 128 * 128 + 16);
+  CHECK(role_block_threads(Role::kFwdUp, up3) == 384);
+  CHECK_FALSE(prune_reason(Role::kFwdUp, up3, large, fab::h200()));
+  TileConfig up3_pair = up3;
+  up3_pair.cluster = 2;
+  CHECK_FALSE(fwd_up_handoff(Role::kFwdUp, up3_pair));
+  TileConfig up3_one_tile = up3;
+  up3_one_tile.persistent = false;
+  CHECK_FALSE(fwd_up_handoff(Role::kFwdUp, up3_one_tile));
+  CHECK_FALSE(fwd_up_handoff(Role::kFwdDown, up3));
   CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
   // bwd_down's persistent block keeps the tile's g and u (2 x BM x BLOCK_N) and their two
   // barriers; its 256-column tiles hand d_act to an epilogue warpgroup: fp32 (as many bytes as g
