@@ -263,6 +263,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         const int lane_row = warp + kEpilogueWarps * lane;
         const int32 lane_pair = w.store && lane_row < w.tile.rows ? p.routing.sorted_pairs[w.tile.row0 + lane_row] : -1;
         const float lane_s = lane_pair >= 0 ? load_float(scores + lane_pair) : 0.f;
+        // I is a multiple of 8 (TMA), so each of the lane's two 4-column chunks is wholly in range
+        // or out.
+        const bool chunk_in[2] = {w.n0 + 4 * lane < p.inter, w.n0 + 4 * (32 + lane) < p.inter};
         mbarrier_wait(act_full, tiles_done & 1);
         // Rows in flight per warp: their g and u loads are all issued before any row is finished.
         // With two, each tile took 16 round trips to memory per warp, longer than the next tile's
@@ -276,52 +279,62 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
 #pragma unroll
             for (int part = 0; part < 2; ++part) {
               const int r = warp + kEpilogueWarps * (i + j);
-              const int col = w.n0 + 4 * (part * 32 + lane);
-              // I is a multiple of 8 (TMA), so a chunk of 4 columns is wholly in range or out.
-              if (r >= w.tile.rows || col >= p.inter) continue;
-              const int64 gi = (w.tile.row0 + r) * 2LL * p.inter + col;
+              if (r >= w.tile.rows || !chunk_in[part]) continue;
+              const int64 gi = (w.tile.row0 + r) * 2LL * p.inter + w.n0 + 4 * (part * 32 + lane);
               gw[j][part] = *reinterpret_cast<const uint2*>(pre + gi);
               uw[j][part] = *reinterpret_cast<const uint2*>(pre + gi + p.inter);
             }
+          // The eight rows' ds sums reduce together (warp_sum_each): 10 shuffles where one
+          // warp_sum per row took 40.
+          constexpr int kSumRows = 8;
+          float ds[kSumRows];
 #pragma unroll
           for (int j = 0; j < kRows; ++j) {
             const int32 pair = __shfl_sync(kFullWarp, lane_pair, i + j);
             const float s = __shfl_sync(kFullWarp, lane_s, i + j);
-            if (pair < 0) break;
-            const int r = warp + kEpilogueWarps * (i + j);
-            const int64 row = w.tile.row0 + r;
-            float ds = 0.f;
+            float& row_ds = ds[j % kSumRows];
+            row_ds = 0.f;
+            if (pair >= 0) {  // the same for the whole warp: rows past the tile's come last
+              const int r = warp + kEpilogueWarps * (i + j);
+              const int64 row = w.tile.row0 + r;
+              // The lane's first chunk in the row: the second is 128 columns on, so its addresses
+              // differ by a constant.
+              const int64 pre_at = row * 2 * p.inter + w.n0 + 4 * lane, wact_at = row * p.inter + w.n0 + 4 * lane;
 #pragma unroll
-            for (int part = 0; part < 2; ++part) {
-              const int c = part * 32 + lane;
-              const int col = w.n0 + 4 * c;
-              if (col >= p.inter) continue;
-              float d[4];
-              act_tile.load(r, c, d);
-              const uint32 gws[2] = {gw[j][part].x, gw[j][part].y}, uws[2] = {uw[j][part].x, uw[j][part].y};
-              uint32 dgw[2], duw[2], waw[2];
+              for (int part = 0; part < 2; ++part) {
+                if (!chunk_in[part]) continue;
+                float d[4];
+                act_tile.load(r, part * 32 + lane, d);
+                const uint32 gws[2] = {gw[j][part].x, gw[j][part].y}, uws[2] = {uw[j][part].x, uw[j][part].y};
+                uint32 dgw[2], duw[2], waw[2];
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                float dg[2], du[2], wa[2];
+                for (int h = 0; h < 2; ++h) {
+                  float dg[2], du[2], wa[2];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  const float g = word_element<T>(gws, 2 * h + e);
-                  const float u = word_element<T>(uws, 2 * h + e);
-                  ds += d[2 * h + e] * SwiGlu::act(g, u);
-                  SwiGlu::backward(g, u, s * d[2 * h + e], dg[e], du[e]);
-                  wa[e] = SwiGlu::weighted_act(g, u, s);
+                  for (int e = 0; e < 2; ++e) {
+                    const float g = word_element<T>(gws, 2 * h + e);
+                    const float u = word_element<T>(uws, 2 * h + e);
+                    row_ds += d[2 * h + e] * SwiGlu::act(g, u);
+                    SwiGlu::backward(g, u, s * d[2 * h + e], dg[e], du[e]);
+                    wa[e] = SwiGlu::weighted_act(g, u, s);
+                  }
+                  dgw[h] = DTypeTraits<T>::pack2(dg[0], dg[1]);
+                  duw[h] = DTypeTraits<T>::pack2(du[0], du[1]);
+                  waw[h] = DTypeTraits<T>::pack2(wa[0], wa[1]);
                 }
-                dgw[h] = DTypeTraits<T>::pack2(dg[0], dg[1]);
-                duw[h] = DTypeTraits<T>::pack2(du[0], du[1]);
-                waw[h] = DTypeTraits<T>::pack2(wa[0], wa[1]);
+                T* const dst = dpre + pre_at + 128 * part;
+                store_uint2(dst, dgw);
+                store_uint2(dst + p.inter, duw);
+                if (wact != nullptr) store_uint2(wact + wact_at + 128 * part, waw);
               }
-              const int64 gi = row * 2 * p.inter + col;
-              store_uint2(dpre + gi, dgw);
-              store_uint2(dpre + gi + p.inter, duw);
-              if (wact != nullptr) store_uint2(wact + row * p.inter + col, waw);
             }
-            ds = warp_sum(ds);
-            if (lane == 0) atomicAdd(p.ds_acc + pair, ds);
+            if (j % kSumRows == kSumRows - 1) {
+              // Lane l holds the total of row j + 1 - kSumRows + l / (32 / kSumRows); one atomic
+              // per row, from its first lane.
+              const float total = warp_sum_each(ds);
+              const int32 row_pair = __shfl_sync(kFullWarp, lane_pair, i + j + 1 - kSumRows + lane / (32 / kSumRows));
+              if (lane % (32 / kSumRows) == 0 && row_pair >= 0) atomicAdd(p.ds_acc + row_pair, total);
+            }
           }
         }
         __syncwarp();

@@ -31,8 +31,9 @@ struct SwiGlu {
     const float sg = sigmoid(g);
     const float silu = __fmul_rn(g, sg);
     du = __fmul_rn(d_act, silu);
-    // d silu/dg = sg * (1 + g * (1 - sg))
-    const float dsilu = __fmul_rn(sg, __fadd_rn(1.f, __fmul_rn(g, __fsub_rn(1.f, sg))));
+    // d silu/dg = sg * (1 + g * (1 - sg)), the inner product and sum fused: only bwd_down takes
+    // this derivative, so no other kernel's rounding need match it.
+    const float dsilu = __fmul_rn(sg, __fmaf_rn(g, __fsub_rn(1.f, sg), 1.f));
     dg = __fmul_rn(__fmul_rn(d_act, u), dsilu);
   }
 };
