@@ -304,11 +304,7 @@ TEST_CASE("every bwd_dw2 and bwd_down config recomputing the memory-efficient ac
 }
 
 TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the tile", "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: the wgmma and TMA configs need an sm_90 device");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "the wgmma and TMA configs need an sm_90 device");
   // 512 pairs per expert: 128-row token tiles (two warpgroups along M, TMA boxes of 128 rows);
   // H = 264 and I = 136 leave partial k and n tiles that TMA must fill with zeros.
   const CaseSpec spec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 17};
@@ -322,11 +318,7 @@ TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the ti
 }
 
 TEST_CASE("BLOCK_K 128 configs give the reference's answer, copied by TMA or by cp.async", "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: BLOCK_K 128 configs are sm_90 wgmma configs");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "BLOCK_K 128 configs are sm_90 wgmma configs");
   // K tails in every role (H = 264 / 260, I = 136 / 132); the second shape's rows are not
   // 16-byte multiples, so its producers load with cp.async into the same panels.
   for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 51},
@@ -337,11 +329,7 @@ TEST_CASE("BLOCK_K 128 configs give the reference's answer, copied by TMA or by 
 }
 
 TEST_CASE("persistent grids: blocks that run several tiles give the reference's answer", "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: persistent grids are sm_90 TMA configs");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "persistent grids are sm_90 TMA configs");
   // More tiles than resident blocks in every persistent role (fwd_up 32 m tiles x 6 column
   // tiles; the dW roles 528 to 1056 tiles), so blocks run their stage ring across tiles, with H
   // and I not multiples of the tile; the second routing leaves every odd expert without rows.
@@ -355,11 +343,7 @@ TEST_CASE("persistent grids: blocks that run several tiles give the reference's 
 
 TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles give the reference's answer",
           "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: the epilogue warpgroup is an sm_90 TMA config");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "the epilogue warpgroup is an sm_90 TMA config");
   // More 128 x 256 tiles than resident blocks (one per SM), so the MMA warps hand a tile over
   // while the epilogue warpgroup may still finish the last: 64 m tiles by three column tiles
   // (I = 520, the last 8 columns wide) with K = E; then every pair on one expert of three, whose
@@ -374,11 +358,7 @@ TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles gi
 
 TEST_CASE("fwd_up's epilogue handoff: blocks that hand over several tiles give the reference's answer",
           "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: the handoff is an sm_90 TMA config");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "the handoff is an sm_90 TMA config");
   // More 128 x 128 tiles than resident blocks (one per SM), so the MMA warps hand a tile over while
   // the spare warps may still finish the last: 64 m tiles by five column tiles (I = 520, the last
   // 8 columns wide) with K = E; then every pair on one expert of three, whose last m tile is
@@ -406,11 +386,7 @@ TEST_CASE("fwd_up's epilogue handoff: blocks that hand over several tiles give t
 }
 
 TEST_CASE("cluster pairs: shared, unshared and lone blocks give the reference's answer", "[gpu][moe][configs]") {
-  MOEJIT_REQUIRE_GPU(gpu);
-  if (!gpu->info.is_hopper()) {
-    WARN("skipped: cluster pairs are sm_90 TMA configs");
-    return;
-  }
+  MOEJIT_REQUIRE_HOPPER(gpu, "cluster pairs are sm_90 TMA configs");
   // Pairs across expert boundaries next to experts without tokens; every pair on one expert
   // (weight tiles shared); few tiles per expert at odd counts, so blocks pair with padding.
   for (const CaseSpec& spec : {CaseSpec{2048, 8, 264, 136, 2, DType::kBF16, Routing::kEvenExpertsOnly, 41},

@@ -35,3 +35,13 @@ inline std::unique_ptr<Gpu> gpu_or_skip() {
 #define MOEJIT_REQUIRE_GPU(var)              \
   auto var = ::moejit::test::gpu_or_skip(); \
   if (!var) return
+
+// First statement of a [gpu] test case whose kernels exist only on sm_90 (wgmma, TMA, mbarrier
+// pipelines): as MOEJIT_REQUIRE_GPU, and on any other card the case skips, printing `why`.
+#define MOEJIT_REQUIRE_HOPPER(var, why) \
+  MOEJIT_REQUIRE_GPU(var);              \
+  if (!var->info.is_hopper()) {         \
+    WARN("skipped: " why);              \
+    return;                             \
+  }                                     \
+  static_assert(true)
