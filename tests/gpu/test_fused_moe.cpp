@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 
@@ -341,16 +342,22 @@ TEST_CASE("persistent grids: blocks that run several tiles give the reference's 
   }
 }
 
+// Where a persistent block hands tiles over to warps that may still finish the last: more 128-row
+// tiles than resident blocks (one per SM), 64 m tiles with K = E and I = 520 (the last column tile
+// 8 wide); then every pair on one expert of three, whose last m tile is partial. Seeds seed, seed + 1.
+namespace {
+std::array<CaseSpec, 2> handoff_specs(std::uint32_t seed) {
+  return {CaseSpec{4096, 2, 264, 520, 2, DType::kBF16, Routing::kRandom, seed},
+          CaseSpec{6000, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, seed + 1}};
+}
+}  // namespace
+
 TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles give the reference's answer",
           "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_HOPPER(gpu, "the epilogue warpgroup is an sm_90 TMA config");
-  // More 128 x 256 tiles than resident blocks (one per SM), so the MMA warps hand a tile over
-  // while the epilogue warpgroup may still finish the last: 64 m tiles by three column tiles
-  // (I = 520, the last 8 columns wide) with K = E; then every pair on one expert of three, whose
-  // last m tile is partial. Three configs: BK 32 x 4 stages handing over fp32, BK 32 x 6 and
-  // BK 64 x 3 bf16.
-  for (const CaseSpec& spec : {CaseSpec{4096, 2, 264, 520, 2, DType::kBF16, Routing::kRandom, 81},
-                               CaseSpec{6000, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, 82}}) {
+  // 128 x 256 tiles, three column tiles. Three configs: BK 32 x 4 stages handing over fp32, BK 32 x 6
+  // and BK 64 x 3 bf16.
+  for (const CaseSpec& spec : handoff_specs(81)) {
     INFO(describe(spec));
     CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) { return epilogue_group(r, c); }) == 3);
   }
@@ -359,13 +366,10 @@ TEST_CASE("bwd_down's epilogue warpgroup: blocks that hand over several tiles gi
 TEST_CASE("fwd_up's epilogue handoff: blocks that hand over several tiles give the reference's answer",
           "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_HOPPER(gpu, "the handoff is an sm_90 TMA config");
-  // More 128 x 128 tiles than resident blocks (one per SM), so the MMA warps hand a tile over while
-  // the spare warps may still finish the last: 64 m tiles by five column tiles (I = 520, the last
-  // 8 columns wide) with K = E; then every pair on one expert of three, whose last m tile is
-  // partial and written row by row. Inference (the spare warps store act alone) and a config
-  // without the handoff give the same output bit for bit: act comes from the rounded g and u.
-  for (const CaseSpec& spec : {CaseSpec{4096, 2, 264, 520, 2, DType::kBF16, Routing::kRandom, 83},
-                               CaseSpec{6000, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, 84}}) {
+  // 128 x 128 tiles, five column tiles; the partial m tile is written row by row. Inference (the
+  // spare warps store act alone) and a config without the handoff give the same output bit for
+  // bit: act comes from the rounded g and u.
+  for (const CaseSpec& spec : handoff_specs(83)) {
     INFO(describe(spec));
     CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) { return fwd_up_handoff(r, c); }) >= 2);
     const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
