@@ -23,7 +23,8 @@
 #                                       bench of $BUILD (default build/release: a variant from
 #                                       tools/variant-build.sh works too: one whose template
 #                                       hash differs from db/'s runs heuristic configs, so pass
-#                                       --override ROLE=CONFIG), TAG = $TAG or KERNEL
+#                                       --override ROLE=CONFIG), TAG = $TAG or KERNEL; $SECTIONS
+#                                       adds ncu sections (e.g. "MemoryWorkloadAnalysis_Tables")
 # Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,13 +97,15 @@ case "${1:-}" in
     shift 2
     tag=${TAG:-$kernel}
     ncu=/usr/local/cuda/bin/ncu
+    extra=()
+    for section in ${SECTIONS:-}; do extra+=(--section "$section"); done
     env "${bench_env[@]}" timeout 300 "$ncu" --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
-      --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis -f -o "/tmp/ncu-$tag" \
+      --section WarpStateStats --section SourceCounters --section MemoryWorkloadAnalysis "${extra[@]}" -f -o "/tmp/ncu-$tag" \
       "${BUILD:-build/release}/bench/moejit_bench" "$@" > "/tmp/ncu-$tag.log" 2>&1
     tail -2 "/tmp/ncu-$tag.log"
     "$ncu" -i "/tmp/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag.txt" 2>&1
     "$ncu" -i "/tmp/ncu-$tag.ncu-rep" --page source --csv --print-source sass | gzip > "$out/ncu-$tag.csv.gz"
     grep -E "_kernel<|Duration|SM Frequency" "$out/ncu-$tag.txt" | head -3
     ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,20p' "$0"; exit 2 ;;
 esac
