@@ -107,5 +107,5 @@ case "${1:-}" in
     "$ncu" -i "/tmp/ncu-$tag.ncu-rep" --page source --csv --print-source sass | gzip > "$out/ncu-$tag.csv.gz"
     grep -E "_kernel<|Duration|SM Frequency" "$out/ncu-$tag.txt" | head -3
     ;;
-  *) sed -n '2,20p' "$0"; exit 2 ;;
+  *) sed -n '2,/^# Logs go to/p' "$0"; exit 2 ;;
 esac
