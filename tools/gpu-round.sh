@@ -10,8 +10,9 @@
 #   tools/gpu-round.sh retune [--timing sustained] SHAPE...
 #                                       tune the shipped-table grid (8 token counts x train, infer,
 #                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
-#                                       importing build/release/retune-part.json if present, and
-#                                       export $OUT/NVIDIA_H200.json after each (db/README.md)
+#                                       importing build/release/retune-part.json if present, with
+#                                       db/'s winners as incumbents (kept on ties), and export
+#                                       $OUT/NVIDIA_H200.json after each (db/README.md)
 #   tools/gpu-round.sh power BENCH_ARGS...
 #                                       moejit_bench BENCH_ARGS with nvidia-smi sampling clocks and
 #                                       power every 10 ms beside it; prints them per step and side
@@ -73,10 +74,12 @@ case "${1:-}" in
     db=/tmp/h200.sqlite
     [[ -f build/release/retune-part.json ]] && "$cli" db import build/release/retune-part.json --db "$db"
     mkdir -p /tmp/no-shipped-tables  # tune against nothing shipped: every key is measured
+    incumbents=()
+    [[ -f db/NVIDIA_H200.json ]] && incumbents=(--incumbents db/NVIDIA_H200.json)
     start=$SECONDS
     for shape in "$@"; do
       MOEJIT_SHIPPED_DB_DIR=/tmp/no-shipped-tables "$cli" tune --shape "$shape" --modes train,infer,memeff \
-        --budget 30 --timing "$timing" --db "$db" >> "$out/tune.log" 2>&1
+        --budget 30 --timing "$timing" --db "$db" "${incumbents[@]}" >> "$out/tune.log" 2>&1
       # Exported after every model, so a call cut short by the time limit still returns its rows.
       "$cli" db export --db "$db" --out "$out/NVIDIA_H200.json" > /dev/null
       echo "$shape tuned at $((SECONDS - start)) s: $(tail -1 "$out/tune.log")"

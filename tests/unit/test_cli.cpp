@@ -1,6 +1,8 @@
 // CLI smoke tests: the commands a user runs first, on a machine with or without a GPU.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 
@@ -54,6 +56,23 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   r = run_command(cli());
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("usage"));
+}
+
+TEST_CASE("moejit tune reads --incumbents before it needs a GPU, and names the file it cannot use", "[cli]") {
+  const TempDir dir;
+  const std::string bad = (dir.path() / "bad.json").string();
+  std::ofstream(bad) << "not json";
+  const std::string tune = cli() + " tune --shape 8,256,128,2 --tokens 512 --db /nonexistent/x.sqlite --incumbents ";
+  auto r = run_command(tune + (dir.path() / "missing.json").string());
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--incumbents: cannot read"));
+  r = run_command(tune + bad);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--incumbents " + bad) && Catch::Contains("not valid JSON"));
+  // The shipped table reads: what stops the run is the missing GPU or database, not the table.
+  r = run_command(tune + MOEJIT_TEST_SHIPPED_DB_DIR "/NVIDIA_H200.json");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, !Catch::Contains("--incumbents"));
 }
 
 TEST_CASE("every driver entry point resolves by name in the toolkit's stub driver", "[cli][driver]") {

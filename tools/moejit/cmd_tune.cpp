@@ -5,12 +5,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "args.hpp"
 #include "commands.hpp"
 #include "core/env.hpp"
+#include "core/fs.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
@@ -39,6 +43,27 @@ std::vector<int> parse_devices(const Args& a) {
   return out;
 }
 
+// The winners of an earlier table (`--incumbents FILE`, a `moejit db export` such as
+// db/NVIDIA_H200.json), by key id, whatever their template hash: the tuner keeps such a config
+// where it ties with the fastest (tuner/winner.hpp). A retune after a template change otherwise
+// swaps winners on the power cap's noise: 97 of 351 in session 20's, one of which cost 0.08 ms of
+// the T=32768 forward (performance log).
+std::map<std::string, TileConfig> prior_winners(const Args& a) {
+  std::map<std::string, TileConfig> out;
+  if (!a.has("incumbents")) return out;
+  const std::string file = a.get("incumbents");
+  const std::optional<std::string> text = fs::read_all(file);
+  if (!text) throw IoError(fmt::format("--incumbents: cannot read {}", file));
+  db::TuningDb table = db::TuningDb::in_memory();
+  try {
+    table.import_json(*text);
+  } catch (const DatabaseError& e) {
+    throw DatabaseError(fmt::format("--incumbents {}: {}", file, e.what()));
+  }
+  for (const db::TuningRow& row : table.rows()) out[row.key.id()] = row.winner;
+  return out;
+}
+
 void parse_shard(const Args& a, TunePlanRequest& r) {
   if (!a.has("shard")) return;
   const std::string s = a.get("shard");
@@ -56,7 +81,8 @@ void parse_shard(const Args& a, TunePlanRequest& r) {
 
 int run_tune(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {"force"},
-                      {"shape", "tokens", "dtype", "modes", "roles", "db", "devices", "shard", "budget", "timing"});
+                      {"shape", "tokens", "dtype", "modes", "roles", "db", "devices", "shard", "budget", "timing",
+                       "incumbents"});
   const MoeProblem dims = parse_dims(a);
   TunePlanRequest req;
   req.experts = dims.experts;
@@ -77,6 +103,8 @@ int run_tune(int argc, char** argv, int start) {
     throw InvalidArgument("--timing", "expected burst or sustained, got '" + timing + "'");
   }
   const std::filesystem::path db_path = a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path();
+  // Incumbents: the earlier table's winners, replaced below by this database's current rows.
+  std::map<std::string, TileConfig> incumbents = prior_winners(a);
 
   const std::vector<int> devices = parse_devices(a);
   const cuda::DeviceInfo first = cuda::query_device(devices.front());
@@ -86,12 +114,11 @@ int run_tune(int argc, char** argv, int start) {
     }
   }
   std::set<std::string> done;
-  std::map<std::string, TileConfig> existing;
   const db::Provenance current = db::current_provenance(first.driver_version);
   for (const auto& row : db::TuningDb(db_path).rows()) {
     if (db::is_stale(row, current)) continue;
     done.insert(row.key.id());
-    existing[row.key.id()] = row.winner;
+    incumbents[row.key.id()] = row.winner;
   }
   const std::vector<TuneItem> items = plan_tuning(req, first, done);
   fmt::print("tuning {} item(s) on {} GPU(s) ({}) into {}\n", items.size(), devices.size(), first.name,
@@ -112,8 +139,8 @@ int run_tune(int argc, char** argv, int start) {
         opt.budget_s = budget;
         opt.sustained = timing == "sustained";
         for (Role r : item.roles) {
-          auto it = existing.find(tuning_key(r, item.problem, info).id());
-          if (it != existing.end()) opt.incumbents[r] = it->second;
+          auto it = incumbents.find(tuning_key(r, item.problem, info).id());
+          if (it != incumbents.end()) opt.incumbents[r] = it->second;
         }
         std::vector<std::string> lines;
         opt.progress = [&](const std::string& line) { lines.push_back(line); };

@@ -17,6 +17,7 @@ const char* kUsage =
     "                                     build a plan on the GPU (self-tuning if allowed); show configs\n"
     "  tune [--shape E,H,I,K] [--tokens T,...] [--modes train,infer,memeff] [--roles R,...] [--db PATH]\n"
     "       [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
+    "       [--incumbents TABLE.json]\n"
     "                                     offline tuning into a database, resumable and shardable\n"
     "  bench [--shape E,H,I,K] [--tokens T,...] [--mode M] [--reps N]\n"
     "                                     per role: heuristic default vs the stored (tuned) config\n"
