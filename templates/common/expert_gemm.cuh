@@ -48,7 +48,7 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
                                                 const Smem& sm, Load load, Landed landed, Epilogue epilogue,
                                                 Prologue prologue = {}) {
   const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
-  const ExpertGrid<BM, BN, GROUP_M> grid(r, m_extent, n_extent);
+  const ExpertGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, m_extent, n_extent);
   if constexpr (PERSISTENT) {
     persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock>(
         mma, sm.a, sm.b, sm.barriers, grid.tiles,

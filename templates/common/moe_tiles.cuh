@@ -106,12 +106,13 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 namespace moejit {
 
 // A token GEMM's grid of tiles: max_tiles x ceil(n_extent / BN), grouped by GROUP_M m tiles.
-// Built once per block: the divisions of its order are then a multiply each per work item.
-template <int BM, int BN, int GROUP_M>
+// Built once per block; with Div = FastDiv the divisions of its order then cost a multiply each
+// per work item (GroupedOrder).
+template <int BM, int BN, int GROUP_M, typename Div>
 struct TokenGrid {
   const RoutingView& routing;
   uint32 tiles;
-  GroupedOrder<GROUP_M> order;
+  GroupedOrder<GROUP_M, Div> order;
 
   __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent)
       : routing(r),
@@ -132,9 +133,8 @@ struct TokenGrid {
 
 // The work of a one-tile block, with its cluster pair (CLUSTER 1 or 2): blocks 2c and 2c + 1,
 // whose grouped tiles are neighbouring m tiles of the same columns, mostly of one expert.
-template <int BM, int BN, int GROUP_M, int CLUSTER>
-__device__ __forceinline__ bool token_block(const TokenGrid<BM, BN, GROUP_M>& grid, TokenTile& tile, int& n0,
-                                            ClusterPair& pair) {
+template <int CLUSTER, typename Grid>
+__device__ __forceinline__ bool token_block(const Grid& grid, TokenTile& tile, int& n0, ClusterPair& pair) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
   if (!grid.work(blockIdx.x, tile, n0)) return false;
   if constexpr (CLUSTER == 2) {
@@ -158,12 +158,12 @@ struct ExpertBlock {
 
 // An expert GEMM's tiles over all experts: the grid of one block per tile, or a persistent grid's
 // items. Built once per block, as TokenGrid.
-template <int BM, int BN, int GROUP_M>
+template <int BM, int BN, int GROUP_M, typename Div>
 struct ExpertGrid {
   const RoutingView& routing;
   uint32 tiles;
-  FastDiv per_expert;
-  GroupedOrder<GROUP_M> order;
+  Div per_expert;
+  GroupedOrder<GROUP_M, Div> order;
 
   __device__ __forceinline__ ExpertGrid(const RoutingView& r, int m_extent, int n_extent)
       : routing(r),

@@ -23,14 +23,25 @@ struct FastDiv {
   __device__ __forceinline__ uint32 mod(uint32 n, uint32 quotient) const { return n - quotient * divisor; }
 };
 
+// FastDiv's interface on the hardware's division: a one-tile block decodes one item, which the
+// multiplier's own 64-bit division would cost more than it saves.
+struct PlainDiv {
+  uint32 divisor;
+
+  __device__ __forceinline__ explicit PlainDiv(uint32 d) : divisor(d) {}
+  __device__ __forceinline__ uint32 div(uint32 n) const { return n / divisor; }
+  __device__ __forceinline__ uint32 mod(uint32 n, uint32 quotient) const { return n - quotient * divisor; }
+};
+
 // Grouped ordering of a 1-D grid over (m, n) tiles: GROUP_M consecutive m tiles sweep all n
-// tiles together, so co-resident blocks share operand tiles in L2.
-template <int GROUP_M>
+// tiles together, so co-resident blocks share operand tiles in L2. Div: FastDiv where a block
+// decodes many items (persistent grids), PlainDiv where it decodes one.
+template <int GROUP_M, typename Div>
 struct GroupedOrder {
   uint32 m_tiles;
-  FastDiv per_group;   // GROUP_M * n_tiles tiles
-  FastDiv group_rows;  // GROUP_M m tiles
-  FastDiv last_rows;   // the m tiles of a short last group (unused, and 1, when there is none)
+  Div per_group;   // GROUP_M * n_tiles tiles
+  Div group_rows;  // GROUP_M m tiles
+  Div last_rows;   // the m tiles of a short last group (unused, and 1, when there is none)
 
   __device__ __forceinline__ GroupedOrder(uint32 m_tiles_, uint32 n_tiles)
       : m_tiles(m_tiles_),
@@ -42,7 +53,7 @@ struct GroupedOrder {
   __device__ __forceinline__ void tile(uint32 pid, uint32& m, uint32& n) const {
     const uint32 group = per_group.div(pid), in_group = per_group.mod(pid, group);
     const uint32 first_m = group * GROUP_M;
-    const FastDiv& rows = first_m + GROUP_M <= m_tiles ? group_rows : last_rows;
+    const Div& rows = first_m + GROUP_M <= m_tiles ? group_rows : last_rows;
     n = rows.div(in_group);
     m = first_m + rows.mod(in_group, n);
   }

@@ -23,6 +23,7 @@ namespace {
 
 using moejit::FastDiv;
 using moejit::GroupedOrder;
+using moejit::PlainDiv;
 
 constexpr std::uint32_t kMaxNumerator = 0x7FFFFFFFu;  // grids stop at 2^31 - 1 blocks
 
@@ -69,11 +70,15 @@ TEST_CASE("GroupedOrder visits every tile once, GROUP_M m tiles at a time, a sho
           "[tile_order]") {
   for (std::uint32_t m_tiles : {1u, 7u, 8u, 9u, 17u, 64u, 100u}) {
     for (std::uint32_t n_tiles : {1u, 3u, 8u, 12u}) {
-      const GroupedOrder<8> order(m_tiles, n_tiles);
+      const GroupedOrder<8, FastDiv> order(m_tiles, n_tiles);
+      const GroupedOrder<8, PlainDiv> plain(m_tiles, n_tiles);
       std::vector<int> seen(m_tiles * n_tiles, 0);
       for (std::uint32_t pid = 0; pid < m_tiles * n_tiles; ++pid) {
-        std::uint32_t m = 0, n = 0;
+        std::uint32_t m = 0, n = 0, plain_m = 0, plain_n = 0;
         order.tile(pid, m, n);
+        plain.tile(pid, plain_m, plain_n);
+        REQUIRE(plain_m == m);
+        REQUIRE(plain_n == n);
         // The order's definition: group g holds m tiles [8g, 8g + rows), column-major within it.
         const std::uint32_t per_group = 8 * n_tiles, first_m = pid / per_group * 8;
         const std::uint32_t rows = std::min(m_tiles - first_m, 8u), in_group = pid % per_group;
