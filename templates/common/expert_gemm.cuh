@@ -48,22 +48,28 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
                                                 const Smem& sm, Load load, Landed landed, Epilogue epilogue,
                                                 Prologue prologue = {}) {
   const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
+  const ExpertGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, m_extent, n_extent);
   if constexpr (PERSISTENT) {
     persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock>(
-        mma, sm.a, sm.b, sm.barriers, expert_tiles<BM, BN>(r, m_extent, n_extent),
+        mma, sm.a, sm.b, sm.barriers, grid.tiles,
         [&](int64 item, ExpertBlock& b) {
-          b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, item);
+          b = grid.block(item);
           return true;
         },
-        k_tiles, load, NoStep{}, landed, [&](const ExpertBlock& b) { epilogue(b, sm.template apart<BM, BN>()); });
+        k_tiles, load, NoStep{}, landed, [&](const ExpertBlock& b) {
+          if (b.r_end == b.r_begin) mma.zero();  // no k tile ran
+          epilogue(b, sm.template apart<BM, BN>());
+        });
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
-    const ExpertBlock b = expert_block<BM, BN, GROUP_M>(r, m_extent, n_extent, blockIdx.x);
+    const ExpertBlock b = grid.block(blockIdx.x);
     prologue(b);
     const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
         mma, sm.a, sm.b, sm.barriers, k_tiles(b), [&](int stage, int kt) { load(stage, b, kt); },
         [&](int stage, int kt) { landed(stage, b, kt); });
-    if (mma_thread) epilogue(b, sm.template in_stages<BM, BN>());
+    if (!mma_thread) return;
+    if (b.r_end == b.r_begin) mma.zero();
+    epilogue(b, sm.template in_stages<BM, BN>());
   }
 }
 

@@ -90,7 +90,8 @@ struct NothingToFix {
   __device__ __forceinline__ void operator()(int, int) const {}
 };
 
-// Zeroes the accumulators and runs the k loop: load(stage, k_tile) fills one pipeline stage
+// Runs the k loop into fresh accumulators (the first k tile's MMAs overwrite them; with no k tile
+// they are undefined, for the caller to zero): load(stage, k_tile) fills one pipeline stage
 // (with load_tile / fill_tile over Mma::kLoaders threads, and, warp-specialized only, TMA copies
 // of TMA_BYTES per stage, after which landed(stage, k_tile) runs in the MMA threads; see
 // warp_specialized_main_loop). `barriers` points at 2 * STAGES uint64 of shared memory, used by

@@ -150,8 +150,11 @@ struct WarpMma {
   __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
 
   __device__ __forceinline__ void zero() { zero_fragments(acc); }
+  __device__ __forceinline__ void discard() {}  // compute(..., false) zeroes them
 
-  __device__ __forceinline__ void compute(const T* sa, const T* sb) {
+  // accumulate false: a tile's first k tile, which starts from zero (WgmmaMma's interface).
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) {
+    if (!accumulate) zero();
     const int lane = static_cast<int>(threadIdx.x & 31);
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
@@ -201,7 +204,6 @@ template <int STAGES, typename Mma, typename T, typename Load>
 __device__ __forceinline__ void multistage_main_loop(Mma& mma, const T* sa, const T* sb, int k_tiles, Load load) {
   constexpr int kAhead = STAGES - 1 - Mma::kInFlight;
   static_assert(kAhead >= 1, "too few pipeline stages for this MMA");
-  mma.zero();
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < k_tiles) load(s, s);
@@ -215,7 +217,7 @@ __device__ __forceinline__ void multistage_main_loop(Mma& mma, const T* sa, cons
     const int next = kt + kAhead;
     if (next < k_tiles) load(next % STAGES, next);
     cp_async_commit();
-    mma.compute(sa + (kt % STAGES) * Mma::ATile::kElems, sb + (kt % STAGES) * Mma::BTile::kElems);
+    mma.compute(sa + (kt % STAGES) * Mma::ATile::kElems, sb + (kt % STAGES) * Mma::BTile::kElems, kt > 0);
   }
   mma.drain();
   cp_async_wait<0>();

@@ -105,38 +105,43 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 
 namespace moejit {
 
-// The work of a token GEMM's block `id`: its token tile and output columns [n0, n0 + BN) of
-// n_extent, over a grid of max_tiles x ceil(n_extent / BN) grouped by GROUP_M m tiles. False for
-// ids past the device-side tile count or past the grid's tiles (a cluster's padding block),
-// which exit at once.
-template <int BM, int BN, int GROUP_M>
-__device__ __forceinline__ bool token_work(const RoutingView& r, int n_extent, int64 id, TokenTile& tile, int& n0) {
-  const int64 n_tiles = ceil_div(n_extent, BN);
-  if (id >= r.max_tiles * n_tiles) return false;
-  int64 m, n;
-  grouped_tile(id, r.max_tiles, n_tiles, GROUP_M, m, n);
-  n0 = static_cast<int>(n) * BN;
-  return token_tile<BM>(r, m, tile);
-}
+// A token GEMM's grid of tiles: max_tiles x ceil(n_extent / BN), grouped by GROUP_M m tiles.
+// Built once per block; with Div = FastDiv the divisions of its order then cost a multiply each
+// per work item (GroupedOrder).
+template <int BM, int BN, int GROUP_M, typename Div>
+struct TokenGrid {
+  const RoutingView& routing;
+  uint32 tiles;
+  GroupedOrder<GROUP_M, Div> order;
 
-template <int BM, int BN, int GROUP_M>
-__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0) {
-  return token_work<BM, BN, GROUP_M>(r, n_extent, blockIdx.x, tile, n0);
-}
+  __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent)
+      : routing(r),
+        tiles(static_cast<uint32>(r.max_tiles) * static_cast<uint32>(ceil_div(n_extent, BN))),
+        order(static_cast<uint32>(r.max_tiles), static_cast<uint32>(ceil_div(n_extent, BN))) {}
 
-// The same in a cluster of CLUSTER blocks along the grid (1 or 2), with the block's pair: blocks
-// 2c and 2c + 1, whose grouped tiles are neighbouring m tiles of the same columns, mostly of one
-// expert.
-template <int BM, int BN, int GROUP_M, int CLUSTER>
-__device__ __forceinline__ bool token_block(const RoutingView& r, int n_extent, TokenTile& tile, int& n0,
-                                            ClusterPair& pair) {
+  // The work of grid position `id`: its token tile and output columns [n0, n0 + BN). False for ids
+  // past the device-side tile count or past the grid's tiles (a cluster's padding block), which
+  // exit at once.
+  __device__ __forceinline__ bool work(int64 id, TokenTile& tile, int& n0) const {
+    if (id >= tiles) return false;
+    uint32 m, n;
+    order.tile(static_cast<uint32>(id), m, n);
+    n0 = static_cast<int>(n) * BN;
+    return token_tile<BM>(routing, m, tile);
+  }
+};
+
+// The work of a one-tile block, with its cluster pair (CLUSTER 1 or 2): blocks 2c and 2c + 1,
+// whose grouped tiles are neighbouring m tiles of the same columns, mostly of one expert.
+template <int CLUSTER, typename Grid>
+__device__ __forceinline__ bool token_block(const Grid& grid, TokenTile& tile, int& n0, ClusterPair& pair) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
-  if (!token_block<BM, BN, GROUP_M>(r, n_extent, tile, n0)) return false;
+  if (!grid.work(blockIdx.x, tile, n0)) return false;
   if constexpr (CLUSTER == 2) {
     TokenTile other;
     int other_n0;
     pair.rank = cluster_rank();
-    pair.paired = token_work<BM, BN, GROUP_M>(r, n_extent, blockIdx.x ^ 1u, other, other_n0);
+    pair.paired = grid.work(blockIdx.x ^ 1u, other, other_n0);
     pair.shared = pair.paired && other.expert == tile.expert && other_n0 == n0;
   }
   return true;
@@ -151,26 +156,35 @@ struct ExpertBlock {
   int32 r_begin, r_end;  // the expert's sorted rows
 };
 
-// Tiles of an expert GEMM over all experts: the grid of one block per tile, or a persistent
-// grid's items.
-template <int BM, int BN>
-__device__ __forceinline__ int64 expert_tiles(const RoutingView& r, int m_extent, int n_extent) {
-  return static_cast<int64>(r.experts) * ceil_div(m_extent, BM) * ceil_div(n_extent, BN);
-}
+// An expert GEMM's tiles over all experts: the grid of one block per tile, or a persistent grid's
+// items. Built once per block, as TokenGrid.
+template <int BM, int BN, int GROUP_M, typename Div>
+struct ExpertGrid {
+  const RoutingView& routing;
+  uint32 tiles;
+  Div per_expert;
+  GroupedOrder<GROUP_M, Div> order;
 
-// Tile `id` (below expert_tiles).
-template <int BM, int BN, int GROUP_M>
-__device__ __forceinline__ ExpertBlock expert_block(const RoutingView& r, int m_extent, int n_extent, int64 id) {
-  const int64 m_tiles = ceil_div(m_extent, BM), n_tiles = ceil_div(n_extent, BN), per_expert = m_tiles * n_tiles;
-  ExpertBlock b;
-  b.expert = static_cast<int32>(id / per_expert);
-  int64 m, n;
-  grouped_tile(id % per_expert, m_tiles, n_tiles, GROUP_M, m, n);
-  b.m0 = static_cast<int>(m) * BM;
-  b.n0 = static_cast<int>(n) * BN;
-  b.r_begin = r.expert_offsets[b.expert];
-  b.r_end = r.expert_offsets[b.expert + 1];
-  return b;
-}
+  __device__ __forceinline__ ExpertGrid(const RoutingView& r, int m_extent, int n_extent)
+      : routing(r),
+        tiles(static_cast<uint32>(r.experts) * static_cast<uint32>(ceil_div(m_extent, BM) * ceil_div(n_extent, BN))),
+        per_expert(static_cast<uint32>(ceil_div(m_extent, BM) * ceil_div(n_extent, BN))),
+        order(static_cast<uint32>(ceil_div(m_extent, BM)), static_cast<uint32>(ceil_div(n_extent, BN))) {}
+
+  // Tile `id` (below `tiles`).
+  __device__ __forceinline__ ExpertBlock block(int64 id) const {
+    const uint32 i = static_cast<uint32>(id);
+    const uint32 expert = per_expert.div(i);
+    uint32 m, n;
+    order.tile(per_expert.mod(i, expert), m, n);
+    ExpertBlock b;
+    b.expert = static_cast<int32>(expert);
+    b.m0 = static_cast<int>(m) * BM;
+    b.n0 = static_cast<int>(n) * BN;
+    b.r_begin = routing.expert_offsets[b.expert];
+    b.r_end = routing.expert_offsets[b.expert + 1];
+    return b;
+  }
+};
 
 }  // namespace moejit

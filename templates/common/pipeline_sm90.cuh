@@ -217,7 +217,6 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   }
 
   setmaxnreg_inc<RegisterSplit<kMmaWarps>::kMma>();
-  mma.zero();
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % STAGES;
     mbarrier_wait(full + s, (kt / STAGES) & 1);
@@ -225,7 +224,7 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
     // The stage was written by cp.async / st.shared (generic proxy); wgmma reads it through
     // the async proxy.
     fence_proxy_async_shared();
-    mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
+    mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
     // compute() returns with k tile kt - 1's wgmmas complete: its stage may be refilled.
     if (kt > 0 && lane0) {
       mbarrier_arrive(empty + (kt - 1) % STAGES);
@@ -244,9 +243,10 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // The persistent form of the loop above (src/moe/launch.cpp sizes the grid to the blocks the
 // device runs at once). Block b (a pair, b = c, in clusters of two) works through items b,
 // b + blocks, ...: schedule(item, work) gives its work of the item (false, in every block of a
-// cluster alike, to skip it), k_tiles(work) its k tiles (0: the epilogue gets zeros). The stage
-// ring and its phases run on across items, so the producer copies the next item's first k tiles
-// while the MMA warps run epilogue(work), which therefore must not use the stages.
+// cluster alike, to skip it), k_tiles(work) its k tiles (0: the accumulators are undefined, for
+// epilogue(work) to zero). The stage ring and its phases run on across items, so the producer
+// copies the next item's first k tiles while the MMA warps run epilogue(work), which therefore
+// must not use the stages.
 // load(stage, work, kt) and landed(stage, work, kt) as the loop above's load and landed;
 // after_loads(work) runs in the producer threads once they have issued the work's k tiles (for
 // copies the epilogue reads, into shared memory of the role's own, on barriers of its own). One warp
@@ -332,13 +332,13 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     Work w;
     if (!schedule(item, w)) continue;
     const int kts = k_tiles(w);
-    mma.zero();
+    mma.discard();
     for (int kt = 0; kt < kts; ++kt, ++it) {
       const int s = static_cast<int>(it % STAGES);
       mbarrier_wait(full + s, (it / STAGES) & 1);
       landed(s, w, kt);
       fence_proxy_async_shared();
-      mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems);
+      mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
       if (kt > 0) release(it - 1);
     }
     mma.drain();

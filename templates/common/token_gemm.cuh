@@ -21,18 +21,18 @@ struct TokenWork {
 // tiles 2 * item and 2 * item + 1 to ranks 0 and 1 (neighbouring m tiles of the same columns,
 // mostly of one expert). False when no tile exists. A pair's block whose tile does not exist
 // computes its partner's and stores nothing, so both blocks always run the same k tiles.
-template <int BM, int BN, int GROUP_M, int CLUSTER>
-__device__ __forceinline__ bool token_item_work(const RoutingView& r, int n_extent, int64 item, TokenWork& w) {
+template <int CLUSTER, typename Grid>
+__device__ __forceinline__ bool token_item_work(const Grid& grid, int64 item, TokenWork& w) {
   static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two blocks");
   if constexpr (CLUSTER == 1) {
     w.store = true;
-    return token_work<BM, BN, GROUP_M>(r, n_extent, item, w.tile, w.n0);
+    return grid.work(item, w.tile, w.n0);
   } else {
     TokenTile t[2];
     int n[2];
     bool ok[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) ok[j] = token_work<BM, BN, GROUP_M>(r, n_extent, 2 * item + j, t[j], n[j]);
+    for (int j = 0; j < 2; ++j) ok[j] = grid.work(2 * item + j, t[j], n[j]);
     if (!ok[0] && !ok[1]) return false;
     const int have = ok[0] ? 0 : 1;
 #pragma unroll
@@ -92,18 +92,18 @@ template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES,
 __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
                                                const Smem& sm, Load load, Epilogue epilogue, Prologue prologue = {},
                                                AfterLoads after_loads = {}, GroupEpilogue group_epilogue = {}) {
+  const TokenGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, n_extent);
   if constexpr (PERSISTENT) {
-    const int64 tiles = static_cast<int64>(r.max_tiles) * ceil_div(n_extent, BN);
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
-        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(tiles, CLUSTER),
-        [&](int64 item, TokenWork& w) { return token_item_work<BM, BN, GROUP_M, CLUSTER>(r, n_extent, item, w); },
+        mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(grid.tiles, CLUSTER),
+        [&](int64 item, TokenWork& w) { return token_item_work<CLUSTER>(grid, item, w); },
         [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) {},
         [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); }, group_epilogue);
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {
     TokenWork w;
     w.store = true;
-    if (!token_block<BM, BN, GROUP_M, CLUSTER>(r, n_extent, w.tile, w.n0, w.pair)) return;
+    if (!token_block<CLUSTER>(grid, w.tile, w.n0, w.pair)) return;
     prologue(w);
     const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
         mma, sm.a, sm.b, sm.barriers, k_tiles, [&](int stage, int kt) { load(stage, w, kt); }, NothingToFix{},

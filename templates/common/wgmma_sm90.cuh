@@ -57,8 +57,8 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// wgmma m64nNk16 with fp32 accumulation: Wgmma<N, T>::run<TA, TB>(d, desc_a, desc_b), TA / TB
-// = 1 for an MN-major (transposed) operand. The operand lists are written out because inline
+// wgmma m64nNk16 with fp32 accumulation: Wgmma<N, T>::run<TA, TB>(d, desc_a, desc_b, scale_d),
+// TA / TB = 1 for an MN-major (transposed) operand, scale_d = 0 to overwrite d instead of adding. The operand lists are written out because inline
 // asm takes only literal strings.
 template <int N, typename T>
 struct Wgmma;
@@ -67,7 +67,7 @@ struct Wgmma;
   template <>                                                                                                              \
   struct Wgmma<64, TYPE> {                                                                                                 \
     template <int TA, int TB>                                                                                              \
-    __device__ __forceinline__ static void run(float (&d)[32], uint64 da, uint64 db) {                                     \
+    __device__ __forceinline__ static void run(float (&d)[32], uint64 da, uint64 db, uint32 scale_d) {                                     \
       asm volatile(                                                                                                        \
           "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                                     \
           "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " {"                                                   \
@@ -79,7 +79,7 @@ struct Wgmma;
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),                       \
           "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),                       \
           "+f"(d[30]), "+f"(d[31])                                                                                         \
-          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB)                                                                     \
           : "memory");                                                                                                     \
     }                                                                                                                      \
   };
@@ -88,7 +88,7 @@ struct Wgmma;
   template <>                                                                                                              \
   struct Wgmma<128, TYPE> {                                                                                                \
     template <int TA, int TB>                                                                                              \
-    __device__ __forceinline__ static void run(float (&d)[64], uint64 da, uint64 db) {                                     \
+    __device__ __forceinline__ static void run(float (&d)[64], uint64 da, uint64 db, uint32 scale_d) {                                     \
       asm volatile(                                                                                                        \
           "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                                     \
           "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTX "." PTX " {"                                                  \
@@ -105,7 +105,7 @@ struct Wgmma;
           "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),                       \
           "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),                       \
           "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                     \
-          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB)                                                                     \
           : "memory");                                                                                                     \
     }                                                                                                                      \
   };
@@ -114,7 +114,7 @@ struct Wgmma;
   template <>                                                                                                              \
   struct Wgmma<256, TYPE> {                                                                                                \
     template <int TA, int TB>                                                                                              \
-    __device__ __forceinline__ static void run(float (&d)[128], uint64 da, uint64 db) {                                    \
+    __device__ __forceinline__ static void run(float (&d)[128], uint64 da, uint64 db, uint32 scale_d) {                                    \
       asm volatile(                                                                                                        \
           "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                                    \
           "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTX "." PTX " {"                                                  \
@@ -143,7 +143,7 @@ struct Wgmma;
           "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),                \
           "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),                \
           "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                 \
-          : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB)                                                                     \
+          : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB)                                                                     \
           : "memory");                                                                                                     \
     }                                                                                                                      \
   };
@@ -197,6 +197,17 @@ struct WgmmaMma {
   __device__ __forceinline__ int col(int ni) const { return n0 + ni * 8 + 2 * static_cast<int>(threadIdx.x & 3); }
 
   __device__ __forceinline__ void zero() { zero_fragments(acc); }
+  // Ends the accumulators' values without an instruction: the next compute(..., false) overwrites
+  // them, and ptxas, which sees the wgmmas read them, otherwise keeps them live through the last
+  // tile's epilogue (124 bytes of spills in bwd_down's).
+  __device__ __forceinline__ void discard() {
+#pragma unroll
+    for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNi; ++ni) {
+        asm("" : "=f"(acc[mi][ni][0]), "=f"(acc[mi][ni][1]), "=f"(acc[mi][ni][2]), "=f"(acc[mi][ni][3]));
+      }
+  }
 
   // A K-major tile's swizzle row (up to BK = 64 elements; panels beyond), in elements and bytes.
   static constexpr int kRow = BK < 64 ? BK : 64;
@@ -220,7 +231,10 @@ struct WgmmaMma {
   // base computed once per k tile, each wgmma's descriptors cost a 32-bit add, where a pointer
   // conversion and a rebuilt descriptor cost about 25 instructions: with n128 wgmmas, a share of
   // the issue slots the epilogue warpgroup needed (ncu, session 17).
-  __device__ __forceinline__ void compute(const T* sa, const T* sb) {
+  // accumulate false: a tile's first k tile, whose wgmmas overwrite the accumulators (scale-d 0)
+  // where zero() took an instruction per two of them (64 per tile at 64 x 256: 4 % of bwd_dw1's
+  // warp samples at T=1024, where a tile has two k tiles).
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) {
     const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
     const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(m0, 0);
     const uint32 b_lo = static_cast<uint32>(b) + slice_units<BTile, B_KMAJOR>(n0, 0);
@@ -233,7 +247,7 @@ struct WgmmaMma {
       for (int mi = 0; mi < kMi; ++mi) {
         const uint64 da = a_hi | (a_lo + slice_units<ATile, A_KMAJOR>(mi * 64, kk));
         Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
-            reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db);
+            reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db, kk > 0 || accumulate ? 1u : 0u);
       }
     }
     wgmma_commit();

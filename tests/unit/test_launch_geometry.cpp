@@ -1,5 +1,5 @@
 // Launch geometry: the grid each role's kernel decodes (templates/common/moe_tiles.cuh:
-// token_block, expert_block; gather_sum's token x column-block grid), its block and shared memory.
+// TokenGrid, ExpertGrid; gather_sum's token x column-block grid), its block and shared memory.
 #include <catch2/catch.hpp>
 
 #include "moe/launch.hpp"
