@@ -35,7 +35,8 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     n = int(args.gib * (1 << 30)) // 2
-    # Random bf16 (never zeros: compressible memory would flatter them).
+    # Random bf16, never zeros. The fill writes a constant: cudaMalloc'd memory (torch's allocator)
+    # is not compressible, so that does not flatter it.
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     acc = torch.empty((), device="cuda", dtype=torch.float32)
