@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   // the multistage loop (C7515).
   const T* act = nullptr;
   const T* w2 = nullptr;
-  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0, true>(
       p.routing, p.hidden, ceil_div(p.inter, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;

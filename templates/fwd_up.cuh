@@ -171,7 +171,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       return NoEpilogueGroup{};
     }
   }();
-  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  // Tiles of at most 64 rows split along K where the g and u tiles can take their partial sums.
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0,
+                 kHandoff>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
@@ -206,6 +208,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         if constexpr (kHandoff) {
           // Put g and u (in inference, act) once the spare warps are done with the last tile's.
           if (tiles_done > 0) mbarrier_wait(act_empty, (tiles_done - 1) & 1);
+          static_assert(Mma::kAccumulators * 128 * 4 <= 2 * SwizzledTile<T, BM, BN>::kBytes,
+                        "g and u's tiles hold a split's partial sums");
+          mma.template fold_split<kThreads>(reinterpret_cast<float*>(g_tile.smem));
           if (pre != nullptr) {
             for_each_gate_up(mma, [&](int r, int col, const float (&g)[2], const float (&u)[2]) {
               g_tile.put(r, col, g[0], g[1]);

@@ -57,13 +57,20 @@ __device__ __forceinline__ void store_staged_async(const SwizzledTile<T, BM, BN>
   }
 }
 
-// store_staged_async of the accumulators.
+// store_staged_async of the accumulators, a split item's folded first in the staging (which
+// holds a BM = 128 tile's fp32 partial sums of 64 rows exactly).
 template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Mma, typename StorePanels, typename RowDst>
-__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN>& tile, const Mma& mma,
-                                                         bool whole, StorePanels store_panels, RowDst row_dst,
-                                                         int cols_valid) {
+__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN>& tile, Mma& mma, bool whole,
+                                                         StorePanels store_panels, RowDst row_dst, int cols_valid) {
   store_staged_async<THREADS, ALIGNED>(
-      tile, [&](const SwizzledTile<T, BM, BN>& t) { for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { t.put(r, c, v0, v1); }); },
+      tile,
+      [&](const SwizzledTile<T, BM, BN>& t) {
+        if constexpr (Mma::kCanSplit) {
+          static_assert(Mma::kAccumulators * 128 * 4 <= SwizzledTile<T, BM, BN>::kBytes, "the staging holds a split's partial sums");
+          mma.template fold_split<THREADS>(reinterpret_cast<float*>(t.smem));
+        }
+        for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { t.put(r, c, v0, v1); });
+      },
       whole, store_panels, row_dst, cols_valid);
 }
 

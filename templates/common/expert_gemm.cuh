@@ -14,7 +14,7 @@ namespace moejit {
 // stores through `map` (out's as [E, m_extent, n_extent], boxes of 64 columns by BM rows, which
 // stop at the expert's last row).
 template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
-__device__ __forceinline__ void store_expert_tile(const Staging& staged, const Mma& mma, const ExpertBlock& b,
+__device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mma, const ExpertBlock& b,
                                                   const TensorMap& map, T* out, int m_extent, int n_extent) {
   T* base = out + (static_cast<int64>(b.expert) * m_extent + b.m0) * n_extent + b.n0;
   const auto row_dst = [&](int r) -> T* {

@@ -253,6 +253,8 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // of each MMA warpgroup releases a stage (a warpgroup's wgmmas complete together); in a pair,
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
+// A work item whose schedule set the Mma's `split` (WgmmaMma::set_split: a token tile of at most
+// 64 rows) runs its k tiles alternately in the two MMA warpgroups, for the epilogue to fold.
 // With an epilogue group (group_epilogue an EpilogueGroup), its warps run group_epilogue(work)
 // for every work item in turn, while the MMA warps' epilogue(work) only hands their accumulators
 // over: the tensor cores then run the next item's main loop under the last item's epilogue. The
@@ -328,21 +330,42 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     if (warp_in_group == 0) mbarrier_arrive(empty + j % STAGES);
     if (CLUSTER == 2 && warp_in_group == 1) mbarrier_arrive_remote(empty + j % STAGES, rank ^ 1);
   };
+  // This thread's MMA warpgroup, broadcast from lane 0 so that ptxas sees the split loop's
+  // branch around its wgmmas as warp-uniform.
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   for (int64 item = first; item < items; item += step) {
     Work w;
     if (!schedule(item, w)) continue;
     const int kts = k_tiles(w);
     mma.discard();
-    for (int kt = 0; kt < kts; ++kt, ++it) {
-      const int s = static_cast<int>(it % STAGES);
-      mbarrier_wait(full + s, (it / STAGES) & 1);
-      landed(s, w, kt);
-      fence_proxy_async_shared();
-      mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
-      if (kt > 0) release(it - 1);
+    if (!mma.split) {
+      for (int kt = 0; kt < kts; ++kt, ++it) {
+        const int s = static_cast<int>(it % STAGES);
+        mbarrier_wait(full + s, (it / STAGES) & 1);
+        landed(s, w, kt);
+        fence_proxy_async_shared();
+        mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
+        if (kt > 0) release(it - 1);
+      }
+      mma.drain();
+      if (kts > 0) release(it - 1);
+    } else {
+      // A split item (WgmmaMma::split, token tiles, whose landed step is empty): both warpgroups
+      // multiply its first 64 rows, the first over its even k tiles, the second over its odd
+      // ones. Each releases the stages it skips unread and the ones it multiplies as soon as its
+      // wgmmas complete (holding one through its next k tile, two ahead, would leave the producer
+      // a stage short); the other warpgroup's wgmmas keep the tensor cores busy meanwhile.
+      for (int kt = 0; kt < kts; ++kt, ++it) {
+        const int s = static_cast<int>(it % STAGES);
+        mbarrier_wait(full + s, (it / STAGES) & 1);
+        if ((kt & 1) == group) {
+          fence_proxy_async_shared();
+          mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 1, 0);
+          mma.drain();
+        }
+        release(it);
+      }
     }
-    mma.drain();
-    if (kts > 0) release(it - 1);
     epilogue(w);
   }
   if constexpr (CLUSTER == 2) cluster_sync();

@@ -58,7 +58,7 @@ __device__ __forceinline__ bool token_item_work(const Grid& grid, int64 item, To
 // SwizzledTile with TMA stores through `map` (out's, boxes of 64 columns by BM rows) when the
 // tile has all BM rows, otherwise row by row.
 template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
-__device__ __forceinline__ void store_token_tile(const Staging& staged, const Mma& mma, const TokenWork& w,
+__device__ __forceinline__ void store_token_tile(const Staging& staged, Mma& mma, const TokenWork& w,
                                                  const TensorMap& map, T* out, int n_extent) {
   T* base = out + static_cast<int64>(w.tile.row0) * n_extent + w.n0;
   const auto row_dst = [&](int r) -> T* {
@@ -86,7 +86,9 @@ __device__ __forceinline__ void store_token_tile(const Staging& staged, const Mm
 // prologue(work) runs in every thread of a one-tile block before its main loop, after_loads(work)
 // in a persistent block's producer threads, group_epilogue(work) in its epilogue warpgroup, if it
 // has one (persistent_main_loop).
-template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
+// SPLIT_TAILS: a persistent block splits an expert's last tile along K when it holds at most 64
+// rows after whole ones (WgmmaMma::split), for an epilogue that folds it (store_token_tile does).
+template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, bool SPLIT_TAILS = false, typename Mma,
           typename Smem, typename Load, typename Epilogue, typename Prologue = NoStep, typename AfterLoads = NoStep,
           typename GroupEpilogue = NoEpilogueGroup>
 __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
@@ -96,7 +98,16 @@ __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_exten
   if constexpr (PERSISTENT) {
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
         mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(grid.tiles, CLUSTER),
-        [&](int64 item, TokenWork& w) { return token_item_work<CLUSTER>(grid, item, w); },
+        [&](int64 item, TokenWork& w) {
+          if (!token_item_work<CLUSTER>(grid, item, w)) return false;
+          // Only an expert's last tile after whole ones: those just streamed its weights through
+          // L2, so its own time is MMA time. A lone tile streams them from memory, which splitting
+          // does not speed up (T=1024: +5 % on the forward step, session 22).
+          if constexpr (SPLIT_TAILS && CLUSTER == 1) {
+            mma.set_split(w.tile.rows <= 64 && k_tiles >= 2 && w.tile.row0 > r.expert_offsets[w.tile.expert]);
+          }
+          return true;
+        },
         [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) {},
         [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); }, group_epilogue);
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits

@@ -181,13 +181,53 @@ struct WgmmaMma {
   using ATile = typename Select<A_KMAJOR, KMajorTile<BM, BK>, PanelTile<BK, BM>>::type;
   using BTile = typename Select<B_KMAJOR, KMajorTile<BN, BK>, PanelTile<BK, BN>>::type;
 
+  // A persistent loop's token tile of at most 64 rows costs two warpgroups along M a whole
+  // tile's time, the second's rows all padding, whether it issues its MMAs or not (sessions
+  // 14-15). Such a tile may be split along K instead (`split`, set per work item by the
+  // schedule, persistent_main_loop): both warpgroups multiply its first 64 rows, over alternate
+  // k tiles, and fold_split() adds the second's partial sums into the first's.
+  static constexpr bool kCanSplit = kGroups == 2 && kGroupsN == 1 && kMi == 1;
+  static constexpr int kAccumulators = kMi * kNi * 4;
+
   float acc[kMi][kNi][4];
   int m0, n0;  // this warpgroup's first tile row and column
+  bool split = false;  // this work item's k tiles alternate between the two warpgroups
 
   __device__ __forceinline__ WgmmaMma() {
     const int group = static_cast<int>(threadIdx.x / 128);
     m0 = (group / kGroupsN) * kGroupRows;
     n0 = (group % kGroupsN) * kWarpN;
+  }
+
+  __device__ __forceinline__ void set_split(bool s) { split = kCanSplit && s; }
+  // A split item's fold, in every MMA thread once its main loop is done: the second warpgroup's
+  // partial sums go through `scratch` (kAccumulators floats per thread of a warpgroup, free) into
+  // the first's, whose thread t holds the same rows and columns as the second's thread t. The
+  // first then holds the tile's 64 rows; the second's accumulators (its rows 64 on, past the
+  // tile's) are left as they are. The scratch is free again on return.
+  template <int THREADS>
+  __device__ __forceinline__ void fold_split(float* scratch) {
+    if (!split) return;
+    const int t = static_cast<int>(threadIdx.x & 127);
+    const bool second = threadIdx.x >= 128;
+    if (second) {
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) scratch[((mi * kNi + ni) * 4 + j) * 128 + t] = acc[mi][ni][j];
+    }
+    sync_mma_threads<THREADS>();
+    if (!second) {
+#pragma unroll
+      for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < kNi; ++ni)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[mi][ni][j] += scratch[((mi * kNi + ni) * 4 + j) * 128 + t];
+    }
+    sync_mma_threads<THREADS>();
   }
 
   __device__ __forceinline__ int row(int mi, int half) const {
@@ -234,9 +274,11 @@ struct WgmmaMma {
   // accumulate false: a tile's first k tile, whose wgmmas overwrite the accumulators (scale-d 0)
   // where zero() took an instruction per two of them (64 per tile at 64 x 256: 4 % of bwd_dw1's
   // warp samples at T=1024, where a tile has two k tiles).
-  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) {
+  // a_row0: the first A row this warpgroup multiplies, m0 but in a split item (0).
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) { compute(sa, sb, accumulate, m0); }
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0) {
     const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
-    const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(m0, 0);
+    const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(a_row0, 0);
     const uint32 b_lo = static_cast<uint32>(b) + slice_units<BTile, B_KMAJOR>(n0, 0);
     const uint64 a_hi = a & ~0xFFFFFFFFull, b_hi = b & ~0xFFFFFFFFull;
     wgmma_fence();

@@ -342,6 +342,24 @@ TEST_CASE("persistent grids: blocks that run several tiles give the reference's 
   }
 }
 
+TEST_CASE("split tails: persistent tiles of at most 64 rows, split along K, give the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_HOPPER(gpu, "persistent grids are sm_90 TMA configs");
+  // 128-row tiles whose experts end, after a whole tile or more, in a tile of 1 to 64 rows, which
+  // the persistent fwd_up (with the handoff), fwd_down and bwd_dx blocks multiply in both
+  // warpgroups over alternate k tiles: 182 +- 13 rows per expert (one whole tile, then 54 +- 13
+  // rows), then all 1460 pairs on one expert (11 whole tiles and 52 rows).
+  // I = 200 gives fwd_down 2 to 7 k tiles and bwd_dx 4 to 13, odd and even counts.
+  for (const CaseSpec& spec : {CaseSpec{1460, 8, 264, 200, 1, DType::kBF16, Routing::kRandom, 91},
+                               CaseSpec{1460, 3, 264, 200, 1, DType::kBF16, Routing::kOneExpert, 92}}) {
+    INFO(describe(spec));
+    const int runs = sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) {
+      return c.persistent && (r == Role::kFwdDown || r == Role::kBwdDx || fwd_up_handoff(r, c));
+    });
+    CHECK(runs >= 12);
+  }
+}
+
 // Where a persistent block hands tiles over to warps that may still finish the last: more 128-row
 // tiles than resident blocks (one per SM), 64 m tiles with K = E and I = 520 (the last column tile
 // 8 wide); then every pair on one expert of three, whose last m tile is partial. Seeds seed, seed + 1.
