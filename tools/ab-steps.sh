@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Whole-step A/B of builds on the GPU machine: each build's own moejit_bench runs BENCH_ARGS in
 # turn, ROUNDS times (A B A B ...), so clock drift hits all alike; each run's table lines are
-# printed and its JSON lands in $OUT/ab-steps-NAME-ROUND.json.
+# printed and its JSON lands in $OUT/ab-steps-NAME-ROUND.json, which tools/ab-summary.py sums up
+# at the end.
 # Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
 # whose template hash differs from a table's (its rows would be stale there) runs a copy with the
 # hash rewritten to its own: both sides then run the same configs and only the kernels differ.
@@ -66,3 +67,5 @@ for ((r = 1; r <= rounds; r++)); do
     fi
   done
 done
+echo "-- summary (tools/ab-summary.py)"
+python3 tools/ab-summary.py "$out" "${tags[@]}"
