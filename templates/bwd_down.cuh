@@ -345,7 +345,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
       return NoEpilogueGroup{};
     }
   }();
-  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0>(
+  // The epilogue warpgroup's tiles of at most 64 rows, whose warpgroups split N, are halved
+  // (WgmmaMma::kCanHalve): the rows past them, whose accumulators go stale, are never read.
+  run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0,
+                 kGroup>(
       p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;

@@ -254,7 +254,8 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
 // another warp releases it in the other block too, since that block's producer may multicast
 // into this one's stages: both blocks run the same k tiles per item, in step.
 // A work item whose schedule set the Mma's `split` (WgmmaMma::set_split: a token tile of at most
-// 64 rows) runs its k tiles alternately in the two MMA warpgroups, for the epilogue to fold.
+// 64 rows) runs its k tiles alternately in the two MMA warpgroups, for the epilogue to fold, or,
+// where the warpgroups split N, each warpgroup's first m64 block alone.
 // With an epilogue group (group_epilogue an EpilogueGroup), its warps run group_epilogue(work)
 // for every work item in turn, while the MMA warps' epilogue(work) only hands their accumulators
 // over: the tensor cores then run the next item's main loop under the last item's epilogue. The
@@ -345,6 +346,18 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
         landed(s, w, kt);
         fence_proxy_async_shared();
         mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
+        if (kt > 0) release(it - 1);
+      }
+      mma.drain();
+      if (kts > 0) release(it - 1);
+    } else if constexpr (!Mma::kCanSplit) {
+      // A halved item (WgmmaMma::kCanHalve): each warpgroup's first m64 block alone.
+      for (int kt = 0; kt < kts; ++kt, ++it) {
+        const int s = static_cast<int>(it % STAGES);
+        mbarrier_wait(full + s, (it / STAGES) & 1);
+        landed(s, w, kt);
+        fence_proxy_async_shared();
+        mma.template compute<1>(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0);
         if (kt > 0) release(it - 1);
       }
       mma.drain();

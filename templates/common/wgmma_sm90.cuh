@@ -187,11 +187,15 @@ struct WgmmaMma {
   // schedule, persistent_main_loop): both warpgroups multiply its first 64 rows, over alternate
   // k tiles, and fold_split() adds the second's partial sums into the first's.
   static constexpr bool kCanSplit = kGroups == 2 && kGroupsN == 1 && kMi == 1;
+  // Where the warpgroups split N instead, each holding two m64 blocks (512-thread blocks, whose
+  // registers allow no n256 wgmma), such a tile's second blocks are all padding: both warpgroups
+  // issue their first block's wgmmas alone, and there is nothing to fold.
+  static constexpr bool kCanHalve = kGroupsN == kGroups && kMi == 2;
   static constexpr int kAccumulators = kMi * kNi * 4;
 
   float acc[kMi][kNi][4];
   int m0, n0;  // this warpgroup's first tile row and column
-  bool split = false;  // this work item's k tiles alternate between the two warpgroups
+  bool split = false;  // this work item is split (kCanSplit) or halved (kCanHalve)
 
   __device__ __forceinline__ WgmmaMma() {
     const int group = static_cast<int>(threadIdx.x / 128);
@@ -199,7 +203,7 @@ struct WgmmaMma {
     n0 = (group % kGroupsN) * kWarpN;
   }
 
-  __device__ __forceinline__ void set_split(bool s) { split = kCanSplit && s; }
+  __device__ __forceinline__ void set_split(bool s) { split = (kCanSplit || kCanHalve) && s; }
   // A split item's fold, in every MMA thread once its main loop is done: the second warpgroup's
   // partial sums go through `scratch` (kAccumulators floats per thread of a warpgroup, free) into
   // the first's, whose thread t holds the same rows and columns as the second's thread t. The
@@ -207,7 +211,7 @@ struct WgmmaMma {
   // tile's) are left as they are. The scratch is free again on return.
   template <int THREADS>
   __device__ __forceinline__ void fold_split(float* scratch) {
-    if (!split) return;
+    if (!kCanSplit || !split) return;
     const int t = static_cast<int>(threadIdx.x & 127);
     const bool second = threadIdx.x >= 128;
     if (second) {
@@ -274,8 +278,10 @@ struct WgmmaMma {
   // accumulate false: a tile's first k tile, whose wgmmas overwrite the accumulators (scale-d 0)
   // where zero() took an instruction per two of them (64 per tile at 64 x 256: 4 % of bwd_dw1's
   // warp samples at T=1024, where a tile has two k tiles).
-  // a_row0: the first A row this warpgroup multiplies, m0 but in a split item (0).
+  // a_row0: the first A row this warpgroup multiplies, m0 but in a split item (0); MI: the m64
+  // blocks it multiplies, kMi but in a halved item (1).
   __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) { compute(sa, sb, accumulate, m0); }
+  template <int MI = kMi>
   __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0) {
     const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
     const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(a_row0, 0);
@@ -286,7 +292,7 @@ struct WgmmaMma {
     for (int kk = 0; kk < BK; kk += 16) {
       const uint64 db = b_hi | (b_lo + slice_units<BTile, B_KMAJOR>(0, kk));
 #pragma unroll
-      for (int mi = 0; mi < kMi; ++mi) {
+      for (int mi = 0; mi < MI; ++mi) {
         const uint64 da = a_hi | (a_lo + slice_units<ATile, A_KMAJOR>(mi * 64, kk));
         Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
             reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db, kk > 0 || accumulate ? 1u : 0u);

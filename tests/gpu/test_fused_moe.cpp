@@ -358,6 +358,13 @@ TEST_CASE("split tails: persistent tiles of at most 64 rows, split along K, give
     });
     CHECK(runs >= 12);
   }
+  // bwd_down's epilogue-warpgroup tiles (128 x 256, warpgroups splitting N) halve theirs instead:
+  // I = 520 leaves them three column tiles, the last 8 wide.
+  for (const CaseSpec& spec : {CaseSpec{1460, 8, 264, 520, 1, DType::kBF16, Routing::kRandom, 93},
+                               CaseSpec{1460, 3, 264, 520, 1, DType::kBF16, Routing::kOneExpert, 94}}) {
+    INFO(describe(spec));
+    CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) { return epilogue_group(r, c); }) >= 3);
+  }
 }
 
 // Where a persistent block hands tiles over to warps that may still finish the last: more 128-row
