@@ -9,6 +9,7 @@ machine (ab-steps.sh prints it after the last round).
 """
 import glob
 import json
+import re
 import statistics
 import sys
 
@@ -16,7 +17,9 @@ import sys
 def load(folder, tag):
     """{(tokens, mode): [(ours_ms, dense_ms), ...]} over the rounds of one side."""
     cases = {}
-    for path in sorted(glob.glob(f"{folder}/ab-steps-{tag}-*.json")):
+    # The round number must follow the tag directly: tag "release" is not "release-oldtable".
+    own = re.compile(rf"ab-steps-{re.escape(tag)}-[0-9]+\.json$")
+    for path in sorted(p for p in glob.glob(f"{folder}/ab-steps-{glob.escape(tag)}-*.json") if own.search(p)):
         with open(path) as f:
             for result in json.load(f)["results"]:
                 for step in result["steps"]:
