@@ -3,8 +3,8 @@
 // buffers as the default shape's step has them (rows sorted by expert, each token's K rows in K
 // experts drawn uniformly, never zeros), with CUDA events after warm-up, median of the repeats:
 //   gather_sum   today's combine: per token, K rows of Y read, weighted, summed in fp32, bf16 out
-//   red_f32      per sorted row, s·row added into an fp32 out (red.v4.f32), after its memset
-//   red_bf16     the same into a bf16 out (red.noftz.v4.bf16x2): rounded at every add
+//   red_f32      red_rows into an fp32 out: per sorted row, s·row added (red.v4.f32), after a memset
+//   red_bf16     red_rows into a bf16 out (red.noftz.v4.bf16x2): rounded at every add
 //   *_regs       the same reductions of values made in registers, without reading Y: the cost
 //                the epilogue would add, since its rows are in registers already
 // A standalone tool (the project compiles its kernels with NVRTC; this one needs nvcc):
@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -64,6 +65,16 @@ __device__ __forceinline__ void synth(int r, int c, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = 0.25f + 1e-3f * static_cast<float>((r * 7 + c * 8 + i) & 1023);
 }
 
+// Row r's chunk c: read from Y, or made in registers.
+template <bool kFromY>
+__device__ __forceinline__ void row_values(const __nv_bfloat16* y, int r, int c, float (&f)[8]) {
+  if (kFromY) {
+    unpack(*reinterpret_cast<const uint4*>(y + static_cast<size_t>(r) * kH + c * 8), f);
+  } else {
+    synth(r, c, f);
+  }
+}
+
 __global__ void gather_sum(const __nv_bfloat16* y, const int* token_rows, const float* s, __nv_bfloat16* out) {
   const int t = blockIdx.x, c = threadIdx.x;
   float acc[8] = {};
@@ -79,34 +90,22 @@ __global__ void gather_sum(const __nv_bfloat16* y, const int* token_rows, const 
   *reinterpret_cast<uint4*>(out + static_cast<size_t>(t) * kH + c * 8) = v;
 }
 
-template <bool kFromY>
-__global__ void red_f32(const __nv_bfloat16* y, const int* row_token, const float* row_s, float* out) {
+// Sorted row r's chunk c, weighted by its score, added into its token's row of `out`.
+template <bool kFromY, typename Out>
+__global__ void red_rows(const __nv_bfloat16* y, const int* row_token, const float* row_s, Out* out) {
   const int r = blockIdx.x, c = threadIdx.x;
   float f[8];
-  if (kFromY) {
-    unpack(*reinterpret_cast<const uint4*>(y + static_cast<size_t>(r) * kH + c * 8), f);
-  } else {
-    synth(r, c, f);
-  }
+  row_values<kFromY>(y, r, c, f);
   const float w = row_s[r];
-  float* p = out + static_cast<size_t>(row_token[r]) * kH + c * 8;
-  red_v4_f32(p, w * f[0], w * f[1], w * f[2], w * f[3]);
-  red_v4_f32(p + 4, w * f[4], w * f[5], w * f[6], w * f[7]);
-}
-
-template <bool kFromY>
-__global__ void red_bf16(const __nv_bfloat16* y, const int* row_token, const float* row_s, __nv_bfloat16* out) {
-  const int r = blockIdx.x, c = threadIdx.x;
-  float f[8];
-  if (kFromY) {
-    unpack(*reinterpret_cast<const uint4*>(y + static_cast<size_t>(r) * kH + c * 8), f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] *= w;
+  Out* p = out + static_cast<size_t>(row_token[r]) * kH + c * 8;
+  if constexpr (std::is_same_v<Out, float>) {
+    red_v4_f32(p, f[0], f[1], f[2], f[3]);
+    red_v4_f32(p + 4, f[4], f[5], f[6], f[7]);
   } else {
-    synth(r, c, f);
+    red_v4_bf16x2(p, uint4{pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7])});
   }
-  const float w = row_s[r];
-  red_v4_bf16x2(out + static_cast<size_t>(row_token[r]) * kH + c * 8,
-                uint4{pack2(w * f[0], w * f[1]), pack2(w * f[2], w * f[3]), pack2(w * f[4], w * f[5]),
-                      pack2(w * f[6], w * f[7])});
 }
 
 __global__ void f32_to_bf16(const float* in, __nv_bfloat16* out, size_t n8) {
@@ -187,14 +186,14 @@ void run(int tokens) {
   const float zero_f32 = median_ms([&] { cudaMemsetAsync(out_f32, 0, out_elems * 4); });
   const float zero_bf16 = median_ms([&] { cudaMemsetAsync(out_bf16, 0, out_elems * 2); });
   const float conv = median_ms([&] { f32_to_bf16<<<132 * 8, 256>>>(out_f32, out_bf16, out_elems / 8); });
-  const float f32_y = median_ms([&] { red_f32<true><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_f32); });
-  const float f32_r = median_ms([&] { red_f32<false><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_f32); });
-  const float b16_y = median_ms([&] { red_bf16<true><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16); });
-  const float b16_r = median_ms([&] { red_bf16<false><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16); });
+  const float f32_y = median_ms([&] { red_rows<true, float><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_f32); });
+  const float f32_r = median_ms([&] { red_rows<false, float><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_f32); });
+  const float b16_y = median_ms([&] { red_rows<true, __nv_bfloat16><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16); });
+  const float b16_r = median_ms([&] { red_rows<false, __nv_bfloat16><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16); });
 
   // One accuracy check of the bf16 path against gather_sum's fp32 sums (run once, from zero).
   check(cudaMemset(out_bf16, 0, out_elems * 2), "memset");
-  red_bf16<true><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16);
+  red_rows<true, __nv_bfloat16><<<pairs, kThreads>>>(y, d_row_token, d_row_s, out_bf16);
   std::vector<__nv_bfloat16> red_out(out_elems), ref_out(out_elems);
   check(cudaMemcpy(red_out.data(), out_bf16, out_elems * 2, cudaMemcpyDeviceToHost), "copy");
   gather_sum<<<tokens, kThreads>>>(y, d_token_rows, d_s, out_bf16);
