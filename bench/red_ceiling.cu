@@ -2,14 +2,15 @@
 // vector reductions (red.global.add) instead of storing Y for gather_sum to read back. Times, on
 // buffers as the default shape's step has them (rows sorted by expert, each token's K rows in K
 // experts drawn uniformly, never zeros), with CUDA events after warm-up, median of the repeats:
-//   gather_sum   today's combine: per token, K rows of Y read, weighted, summed in fp32, bf16 out
-//   red_f32      red_rows into an fp32 out: per sorted row, s·row added (red.v4.f32), after a memset
-//   red_bf16     red_rows into a bf16 out (red.noftz.v4.bf16x2): rounded at every add
-//   *_regs       the same reductions of values made in registers, without reading Y: the cost
-//                the epilogue would add, since its rows are in registers already
+//   gather_sum       today's combine: per token, K rows of Y read, weighted, summed in fp32, bf16 out
+//   red_f32          red_rows into an fp32 out: per sorted row, s·row added (red.v4.f32)
+//   red_bf16         red_rows into a bf16 out (red.noftz.v4.bf16x2): rounded at every add
+//   from registers   the same reductions of values made in registers, without reading Y: the
+//                    cost the epilogue would add, since its rows are in registers already
+//   memset, fp32->bf16   what a reduction target needs before and (fp32) after
 // A standalone tool (the project compiles its kernels with NVRTC; this one needs nvcc):
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o build/red_ceiling bench/red_ceiling.cu
-//   build/red_ceiling [T ...]          (default 8192 32768; E=128, H=2048, K=8)
+//   nvcc -O3 -std=c++17 -arch=sm_90a -o build/redtool/red_ceiling bench/red_ceiling.cu
+//   build/redtool/red_ceiling [T ...]          (default 8192 32768; E=128, H=2048, K=8)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
