@@ -240,6 +240,26 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   return true;
 }
 
+// A persistent block's MMA warps over one item's k tiles, from stage ring position `it` on: each
+// warpgroup issues the wgmmas of its first MI m64 blocks (Mma::kMi, or 1 in a halved item; a
+// constant, so that each form keeps only its own accumulators live), and releases each stage
+// once its wgmmas have completed. A function template, since NVRTC takes no generic lambdas in
+// device code.
+template <int MI, int STAGES, typename Mma, typename T, typename Work, typename Landed, typename Release>
+__device__ __forceinline__ void mma_k_tiles(Mma& mma, const T* sa, const T* sb, uint64* full, uint32& it, const Work& w,
+                                            int kts, Landed& landed, const Release& release) {
+  for (int kt = 0; kt < kts; ++kt, ++it) {
+    const int s = static_cast<int>(it % STAGES);
+    mbarrier_wait(full + s, (it / STAGES) & 1);
+    landed(s, w, kt);
+    fence_proxy_async_shared();
+    mma.template compute<MI>(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0);
+    if (kt > 0) release(it - 1);
+  }
+  mma.drain();
+  if (kts > 0) release(it - 1);
+}
+
 // The persistent form of the loop above (src/moe/launch.cpp sizes the grid to the blocks the
 // device runs at once). Block b (a pair, b = c, in clusters of two) works through items b,
 // b + blocks, ...: schedule(item, work) gives its work of the item (false, in every block of a
@@ -340,28 +360,9 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     const int kts = k_tiles(w);
     mma.discard();
     if (!mma.split) {
-      for (int kt = 0; kt < kts; ++kt, ++it) {
-        const int s = static_cast<int>(it % STAGES);
-        mbarrier_wait(full + s, (it / STAGES) & 1);
-        landed(s, w, kt);
-        fence_proxy_async_shared();
-        mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
-        if (kt > 0) release(it - 1);
-      }
-      mma.drain();
-      if (kts > 0) release(it - 1);
+      mma_k_tiles<Mma::kMi, STAGES>(mma, sa, sb, full, it, w, kts, landed, release);
     } else if constexpr (!Mma::kCanSplit) {
-      // A halved item (WgmmaMma::kCanHalve): each warpgroup's first m64 block alone.
-      for (int kt = 0; kt < kts; ++kt, ++it) {
-        const int s = static_cast<int>(it % STAGES);
-        mbarrier_wait(full + s, (it / STAGES) & 1);
-        landed(s, w, kt);
-        fence_proxy_async_shared();
-        mma.template compute<1>(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0);
-        if (kt > 0) release(it - 1);
-      }
-      mma.drain();
-      if (kts > 0) release(it - 1);
+      mma_k_tiles<1, STAGES>(mma, sa, sb, full, it, w, kts, landed, release);  // halved (WgmmaMma::kCanHalve)
     } else {
       // A split item (WgmmaMma::split, token tiles, whose landed step is empty): both warpgroups
       // multiply its first 64 rows, the first over its even k tiles, the second over its odd
