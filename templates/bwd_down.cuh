@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   using Handoff = HandoffTile<BM, BN, typename Select<kFp32Handoff, float, T>::type>;
   // What run_token_gemm hands the epilogue to stage an output tile in; bwd_down stores from
   // registers and leaves it alone.
-  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, PersistentStaging<Mma, STAGES, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   constexpr int kOutElems = !PERSISTENT ? 0 : kGroup ? Handoff::kBytes / 2 : kPreElems;
   const GemmSmem<Mma, STAGES, PERSISTENT ? 2 : BM, kOutElems> sm(smem_raw);

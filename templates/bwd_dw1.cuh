@@ -31,9 +31,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
                 "a persistent grid of two-warpgroup TMA tiles or pairs");
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, PersistentStaging<Mma, STAGES, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? BM * BN : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? PersistentStaging<Mma, STAGES, BM, BN>::kElems : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const int m_total = 2 * p.inter;
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};

@@ -28,9 +28,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   static_assert(!PERSISTENT || kPersistentEligible<TMA, WS, WARPS, CLUSTER>,
                 "a persistent grid of two-warpgroup TMA tiles or pairs");
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, PersistentStaging<Mma, STAGES, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
-  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? BM * BN : 0> sm(smem_raw);
+  const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BM, PERSISTENT ? PersistentStaging<Mma, STAGES, BM, BN>::kElems : 0> sm(smem_raw);
 
   Mma mma;
   // The copying (non-TMA) configs' tile bases, set once per tile (prologue, one-tile blocks

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
                 "a persistent grid of two-warpgroup TMA tiles or pairs");
   constexpr bool kHandoff = kFwdUpHandoff<PERSISTENT, CLUSTER, STAGES, BM, BN, BK>;
   // Where the epilogue stages its output tile (run_token_gemm / run_expert_gemm).
-  using Staging = typename Select<PERSISTENT, SwizzledTile<T, BM, BN>, StagedTile<T, BM, BN>>::type;
+  using Staging = typename Select<PERSISTENT, PersistentStaging<Mma, STAGES, BM, BN>, StagedTile<T, BM, BN>>::type;
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   // kHandoff: the g and u tiles (act is computed into g's), and two barriers in the row offsets'
   // place: `act_full` (every MMA warp put its part) and `act_empty` (the spare warps are done).

@@ -109,8 +109,18 @@ constexpr long long kFp32HandoffMaxStageBytes = 96 * 1024;
 // bytes of stages hand g and u to the producer warpgroup's spare warps.
 constexpr long long kFwdUpHandoffMaxStageBytes = 144 * 1024;
 
+// Mirrors templates/common/gemm.cuh (PersistentStaging): beside more than this many bytes of
+// stages, a persistent grid's epilogue stages two 64-column panels of a wider output tile at a
+// time, for a 128 x 256 tile to keep a fourth stage.
+constexpr long long kWholeStagingMaxStageBytes = 160 * 1024;
+
 // A full and an empty mbarrier per stage in warp-specialized pipelines.
 long long pipeline_barrier_bytes(const TileConfig& c) { return c.warp_specialized ? 16LL * c.stages : 0; }
+
+// The A and B tiles of every pipeline stage.
+long long stage_ring_bytes(Role r, const TileConfig& c) {
+  return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k;
+}
 
 }  // namespace
 
@@ -132,15 +142,28 @@ bool epilogue_group(Role r, const TileConfig& c) {
 
 bool fwd_up_handoff(Role r, const TileConfig& c) {
   return r == Role::kFwdUp && persistent_grid(r, c) && c.cluster == 1 &&
-         2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k <= kFwdUpHandoffMaxStageBytes;
+         stage_ring_bytes(r, c) <= kFwdUpHandoffMaxStageBytes;
 }
+
+bool ring_staging(Role r, const TileConfig& c) {
+  return r != Role::kBwdDown && persistent_grid(r, c) && c.block_n > 128 &&
+         stage_ring_bytes(r, c) > kWholeStagingMaxStageBytes;
+}
+
+namespace {
+
+// A persistent grid's output tile staging: the whole tile, or two of its panels.
+long long persistent_staging_bytes(Role r, const TileConfig& c) {
+  return 2LL * c.block_m * (ring_staging(r, c) ? 128 : c.block_n);
+}
+
+}  // namespace
 
 int role_block_threads(Role r, const TileConfig& c) { return c.block_threads() + (epilogue_group(r, c) ? 128 : 0); }
 
 long long epilogue_handoff_bytes(Role r, const TileConfig& c) {
   if (!epilogue_group(r, c)) return 0;
-  const long long stages = 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k;
-  return (stages <= kFp32HandoffMaxStageBytes ? 4LL : 2LL) * c.block_m * c.block_n;
+  return (stage_ring_bytes(r, c) <= kFp32HandoffMaxStageBytes ? 4LL : 2LL) * c.block_m * c.block_n;
 }
 
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
@@ -155,21 +178,22 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
     case RoleKind::kTokenGemm:
       // Pipeline stages of the A and B tiles, then the tile's gathered row offsets (int64), then
       // the barriers (templates/common/gemm.cuh, GemmSmem).
-      // A persistent grid's blocks stage the output tile (BM x BLOCK_N, swizzled for TMA stores)
-      // apart from the stages instead of keeping row offsets; bwd_down keeps its g and u tiles
-      // there (2 x BM x BLOCK_N), or the d_act it hands to its epilogue warpgroup
-      // (epilogue_handoff_bytes), and two barriers for them in the row offsets' place; fwd_up's
-      // handoff blocks keep the tile's g and u and their two barriers likewise.
-      return 2LL * c.stages * (c.block_m + gemm_tile_n(r, c)) * c.block_k + pipeline_barrier_bytes(c) +
+      // A persistent grid's blocks stage the output tile (BM x BLOCK_N swizzled for TMA stores, or
+      // two 64-column panels of it at a time: persistent_staging_bytes) apart from the stages
+      // instead of keeping row offsets; bwd_down keeps its g and u tiles there (2 x BM x
+      // BLOCK_N), or the d_act it hands to its epilogue warpgroup (epilogue_handoff_bytes), and
+      // two barriers for them in the row offsets' place; fwd_up's handoff blocks keep the tile's
+      // g and u and their two barriers likewise.
+      return stage_ring_bytes(r, c) + pipeline_barrier_bytes(c) +
              (!persistent_grid(r, c)                          ? 8LL * c.block_m
               : epilogue_group(r, c)                         ? epilogue_handoff_bytes(r, c) + 16
               : r == Role::kBwdDown || fwd_up_handoff(r, c) ? 4LL * c.block_m * c.block_n + 16
-                                                              : 2LL * c.block_m * c.block_n);
+                                                              : persistent_staging_bytes(r, c));
     case RoleKind::kExpertGemm:
       // Pipeline stages, the barriers, then the k rows' token ring (2 * BLOCK_K int32), or a
-      // persistent grid's output tile instead (it copies with TMA, needing no ring).
-      return 2LL * c.stages * (c.block_m + c.block_n) * c.block_k + pipeline_barrier_bytes(c) +
-             (persistent_grid(r, c) ? 2LL * c.block_m * c.block_n : 8LL * c.block_k);
+      // persistent grid's output tile staging instead (it copies with TMA, needing no ring).
+      return stage_ring_bytes(r, c) + pipeline_barrier_bytes(c) +
+             (persistent_grid(r, c) ? persistent_staging_bytes(r, c) : 8LL * c.block_k);
     case RoleKind::kGather:
     case RoleKind::kUtility: return 0;
   }

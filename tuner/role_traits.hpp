@@ -74,6 +74,12 @@ bool epilogue_group(Role r, const TileConfig& c);
 // beside which the two bf16 tiles fit.
 bool fwd_up_handoff(Role r, const TileConfig& c);
 
+// Whether the config's persistent blocks stage their output tile two 64-column panels at a time
+// (templates/common/gemm.cuh, PersistentStaging's ring): tiles wider than 128 columns beside more
+// than 160 KB of stages, where the whole tile's staging would leave no room for the last stage
+// (a fourth of BK 64 at 128 x 256). Not bwd_down's, which stores its own way.
+bool ring_staging(Role r, const TileConfig& c);
+
 // Threads per block: TileConfig::block_threads plus the epilogue warpgroup, if any.
 int role_block_threads(Role r, const TileConfig& c);
 

@@ -12,27 +12,45 @@
 
 namespace moejit {
 
-// BM x BN output tile in shared memory as BN / 64 panels of BM rows x 128 bytes, 128-byte
-// swizzled (PanelTile's layout, what a {64, BM} box with a 128-byte swizzle reads).
-template <typename T, int BM, int BN>
+// BM x BN output tile in shared memory as PANELS panels of BM rows x 128 bytes, 128-byte swizzled
+// (PanelTile's layout, what a {64, BM} box with a 128-byte swizzle reads): the whole tile
+// (PANELS = BN / 64), or a ring of PANELS slots that the tile's 64-column panels pass through in
+// turn (store_accumulators_async), where the whole tile would leave no room for another stage.
+template <typename T, int BM, int BN, int PANELS = BN / 64>
 struct SwizzledTile {
-  using Layout = PanelTile<BM, BN>;
-  static constexpr int kBytes = BM * BN * 2;
+  static_assert(PANELS <= BN / 64, "at most the tile's panels");
+  static constexpr bool kRing = PANELS < BN / 64;
+  using Layout = PanelTile<BM, 64 * PANELS>;
+  static constexpr int kElems = BM * 64 * PANELS;
+  static constexpr int kBytes = kElems * 2;
   static constexpr bool kTmaStore = true;
   T* smem;
 
-  // Two adjacent values of tile row r at columns c, c+1 (c even).
+  // Two adjacent values of tile row r at columns c, c+1 (c even), in a ring in panel c / 64's slot.
   __device__ __forceinline__ void put(int r, int c, float v0, float v1) const {
-    store_float2(smem + Layout::offset(r, c), v0, v1);
+    store_float2(smem + Layout::offset(r, kRing ? c % (64 * PANELS) : c), v0, v1);
   }
-  // Panel p: columns 64p .. 64p + 63.
-  __device__ __forceinline__ const T* panel(int p) const { return smem + p * Layout::kPanelElems; }
+  // Panel p (columns 64p .. 64p + 63) in its slot.
+  __device__ __forceinline__ const T* panel(int p) const { return smem + (kRing ? p % PANELS : p) * Layout::kPanelElems; }
 
-  // As StagedTile::write.
+  // As StagedTile::write (the whole tile).
   template <int THREADS, bool ALIGNED, typename RowDst>
   __device__ __forceinline__ void write(RowDst row_dst, int cols_valid) const {
+    static_assert(!kRing, "a ring holds part of the tile");
     write_staged_rows<BM, BN, THREADS, ALIGNED>([&](int r, int col) { return smem + Layout::offset(r, col); },
                                                 row_dst, cols_valid);
+  }
+  // As write, panel p alone, from its slot.
+  template <int THREADS, bool ALIGNED, typename RowDst>
+  __device__ __forceinline__ void write_panel(int p, RowDst row_dst, int cols_valid) const {
+    const T* slot = panel(p);
+    write_staged_rows<BM, 64, THREADS, ALIGNED>(
+        [&](int r, int col) { return slot + PanelTile<BM, 64>::offset(r, col); },
+        [&](int r) {
+          auto* dst = row_dst(r);
+          return dst == nullptr ? dst : dst + 64 * p;
+        },
+        cols_valid - 64 * p);
   }
 };
 
@@ -57,21 +75,62 @@ __device__ __forceinline__ void store_staged_async(const SwizzledTile<T, BM, BN>
   }
 }
 
-// store_staged_async of the accumulators, a split item's folded first in the staging (which
-// holds a BM = 128 tile's fp32 partial sums of 64 rows exactly).
-template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Mma, typename StorePanels, typename RowDst>
-__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN>& tile, Mma& mma, bool whole,
-                                                         StorePanels store_panels, RowDst row_dst, int cols_valid) {
-  store_staged_async<THREADS, ALIGNED>(
-      tile,
-      [&](const SwizzledTile<T, BM, BN>& t) {
-        if constexpr (Mma::kCanSplit) {
-          static_assert(Mma::kAccumulators * 128 * 4 <= SwizzledTile<T, BM, BN>::kBytes, "the staging holds a split's partial sums");
-          mma.template fold_split<THREADS>(reinterpret_cast<float*>(t.smem));
-        }
-        for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { t.put(r, c, v0, v1); });
-      },
-      whole, store_panels, row_dst, cols_valid);
+// store_staged_async of the accumulators, a split item's folded first through the staging (which
+// holds a BM = 128 tile's fp32 partial sums of 64 rows in as many passes as it needs);
+// store_panel(smem, p) stores panel p from `smem` (a TMA store).
+// A ring (SwizzledTile::kRing) takes the tile panel by panel: each goes into its slot once the
+// stores that last read the slot, PANELS - 1 commit groups back, have, and is stored at once as a
+// group of its own, so that the copy engine reads one panel while the MMA threads put the next.
+template <int THREADS, bool ALIGNED, typename T, int BM, int BN, int PANELS, typename Mma, typename StorePanel,
+          typename RowDst>
+__device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, BM, BN, PANELS>& tile, Mma& mma,
+                                                         bool whole, StorePanel store_panel, RowDst row_dst,
+                                                         int cols_valid) {
+  using Tile = SwizzledTile<T, BM, BN, PANELS>;
+  constexpr int kFoldBytes = Mma::kAccumulators * 128 * 4;  // a warpgroup's partial sums
+  constexpr int kFoldChunks = kFoldBytes > Tile::kBytes ? kFoldBytes / Tile::kBytes : 1;
+  static_assert(!Mma::kCanSplit || kFoldChunks * Tile::kBytes >= kFoldBytes, "the staging holds a split's partial sums in passes");
+  if constexpr (!Tile::kRing) {
+    store_staged_async<THREADS, ALIGNED>(
+        tile,
+        [&](const Tile& t) {
+          if constexpr (Mma::kCanSplit) mma.template fold_split<THREADS, kFoldChunks>(reinterpret_cast<float*>(t.smem));
+          for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { t.put(r, c, v0, v1); });
+        },
+        whole,
+        [&](const Tile& t) {
+#pragma unroll
+          for (int p = 0; p < BN / 64; ++p) store_panel(t.panel(p), p);
+        },
+        row_dst, cols_valid);
+  } else {
+    static_assert(Mma::kWarpN == BN, "every MMA warpgroup holds all the tile's columns");
+    if constexpr (Mma::kCanSplit) {
+      if (mma.split) {
+        if (threadIdx.x == 0) bulk_wait_read();
+        sync_mma_threads<THREADS>();
+        mma.template fold_split<THREADS, kFoldChunks>(reinterpret_cast<float*>(tile.smem));
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < BN / 64; ++p) {
+      if (threadIdx.x == 0) {
+        // A tile written row by row commits no stores: its slots wait for every store before it.
+        if (whole) bulk_wait_read<PANELS - 1>();
+        else bulk_wait_read();
+      }
+      sync_mma_threads<THREADS>();
+      for_each_acc_pair_of(mma, 8 * p, 8 * p + 8, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
+      if (whole) fence_proxy_async_shared();
+      sync_mma_threads<THREADS>();
+      if (!whole) {
+        tile.template write_panel<THREADS, ALIGNED>(p, row_dst, cols_valid);
+      } else if (threadIdx.x == 0) {
+        store_panel(tile.panel(p), p);
+        bulk_commit();
+      }
+    }
+  }
 }
 
 }  // namespace moejit

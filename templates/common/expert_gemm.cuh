@@ -21,14 +21,9 @@ __device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mm
     return b.m0 + r < m_extent ? base + static_cast<int64>(r) * n_extent : nullptr;
   };
   if constexpr (Staging::kTmaStore) {
-    constexpr int kBN = Staging::Layout::kCols;
     store_accumulators_async<THREADS, ALIGNED>(
-        staged, mma, true,
-        [&](const Staging& tile) {
-#pragma unroll
-          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), b.n0 + 64 * panel, b.m0, b.expert);
-        },
-        row_dst, n_extent - b.n0);
+        staged, mma, true, [&](const T* panel, int p) { tma_store(map, panel, b.n0 + 64 * p, b.m0, b.expert); }, row_dst,
+        n_extent - b.n0);
   } else {
     store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - b.n0);
   }

@@ -17,6 +17,21 @@ template <bool WGMMA, bool WS, typename T, int BM, int BN, int BK, int WARPS, in
 using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJOR, B_KMAJOR, WS>,
                                 WarpMma<T, BM, BN, BK, WM, WARPS / WM, A_KMAJOR, B_KMAJOR>>::type;
 
+// Shared memory of a pipeline's STAGES A and B tiles.
+template <typename Mma, int STAGES>
+constexpr int kStageRingBytes = STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2;
+
+// Beside more than this many bytes of stages, a persistent loop stages its output tile two
+// 64-column panels at a time (SwizzledTile's ring): a 128 x 256 tile's whole staging (64 KB)
+// leaves no room for a fourth stage of 48 KB. Mirrored by tuner/role_traits.cpp (ring_staging).
+constexpr int kWholeStagingMaxStageBytes = 160 * 1024;
+
+// Where a persistent loop's epilogue stages its BM x BN output tile (GemmSmem::apart()).
+template <typename Mma, int STAGES, int BM, int BN>
+using PersistentStaging =
+    SwizzledTile<typename Mma::Element, BM, BN,
+                 (kStageRingBytes<Mma, STAGES> > kWholeStagingMaxStageBytes && BN > 128 ? 2 : BN / 64)>;
+
 // A GEMM role's dynamic shared memory, as tuner/role_traits.cpp (role_smem_bytes) sizes it:
 // STAGES A tiles, STAGES B tiles, OUT_ELEMS elements of a persistent loop's output tile
 // (apart()), ROWS int64 row offsets or token ring (one-tile blocks only), then the
@@ -26,7 +41,7 @@ using GemmMma = typename Select<WGMMA, WgmmaMma<T, BM, BN, BK, WARPS, WM, A_KMAJ
 template <typename Mma, int STAGES, int ROWS, int OUT_ELEMS = 0>
 struct GemmSmem {
   using T = typename Mma::Element;
-  static constexpr int kPipelineBytes = STAGES * (Mma::ATile::kElems + Mma::BTile::kElems) * 2;
+  static constexpr int kPipelineBytes = kStageRingBytes<Mma, STAGES>;
   static_assert(OUT_ELEMS * 2 % 1024 == 0, "TMA stores read 1024-byte aligned swizzled panels");
   T* a;
   T* b;
@@ -49,8 +64,8 @@ struct GemmSmem {
   // Where a persistent loop's epilogue stages its output: apart from the stages, which the
   // producer refills meanwhile.
   template <int BM, int BN>
-  __device__ __forceinline__ SwizzledTile<T, BM, BN> apart() const {
-    static_assert(BM * BN <= OUT_ELEMS, "the output tile has its own shared memory");
+  __device__ __forceinline__ PersistentStaging<Mma, STAGES, BM, BN> apart() const {
+    static_assert(PersistentStaging<Mma, STAGES, BM, BN>::kElems <= OUT_ELEMS, "the output tile has its own shared memory");
     return {out};
   }
   // Where a one-tile block's epilogue stages its output: the stages, done with.

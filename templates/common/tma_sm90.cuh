@@ -83,8 +83,12 @@ __device__ __forceinline__ void tma_store(const TensorMap& map, const void* src,
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until this thread's committed stores have read their shared memory (it may be rewritten).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Until this thread's committed stores, but for the PENDING last groups, have read their shared
+// memory (it may be rewritten).
+template <int PENDING = 0>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
+}
 // Until this thread's committed stores have completed.
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 

@@ -65,14 +65,10 @@ __device__ __forceinline__ void store_token_tile(const Staging& staged, Mma& mma
     return w.store && r < w.tile.rows ? base + static_cast<int64>(r) * n_extent : nullptr;
   };
   if constexpr (Staging::kTmaStore) {
-    constexpr int kBM = Staging::Layout::kRows, kBN = Staging::Layout::kCols;
+    constexpr int kBM = Staging::Layout::kRows;
     store_accumulators_async<THREADS, ALIGNED>(
         staged, mma, w.store && w.tile.rows == kBM,
-        [&](const Staging& tile) {
-#pragma unroll
-          for (int panel = 0; panel < kBN / 64; ++panel) tma_store(map, tile.panel(panel), w.n0 + 64 * panel, w.tile.row0);
-        },
-        row_dst, n_extent - w.n0);
+        [&](const T* panel, int p) { tma_store(map, panel, w.n0 + 64 * p, w.tile.row0); }, row_dst, n_extent - w.n0);
   } else {
     store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - w.n0);
   }

@@ -205,33 +205,39 @@ struct WgmmaMma {
 
   __device__ __forceinline__ void set_split(bool s) { split = (kCanSplit || kCanHalve) && s; }
   // A split item's fold, in every MMA thread once its main loop is done: the second warpgroup's
-  // partial sums go through `scratch` (kAccumulators floats per thread of a warpgroup, free) into
-  // the first's, whose thread t holds the same rows and columns as the second's thread t. The
-  // first then holds the tile's 64 rows; the second's accumulators (its rows 64 on, past the
-  // tile's) are left as they are. The scratch is free again on return.
-  template <int THREADS>
+  // partial sums go through `scratch` (kAccumulators / CHUNKS floats per thread of a warpgroup,
+  // free) into the first's, whose thread t holds the same rows and columns as the second's thread
+  // t, in CHUNKS passes over the columns. The first then holds the tile's 64 rows; the second's
+  // accumulators (its rows 64 on, past the tile's) are left as they are. The scratch is free
+  // again on return.
+  template <int THREADS, int CHUNKS = 1>
   __device__ __forceinline__ void fold_split(float* scratch) {
+    static_assert(kNi % CHUNKS == 0, "whole n8 blocks per pass");
+    constexpr int kChunkNi = kNi / CHUNKS;
     if (!kCanSplit || !split) return;
     const int t = static_cast<int>(threadIdx.x & 127);
     const bool second = threadIdx.x >= 128;
-    if (second) {
 #pragma unroll
-      for (int mi = 0; mi < kMi; ++mi)
+    for (int chunk = 0; chunk < CHUNKS; ++chunk) {
+      if (second) {
 #pragma unroll
-        for (int ni = 0; ni < kNi; ++ni)
+        for (int mi = 0; mi < kMi; ++mi)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) scratch[((mi * kNi + ni) * 4 + j) * 128 + t] = acc[mi][ni][j];
+          for (int ni = 0; ni < kChunkNi; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) scratch[((mi * kChunkNi + ni) * 4 + j) * 128 + t] = acc[mi][chunk * kChunkNi + ni][j];
+      }
+      sync_mma_threads<THREADS>();
+      if (!second) {
+#pragma unroll
+        for (int mi = 0; mi < kMi; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kChunkNi; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[mi][chunk * kChunkNi + ni][j] += scratch[((mi * kChunkNi + ni) * 4 + j) * 128 + t];
+      }
+      sync_mma_threads<THREADS>();
     }
-    sync_mma_threads<THREADS>();
-    if (!second) {
-#pragma unroll
-      for (int mi = 0; mi < kMi; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNi; ++ni)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) acc[mi][ni][j] += scratch[((mi * kNi + ni) * 4 + j) * 128 + t];
-    }
-    sync_mma_threads<THREADS>();
   }
 
   __device__ __forceinline__ int row(int mi, int half) const {

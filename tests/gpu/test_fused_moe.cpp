@@ -367,6 +367,33 @@ TEST_CASE("split tails: persistent tiles of at most 64 rows, split along K, give
   }
 }
 
+TEST_CASE("ring staging: 128 x 256 persistent tiles beside four stages give the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_HOPPER(gpu, "persistent grids are sm_90 TMA configs");
+  // Their epilogues pass the output tile through two 64-column slots (ring_staging): whole tiles by
+  // TMA stores, each slot rewritten once the stores two panels back have read it; an expert's
+  // short last tile row by row after a whole one; split tails folded in two passes (fwd_down,
+  // bwd_dx); H = 264 and I = 200 leave column tiles of 8 and 200 columns (bwd_dw2: 200 of 256)
+  // whose last panels lie past the matrix. Then all pairs on one expert of three (the dW roles'
+  // other experts get zero tiles), and every odd expert without rows.
+  for (const CaseSpec& spec : {CaseSpec{1460, 8, 264, 200, 1, DType::kBF16, Routing::kRandom, 95},
+                               CaseSpec{1460, 3, 264, 200, 1, DType::kBF16, Routing::kOneExpert, 96},
+                               CaseSpec{2048, 16, 264, 200, 2, DType::kBF16, Routing::kEvenExpertsOnly, 97}}) {
+    INFO(describe(spec));
+    int roles = 0;
+    const int runs = sweep_configs(*gpu, spec, [&](Role r, const TileConfig& c) {
+      if (!ring_staging(r, c)) return false;
+      roles |= 1 << static_cast<int>(r);
+      return true;
+    });
+    CHECK(runs >= 8);  // BK 64 x 4 and BK 32 x 8 in each role, and the token GEMMs' pairs
+    for (Role r : {Role::kFwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+      INFO(role_name(r));
+      CHECK((roles >> static_cast<int>(r) & 1) == 1);
+    }
+  }
+}
+
 // Where a persistent block hands tiles over to warps that may still finish the last: more 128-row
 // tiles than resident blocks (one per SM), 64 m tiles with K = E and I = 520 (the last column tile
 // 8 wide); then every pair on one expert of three, whose last m tile is partial. Seeds seed, seed + 1.

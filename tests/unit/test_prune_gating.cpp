@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <utility>
 
 #include "cuda/device.hpp"
 #include "moe/routing_layout.hpp"
@@ -251,6 +252,27 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK_FALSE(fwd_up_handoff(Role::kFwdUp, up3_one_tile));
   CHECK_FALSE(fwd_up_handoff(Role::kFwdDown, up3));
   CHECK(role_smem_bytes(Role::kBwdDw1, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 2LL * 128 * 256);
+  // Beside more than 160 KB of stages, a persistent tile wider than 128 columns stages two of its
+  // 64-column panels at a time (a ring): a fourth stage of BK 64, or an eighth of BK 32, then fits
+  // a 128 x 256 tile (229440 and 229504 of 232448 bytes). Not bwd_down's, which stores its own way.
+  CHECK_FALSE(ring_staging(Role::kFwdDown, wide));
+  for (const auto& [bk, stages] : {std::pair{64, 4}, std::pair{32, 8}}) {
+    TileConfig deep = wide;
+    deep.block_k = bk;
+    deep.stages = stages;
+    for (Role r : {Role::kFwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+      INFO(role_name(r) << " " << deep.name());
+      CHECK(ring_staging(r, deep));
+      CHECK(role_smem_bytes(r, deep, large) == 2LL * stages * (128 + 256) * bk + 16 * stages + 2LL * 128 * 128);
+      CHECK_FALSE(prune_reason(r, deep, large, fab::h200()));
+    }
+    CHECK_FALSE(ring_staging(Role::kBwdDown, deep));
+    CHECK(prune_reason(Role::kBwdDown, deep, large, fab::h200()));
+    TileConfig one_tile = deep;
+    one_tile.persistent = false;
+    CHECK_FALSE(ring_staging(Role::kFwdDown, one_tile));  // stages its tile in the stages, done with
+  }
+  CHECK_FALSE(ring_staging(Role::kFwdUp, up));  // 128 output columns: two panels, the whole tile
   // bwd_down's persistent block keeps the tile's g and u (2 x BM x BLOCK_N) and their two
   // barriers; its 256-column tiles hand d_act to an epilogue warpgroup: fp32 (as many bytes as g
   // and u) beside four stages of BK 32, bf16 beside three of BK 64, and nothing fits four.

@@ -104,9 +104,11 @@ int run_compile(int argc, char** argv, int start) {
   auto results = jit::KernelCache::instance().compile_all(specs, jobs);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int compiled = 0, cached = 0, failed = 0;
+  const jit::CompileResult* first_failure = nullptr;
   for (const jit::CompileResult& r : results) {
     if (!r.kernel) {
       ++failed;
+      if (first_failure == nullptr) first_failure = &r;
       std::string first_line = r.error.substr(0, r.error.find('\n'));
       fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
                  "FAILED", r.wall_ms, "-", "-", first_line);
@@ -130,6 +132,11 @@ int run_compile(int argc, char** argv, int start) {
   fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} threads\n", compiled, cached, pruned,
              failed, wall, jobs);
   print_cache_costs(results);
+  // The table shows each failure's first line; the first one's whole error (the NVRTC log) here.
+  if (first_failure != nullptr) {
+    fmt::print("\nfirst failure, {} {}:\n{}\n", role_name(first_failure->spec.role), first_failure->spec.config.name(),
+               first_failure->error);
+  }
   return failed == 0 ? 0 : 1;
 }
 
