@@ -2,9 +2,10 @@
 // 64-column panels swizzled as a TMA box lays them out (the 128-byte swizzle also spreads each
 // warp's fragment writes over all banks), then written by TMA stores that one thread issues and
 // the MMA warps do not wait for: they go on to the next tile while the copy engine drains this
-// one, and only the next epilogue waits, for the stores to have read the staging. A tile a box
-// cannot write (a token tile short of BM rows: the rows past it are another tile's) is written
-// row by row from the same staging.
+// one, and only the next epilogue waits, for the stores to have read the staging. Beside the
+// deepest pipelines the staging holds two panels, which the tile passes through in turn (a ring).
+// A tile a box cannot write (a token tile short of BM rows: the rows past it are another tile's)
+// is written row by row from the same staging.
 #pragma once
 
 #include "common/tma_sm90.cuh"
