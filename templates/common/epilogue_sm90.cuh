@@ -121,7 +121,7 @@ __device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, B
         else bulk_wait_read();
       }
       sync_mma_threads<THREADS>();
-      for_each_acc_pair_of(mma, 8 * p, 8 * p + 8, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); });
+      for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * p, 8 * p + 8);
       if (whole) fence_proxy_async_shared();
       sync_mma_threads<THREADS>();
       if (!whole) {

@@ -242,24 +242,11 @@ __device__ __forceinline__ void sync_loaders() {
 
 namespace moejit {
 
-// Calls f(row, col, v0, v1) for every accumulator pair this thread owns; row and col are
-// tile-local, col even.
+// Calls f(row, col, v0, v1) for every accumulator pair this thread owns in the n8 blocks
+// ni_begin .. ni_end - 1 (all by default; constants where the caller's loop is unrolled, so each
+// call keeps only its own accumulators' code); row and col are tile-local, col even.
 template <typename Mma, typename F>
-__device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f) {
-#pragma unroll
-  for (int mi = 0; mi < Mma::kMi; ++mi)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mma.row(mi, half);
-#pragma unroll
-      for (int ni = 0; ni < Mma::kNi; ++ni) f(r, mma.col(ni), mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]);
-    }
-}
-
-// As for_each_acc_pair, over the n8 blocks ni_begin .. ni_end - 1 alone (constants where the
-// caller's loop is unrolled, so each call keeps only its own accumulators' code).
-template <typename Mma, typename F>
-__device__ __forceinline__ void for_each_acc_pair_of(const Mma& mma, int ni_begin, int ni_end, F f) {
+__device__ __forceinline__ void for_each_acc_pair(const Mma& mma, F f, int ni_begin = 0, int ni_end = Mma::kNi) {
 #pragma unroll
   for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
