@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       [&](int stage, const ExpertBlock& blk, int kt) {
         const int32 rows = blk.r_end - (blk.r_begin + kt * BK);
         if (TMA && rows < BK) {
-          zero_panel_rows<typename Mma::ATile, kThreads>(sm.a_stage(stage), rows);
-          if (!FUSED_ACT) zero_panel_rows<typename Mma::BTile, kThreads>(sm.b_stage(stage), rows);
+          zero_stage_rows<typename Mma::ATile, typename Mma::BTile, kThreads>(
+              sm.a_stage(stage), FUSED_ACT ? nullptr : sm.b_stage(stage), rows);
         }
       },
       [&](const ExpertBlock& blk, const Staging& staged) {
