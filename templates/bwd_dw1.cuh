@@ -67,10 +67,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         }
       },
       [&](int stage, const ExpertBlock& blk, int kt) {
-        const int32 rows = blk.r_end - (blk.r_begin + kt * BK);
-        if (TMA && rows < BK) {
-          zero_stage_rows<typename Mma::ATile, typename Mma::BTile, kThreads>(sm.a_stage(stage), sm.b_stage(stage), rows);
-        }
+        return !TMA ? kWholeKTile
+                    : expert_tail_rows<BK, typename Mma::ATile, typename Mma::BTile, kThreads>(
+                          sm.a_stage(stage), sm.b_stage(stage), blk.r_end - (blk.r_begin + kt * BK));
       },
       [&](const ExpertBlock& blk, const Staging& staged) {
         store_expert_tile<kThreads, ALIGNED>(staged, mma, blk, p.dw1_map, static_cast<T*>(p.dw1), m_total, p.hidden);

@@ -29,6 +29,18 @@ __device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mm
   }
 }
 
+// The landed step of an expert GEMM whose k tiles TMA copies (run_expert_gemm), in every MMA
+// thread: `rows_left` of the expert's rows from the k tile's first on. A last k tile's rows past
+// the expert's end hold the next expert's rows; those below the next k16 step are zeroed in A and,
+// unless it is null, B, and the MMAs issue no k16 step past them. Returns the k rows to multiply.
+template <int BK, typename TileA, typename TileB, int THREADS, typename T>
+__device__ __forceinline__ int expert_tail_rows(T* a, T* b, int32 rows_left) {
+  if (rows_left >= BK) return kWholeKTile;
+  const int k_rows = __reduce_min_sync(0xffffffffu, rows_left);  // in a uniform register: see WgmmaMma::compute
+  if (k_rows % 16 != 0) zero_stage_rows<TileA, TileB, THREADS>(a, b, k_rows, (k_rows + 15) / 16 * 16);
+  return k_rows;
+}
+
 // Runs an expert GEMM over [m_extent, n_extent] gradients, one per expert, each over its
 // expert's sorted rows in BK-row k tiles. load(stage, block, kt) fills a stage and
 // landed(stage, block, kt) fixes it in the MMA threads (as gemm_main_loop's), then
@@ -61,7 +73,7 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
     prologue(b);
     const bool mma_thread = gemm_main_loop<STAGES, TMA_BYTES>(
         mma, sm.a, sm.b, sm.barriers, k_tiles(b), [&](int stage, int kt) { load(stage, b, kt); },
-        [&](int stage, int kt) { landed(stage, b, kt); });
+        [&](int stage, int kt) { return landed(stage, b, kt); });
     if (!mma_thread) return;
     if (b.r_end == b.r_begin) mma.zero();
     epilogue(b, sm.template in_stages<BM, BN>());

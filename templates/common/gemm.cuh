@@ -100,9 +100,10 @@ struct NoStep {
   __device__ __forceinline__ void operator()(const Work&) const {}
 };
 
-// A main loop's `landed` step when nothing needs fixing after a stage's copies.
+// A main loop's `landed` step when nothing needs fixing after a stage's copies: every k row of
+// the stage is the tile's.
 struct NothingToFix {
-  __device__ __forceinline__ void operator()(int, int) const {}
+  __device__ __forceinline__ int operator()(int, int) const { return kWholeKTile; }
 };
 
 // Runs the k loop into fresh accumulators (the first k tile's MMAs overwrite them; with no k tile

@@ -174,11 +174,16 @@ __device__ __forceinline__ void init_stage_barriers(uint64* full, uint64* empty,
   mbarrier_init_fence();
 }
 
+// What a main loop's `landed` step returns when the MMAs need every k row of the stage.
+constexpr int kWholeKTile = 1 << 30;
+
 // Barriers live in 2 * STAGES uint64 of shared memory (tuner/role_traits.cpp counts them), the
 // `full` ones first. TMA_BYTES: what the TMA copies of one stage bring, which load(stage, kt)
 // issues in tma_thread() on barrier `barriers + stage` (0: the role copies no tile with TMA).
 // landed(stage, kt) runs in every MMA thread once stage kt has landed, before its MMAs: where a
-// copy brought more than the tile should hold.
+// copy brought more than the tile should hold. It returns the k rows the MMAs need (kWholeKTile:
+// all; fewer: the k16 steps past them are not issued, their rows need no zeroing), the same in
+// every thread of a warp (warp-uniform to ptxas, see WgmmaMma::compute).
 // `paired` (a ClusterPair's): both blocks of the pair run this loop over the same k tiles, and
 // leave it together, so neither exits while the other may still arrive on its barriers.
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and
@@ -220,11 +225,11 @@ __device__ __forceinline__ bool warp_specialized_main_loop(Mma& mma, const T* sa
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int s = kt % STAGES;
     mbarrier_wait(full + s, (kt / STAGES) & 1);
-    landed(s, kt);
+    const int k_rows = landed(s, kt);
     // The stage was written by cp.async / st.shared (generic proxy); wgmma reads it through
     // the async proxy.
     fence_proxy_async_shared();
-    mma.compute(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0);
+    mma.compute_k_rows(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0, k_rows);
     // compute() returns with k tile kt - 1's wgmmas complete: its stage may be refilled.
     if (kt > 0 && lane0) {
       mbarrier_arrive(empty + (kt - 1) % STAGES);
@@ -251,9 +256,9 @@ __device__ __forceinline__ void mma_k_tiles(Mma& mma, const T* sa, const T* sb, 
   for (int kt = 0; kt < kts; ++kt, ++it) {
     const int s = static_cast<int>(it % STAGES);
     mbarrier_wait(full + s, (it / STAGES) & 1);
-    landed(s, w, kt);
+    const int k_rows = landed(s, w, kt);
     fence_proxy_async_shared();
-    mma.template compute<MI>(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0);
+    mma.template compute_k_rows<MI>(sa + s * Mma::ATile::kElems, sb + s * Mma::BTile::kElems, kt > 0, mma.m0, k_rows);
     if (kt > 0) release(it - 1);
   }
   mma.drain();

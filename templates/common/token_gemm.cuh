@@ -104,7 +104,7 @@ __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_exten
           }
           return true;
         },
-        [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) {},
+        [&](const TokenWork&) { return k_tiles; }, load, after_loads, [](int, const TokenWork&, int) { return kWholeKTile; },
         [&](const TokenWork& w) { epilogue(w, sm.template apart<BM, BN>()); }, group_epilogue);
     if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
   } else {

@@ -285,10 +285,16 @@ struct WgmmaMma {
   // where zero() took an instruction per two of them (64 per tile at 64 x 256: 4 % of bwd_dw1's
   // warp samples at T=1024, where a tile has two k tiles).
   // a_row0: the first A row this warpgroup multiplies, m0 but in a split item (0); MI: the m64
-  // blocks it multiplies, kMi but in a halved item (1).
+  // blocks it multiplies, kMi but in a halved item (1); k_rows: the k rows of the tile to
+  // multiply (at least 1; the k16 steps past them are not issued), warp-uniform to ptxas (a
+  // constant, or a __reduce_*_sync result). A variable k_rows puts a branch between the wgmmas,
+  // and ptxas then fences and tracks each alone and closes the group with an empty wgmma, whose
+  // wait drains the tensor cores: callers branch around compute() instead, a constant k_rows for
+  // whole k tiles (compute_k_rows).
   __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) { compute(sa, sb, accumulate, m0); }
   template <int MI = kMi>
-  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0) {
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0,
+                                          int k_rows = kWholeKTile) {
     const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
     const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(a_row0, 0);
     const uint32 b_lo = static_cast<uint32>(b) + slice_units<BTile, B_KMAJOR>(n0, 0);
@@ -296,16 +302,29 @@ struct WgmmaMma {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK; kk += 16) {
-      const uint64 db = b_hi | (b_lo + slice_units<BTile, B_KMAJOR>(0, kk));
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        const uint64 da = a_hi | (a_lo + slice_units<ATile, A_KMAJOR>(mi * 64, kk));
-        Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
-            reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db, kk > 0 || accumulate ? 1u : 0u);
-      }
+      if (kk < k_rows) k_step<MI>(kk, a_hi, a_lo, b_hi, b_lo, accumulate);
     }
     wgmma_commit();
     wgmma_wait<kInFlight>();
+  }
+
+  // compute() of a k tile whose first k_rows rows alone are the tile's (kWholeKTile: all).
+  template <int MI = kMi>
+  __device__ __forceinline__ void compute_k_rows(const T* sa, const T* sb, bool accumulate, int a_row0, int k_rows) {
+    if (k_rows >= BK) compute<MI>(sa, sb, accumulate, a_row0);
+    else compute<MI>(sa, sb, accumulate, a_row0, k_rows);
+  }
+
+  // compute()'s wgmmas of the k16 step at kk, from the descriptors' high and low halves.
+  template <int MI>
+  __device__ __forceinline__ void k_step(int kk, uint64 a_hi, uint32 a_lo, uint64 b_hi, uint32 b_lo, bool accumulate) {
+    const uint64 db = b_hi | (b_lo + slice_units<BTile, B_KMAJOR>(0, kk));
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      const uint64 da = a_hi | (a_lo + slice_units<ATile, A_KMAJOR>(mi * 64, kk));
+      Wgmma<kWarpN, T>::template run<A_KMAJOR ? 0 : 1, B_KMAJOR ? 0 : 1>(
+          reinterpret_cast<float(&)[kWarpN / 2]>(acc[mi]), da, db, kk > 0 || accumulate ? 1u : 0u);
+    }
   }
 
   __device__ __forceinline__ void drain() { wgmma_wait<0>(); }
