@@ -20,7 +20,7 @@ struct BwdDw1Params {
   int32 inter;
   TensorMap d_pre_act_map;  // TMA: d_pre_act as [TK, 2I], boxes 64 x BK
   TensorMap x_rows_map;     // TMA: x_rows as [TK, H], boxes 64 x BK
-  TensorMap dw1_map;        // TMA: dW1 as [E, 2I, H], boxes 64 x BM x 1 (persistent grids' stores)
+  TensorMap dw1_map;        // TMA: dW1 as [E, 2I, H], boxes 64 x a warpgroup's rows x 1 (persistent stores)
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT>
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](int stage, const ExpertBlock& blk, int kt) {
         return !TMA ? kWholeKTile
-                    : expert_tail_rows<BK, typename Mma::ATile, typename Mma::BTile, kThreads>(
+                    : expert_tail_rows<BK, typename Mma::ATile, typename Mma::BTile, ExpertTeam<PERSISTENT, kThreads>>(
                           sm.a_stage(stage), sm.b_stage(stage), blk.r_end - (blk.r_begin + kt * BK));
       },
       [&](const ExpertBlock& blk, const Staging& staged) {

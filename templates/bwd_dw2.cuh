@@ -26,7 +26,7 @@ struct BwdDw2Params {
   int32 inter;
   TensorMap d_out_rows_map;    // TMA: d_out_rows as [TK, H], boxes 64 x BK
   TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
-  TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x BM x 1 (persistent grids' stores)
+  TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x a warpgroup's rows x 1 (persistent stores)
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
       },
       [&](int stage, const ExpertBlock& blk, int kt) {
         return !TMA ? kWholeKTile
-                    : expert_tail_rows<BK, typename Mma::ATile, typename Mma::BTile, kThreads>(
+                    : expert_tail_rows<BK, typename Mma::ATile, typename Mma::BTile, ExpertTeam<PERSISTENT, kThreads>>(
                           sm.a_stage(stage), FUSED_ACT ? nullptr : sm.b_stage(stage), blk.r_end - (blk.r_begin + kt * BK));
       },
       [&](const ExpertBlock& blk, const Staging& staged) {

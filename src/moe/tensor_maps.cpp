@@ -50,10 +50,11 @@ params::TensorMap encode(const TensorMapSpec& s, const void* base, DType dtype) 
 }
 
 // An output tile's TMA store box as 64-column panels: 64 columns (128 bytes, swizzled) by BLOCK_M
-// rows (templates/common/epilogue_sm90.cuh).
+// rows, or by the rows of one MMA warpgroup where each stores its own (the expert GEMMs' staggered
+// warpgroups; templates/common/epilogue_sm90.cuh).
 TensorMapSpec out_panels(int rank, std::array<std::uint64_t, 4> dims, std::array<std::uint64_t, 3> strides,
-                         const TileConfig& c) {
-  return {rank, dims, strides, {64, static_cast<std::uint32_t>(c.block_m), 1, 1}, 128};
+                         const TileConfig& c, int row_groups = 1) {
+  return {rank, dims, strides, {64, static_cast<std::uint32_t>(c.block_m / row_groups), 1, 1}, 128};
 }
 
 // The maps of tensor_map_specs, unchecked.
@@ -61,6 +62,7 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
   const std::uint64_t tk = static_cast<std::uint64_t>(shape.pairs()), h = shape.hidden, i = shape.intermediate,
                       e = shape.experts;
   const std::uint32_t bm = c.block_m, bn = c.block_n;
+  const int wgm = std::max(1, gemm_warp_rows(role, c));
   switch (role) {
     case Role::kFwdUp:
       // W1 [E, 2I, H] as [E, 2, I, H]; each warpgroup's gate and up halves are one box each. A
@@ -86,7 +88,7 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
     case Role::kBwdDw2:
       return {panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // d_out_rows [TK, H]
               panels(2, {i, tk, 1, 1}, {i * kElem, 0, 0}, c),                           // weighted_act [TK, I]
-              out_panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c)};           // dW2 [E, H, I]
+              out_panels(3, {i, h, e, 1}, {i * kElem, h * i * kElem, 0}, c, wgm)};      // dW2 [E, H, I]
     case Role::kBwdDx:
       return {k_major(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, bm, c),          // d_pre_act [TK, 2I]
               panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c),  // W1 [E, 2I, H]
@@ -94,7 +96,7 @@ std::vector<TensorMapSpec> role_maps(Role role, const TileConfig& c, const MoeSh
     case Role::kBwdDw1:
       return {panels(2, {2 * i, tk, 1, 1}, {2 * i * kElem, 0, 0}, c),                   // d_pre_act [TK, 2I]
               panels(2, {h, tk, 1, 1}, {h * kElem, 0, 0}, c),                           // x_rows [TK, H]
-              out_panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c)};  // dW1 [E, 2I, H]
+              out_panels(3, {h, 2 * i, e, 1}, {h * kElem, 2 * i * h * kElem, 0}, c, wgm)};  // dW1 [E, 2I, H]
     default: break;
   }
   throw InternalError(fmt::format("{} has no TMA copies", role_name(role)));

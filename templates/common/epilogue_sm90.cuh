@@ -5,7 +5,8 @@
 // one, and only the next epilogue waits, for the stores to have read the staging. Beside the
 // deepest pipelines the staging holds two panels, which the tile passes through in turn (a ring).
 // A tile a box cannot write (a token tile short of BM rows: the rows past it are another tile's)
-// is written row by row from the same staging.
+// is written row by row from the same staging. Warpgroups that do not wait for each other (an
+// expert GEMM's) each stage and store their own block of the tile.
 #pragma once
 
 #include "common/tma_sm90.cuh"
@@ -130,6 +131,40 @@ __device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, B
         store_panel(tile.panel(p), p);
         bulk_commit();
       }
+    }
+  }
+}
+
+// store_accumulators_async for MMA warpgroups that never wait for each other (a persistent loop's
+// LAG, run_expert_gemm): each stages its own block of the tile (rows m0 .., columns n0 ..) and
+// stores it with TMA stores of its own, issued and awaited by its first thread, behind a barrier
+// of its own: store_panel(smem, p, row0) stores panel p's Mma::kGroupRows rows from row0 on,
+// staged at smem. Every tile is whole and none is split (expert tiles). A ring's slots hold whole
+// tile rows, so there the warpgroups split M, each passing its rows of the slots.
+template <typename T, int BM, int BN, int PANELS, typename Mma, typename StorePanel>
+__device__ __forceinline__ void store_own_block_async(const SwizzledTile<T, BM, BN, PANELS>& tile, Mma& mma,
+                                                      StorePanel store_panel) {
+  using Tile = SwizzledTile<T, BM, BN, PANELS>;
+  static_assert(!Tile::kRing || Mma::kWarpN == BN, "a ring's warpgroups split M");
+  constexpr int kPanels = Mma::kWarpN / 64;
+  constexpr int kStep = Tile::kRing ? 1 : kPanels;  // panels staged per round: a ring slot's, or the block's
+  const bool issuer = (threadIdx.x & 127) == 0;
+#pragma unroll
+  for (int q = 0; q < kPanels; q += kStep) {
+    // The rows are free once this warpgroup's stores that last read them have (a ring: PANELS - 1
+    // commit groups back).
+    if (issuer) bulk_wait_read<Tile::kRing ? PANELS - 1 : 0>();
+    sync_own_warpgroup();
+    for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * q, 8 * (q + kStep));
+    fence_proxy_async_shared();
+    sync_own_warpgroup();
+    if (issuer) {
+#pragma unroll
+      for (int j = q; j < q + kStep; ++j) {
+        const int p = mma.n0 / 64 + j;
+        store_panel(tile.panel(p) + mma.m0 * 64, p, mma.m0);
+      }
+      bulk_commit();
     }
   }
 }

@@ -1,7 +1,8 @@
 // How a dW (expert GEMM) role's blocks find their work and run it: one gradient tile per block,
 // or a persistent grid (persistent_main_loop) for the configs that keep one block per SM, where
 // the producer copies the next tile while the epilogue writes the last. At small token counts
-// a tile has one or two k tiles, so its epilogue is most of its time.
+// a tile has one or two k tiles, so its epilogue is most of its time. A persistent grid's two
+// MMA warpgroups run staggered (persistent_main_loop's LAG), each with its own epilogue.
 #pragma once
 
 #include "common/gemm.cuh"
@@ -9,23 +10,28 @@
 
 namespace moejit {
 
+// The MMA threads that meet on an expert GEMM's barriers: each warpgroup alone in a persistent
+// grid (staggered), all of them in a one-tile block.
+template <bool PERSISTENT, int THREADS>
+using ExpertTeam = typename Select<PERSISTENT, OwnWarpgroup, MmaThreads<THREADS>>::type;
+
 // Stages the accumulators in `staged` and writes them as block b's tile of out [E, m_extent,
-// n_extent]: a one-tile block's StagedTile row by row; a persistent block's SwizzledTile with TMA
-// stores through `map` (out's as [E, m_extent, n_extent], boxes of 64 columns by BM rows, which
-// stop at the expert's last row).
+// n_extent]: a one-tile block's StagedTile row by row; in a persistent block each MMA warpgroup
+// its own rows of a SwizzledTile, with TMA stores through `map` (out's as [E, m_extent,
+// n_extent], boxes of 64 columns by a warpgroup's rows, which stop at the expert's last row).
 template <int THREADS, bool ALIGNED, typename Staging, typename Mma, typename T>
 __device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mma, const ExpertBlock& b,
                                                   const TensorMap& map, T* out, int m_extent, int n_extent) {
-  T* base = out + (static_cast<int64>(b.expert) * m_extent + b.m0) * n_extent + b.n0;
-  const auto row_dst = [&](int r) -> T* {
-    return b.m0 + r < m_extent ? base + static_cast<int64>(r) * n_extent : nullptr;
-  };
   if constexpr (Staging::kTmaStore) {
-    store_accumulators_async<THREADS, ALIGNED>(
-        staged, mma, true, [&](const T* panel, int p) { tma_store(map, panel, b.n0 + 64 * p, b.m0, b.expert); }, row_dst,
-        n_extent - b.n0);
+    store_own_block_async(staged, mma, [&](const T* panel, int p, int row0) {
+      tma_store(map, panel, b.n0 + 64 * p, b.m0 + row0, b.expert);
+    });
   } else {
-    store_accumulators<THREADS, ALIGNED>(staged, mma, row_dst, n_extent - b.n0);
+    T* base = out + (static_cast<int64>(b.expert) * m_extent + b.m0) * n_extent + b.n0;
+    store_accumulators<THREADS, ALIGNED>(
+        staged, mma,
+        [&](int r) -> T* { return b.m0 + r < m_extent ? base + static_cast<int64>(r) * n_extent : nullptr; },
+        n_extent - b.n0);
   }
 }
 
@@ -33,11 +39,13 @@ __device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mm
 // thread: `rows_left` of the expert's rows from the k tile's first on. A last k tile's rows past
 // the expert's end hold the next expert's rows; those below the next k16 step are zeroed in A and,
 // unless it is null, B, and the MMAs issue no k16 step past them. Returns the k rows to multiply.
-template <int BK, typename TileA, typename TileB, int THREADS, typename T>
+// Staggered warpgroups (ExpertTeam) each zero the rows they read, both tiles whole: the second
+// rewrites zeros the first may be reading, which changes no byte.
+template <int BK, typename TileA, typename TileB, typename Team, typename T>
 __device__ __forceinline__ int expert_tail_rows(T* a, T* b, int32 rows_left) {
   if (rows_left >= BK) return kWholeKTile;
   const int k_rows = __reduce_min_sync(0xffffffffu, rows_left);  // in a uniform register: see WgmmaMma::compute
-  if (k_rows % 16 != 0) zero_stage_rows<TileA, TileB, THREADS>(a, b, k_rows, (k_rows + 15) / 16 * 16);
+  if (k_rows % 16 != 0) zero_stage_rows<TileA, TileB, Team>(a, b, k_rows, (k_rows + 15) / 16 * 16);
   return k_rows;
 }
 
@@ -57,7 +65,9 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
   const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
   const ExpertGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, m_extent, n_extent);
   if constexpr (PERSISTENT) {
-    persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock>(
+    // The second warpgroup's lag: as long as the producer keeps two stages ahead of the first.
+    constexpr int kLag = STAGES > 3 ? STAGES - 2 : 1;
+    persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock, kLag>(
         mma, sm.a, sm.b, sm.barriers, grid.tiles,
         [&](int64 item, ExpertBlock& b) {
           b = grid.block(item);
@@ -67,7 +77,8 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
           if (b.r_end == b.r_begin) mma.zero();  // no k tile ran
           epilogue(b, sm.template apart<BM, BN>());
         });
-    if (threadIdx.x == 0) bulk_wait();  // the last tile's TMA stores are done before the block exits
+    // Each warpgroup's last TMA stores are done before the block exits.
+    if (threadIdx.x < Mma::kThreads && (threadIdx.x & 127) == 0) bulk_wait();
   } else {
     const ExpertBlock b = grid.block(blockIdx.x);
     prologue(b);

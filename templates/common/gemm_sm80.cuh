@@ -238,6 +238,31 @@ __device__ __forceinline__ void sync_loaders() {
   asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
 }
 
+// Barrier over this thread's MMA warpgroup alone (ids 4 and 5), for warpgroups that never wait
+// for each other (persistent_main_loop's LAG).
+__device__ __forceinline__ void sync_own_warpgroup() {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(4 + static_cast<int>(threadIdx.x / 128)) : "memory");
+}
+
+// Barrier 6 starts persistent_main_loop's second MMA warpgroup once the first has done its LAG k
+// tiles: the first arrives, the second waits.
+__device__ __forceinline__ void stagger_start() { asm volatile("bar.arrive 6, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void stagger_wait() { asm volatile("bar.sync 6, 256;\n" ::: "memory"); }
+
+// The MMA threads that share a barrier: all of them, or each warpgroup alone (OwnWarpgroup);
+// rank() numbers a thread among them.
+template <int THREADS>
+struct MmaThreads {
+  static constexpr int kThreads = THREADS;
+  __device__ __forceinline__ static int rank() { return static_cast<int>(threadIdx.x); }
+  __device__ __forceinline__ static void sync() { sync_mma_threads<THREADS>(); }
+};
+struct OwnWarpgroup {
+  static constexpr int kThreads = 128;
+  __device__ __forceinline__ static int rank() { return static_cast<int>(threadIdx.x & 127); }
+  __device__ __forceinline__ static void sync() { sync_own_warpgroup(); }
+};
+
 }  // namespace moejit
 
 namespace moejit {

@@ -286,7 +286,12 @@ __device__ __forceinline__ void mma_k_tiles(Mma& mma, const T* sa, const T* sb, 
 // over: the tensor cores then run the next item's main loop under the last item's epilogue. The
 // two sides meet on barriers of the role's own. Where the group takes the producer warpgroup's
 // spare warps, the producer is its first warp alone (TMA copies need no more).
-template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, typename Mma, typename T, typename Schedule,
+// LAG > 0 staggers two MMA warpgroups: the second starts once the first has completed LAG k
+// tiles, and they never meet again (their epilogues and landed steps use barriers of their own,
+// OwnWarpgroup; no item is split), so one's epilogue runs under the other's wgmmas, which then
+// have the tensor cores alone and catch up by as much: the lag persists. The producer, which
+// waits for both to release a stage, then keeps STAGES - LAG stages ahead of the first.
+template <int CLUSTER, int STAGES, int TMA_BYTES, typename Work, int LAG = 0, typename Mma, typename T, typename Schedule,
           typename KTiles, typename Load, typename AfterLoads, typename Landed, typename Epilogue,
           typename GroupEpilogue = NoEpilogueGroup>
 __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, const T* sb, uint64* barriers,
@@ -349,16 +354,20 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
   }
 
   setmaxnreg_inc<Split::kMma>();
+  static_assert(LAG == 0 || (kMmaGroups == 2 && LAG < STAGES), "a lag within the ring (the first warpgroup's k tile LAG "
+                                                               "lands without the second's releases)");
+  // This thread's MMA warpgroup, broadcast from lane 0 so that ptxas sees the split loop's
+  // branch around its wgmmas as warp-uniform.
+  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   // Warp 0 of each warpgroup releases a stage here, warp 1 in the other block.
   const int warp_in_group = static_cast<int>((threadIdx.x & 127) >> 5);
   const auto release = [&](uint32 j) {
+    if (LAG > 0 && group == 0 && j == LAG - 1) stagger_start();
     if (!lane0) return;
     if (warp_in_group == 0) mbarrier_arrive(empty + j % STAGES);
     if (CLUSTER == 2 && warp_in_group == 1) mbarrier_arrive_remote(empty + j % STAGES, rank ^ 1);
   };
-  // This thread's MMA warpgroup, broadcast from lane 0 so that ptxas sees the split loop's
-  // branch around its wgmmas as warp-uniform.
-  const int group = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (LAG > 0 && group == 1) stagger_wait();
   for (int64 item = first; item < items; item += step) {
     Work w;
     if (!schedule(item, w)) continue;
@@ -387,6 +396,7 @@ __device__ __forceinline__ void persistent_main_loop(Mma& mma, const T* sa, cons
     }
     epilogue(w);
   }
+  if (LAG > 0 && group == 0 && it < LAG) stagger_start();  // fewer k tiles than the lag
   if constexpr (CLUSTER == 2) cluster_sync();
 }
 

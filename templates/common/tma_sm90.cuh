@@ -151,11 +151,12 @@ __device__ __forceinline__ void tma_load_panels(T* dst, const TensorMap& map, ui
   for (int p = 0; p < Tile::kCols / 64; ++p) tma_load(dst + p * Tile::kPanelElems, map, bar, col0 + 64 * p, outer...);
 }
 
-// Zeroes rows [first, last) of an MN-major tile (PanelTile), this thread's share of THREADS.
-template <typename Tile, int THREADS, typename T>
+// Zeroes rows [first, last) of an MN-major tile (PanelTile), this thread's share of Team's
+// (MmaThreads, OwnWarpgroup).
+template <typename Tile, typename Team, typename T>
 __device__ __forceinline__ void zero_rows_share(T* tile, int first, int last) {
   constexpr int kChunks = Tile::kCols / 8;
-  for (int idx = static_cast<int>(threadIdx.x); idx < (last - first) * kChunks; idx += THREADS) {
+  for (int idx = Team::rank(); idx < (last - first) * kChunks; idx += Team::kThreads) {
     const int r = first + idx / kChunks, col = (idx % kChunks) * 8;
     uint4 zero;
     zero.x = zero.y = zero.z = zero.w = 0;
@@ -164,15 +165,15 @@ __device__ __forceinline__ void zero_rows_share(T* tile, int first, int last) {
 }
 
 // Zeroes rows [first, last) of a stage's MN-major tiles (PanelTile) A and, unless it is null, B
-// in the THREADS MMA threads, then fences them for wgmma's reads and synchronizes the MMA threads,
-// once for both tiles; every MMA thread calls it with the same rows. A TMA box cannot stop at an
-// expert's last row: rows past it hold other data.
-template <typename TileA, typename TileB, int THREADS, typename T>
+// in Team's threads, then fences them for wgmma's reads and synchronizes Team, once for both
+// tiles; every thread of Team calls it with the same rows. A TMA box cannot stop at an expert's
+// last row: rows past it hold other data.
+template <typename TileA, typename TileB, typename Team, typename T>
 __device__ __forceinline__ void zero_stage_rows(T* a, T* b, int first, int last) {
-  zero_rows_share<TileA, THREADS>(a, first, last);
-  if (b != nullptr) zero_rows_share<TileB, THREADS>(b, first, last);
+  zero_rows_share<TileA, Team>(a, first, last);
+  if (b != nullptr) zero_rows_share<TileB, Team>(b, first, last);
   fence_proxy_async_shared();
-  sync_mma_threads<THREADS>();
+  Team::sync();
 }
 
 }  // namespace moejit

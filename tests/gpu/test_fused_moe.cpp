@@ -394,6 +394,25 @@ TEST_CASE("ring staging: 128 x 256 persistent tiles beside four stages give the 
   }
 }
 
+TEST_CASE("staggered warpgroups: persistent dW blocks whose second warpgroup starts late give the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_HOPPER(gpu, "persistent grids are sm_90 TMA configs");
+  // The second MMA warpgroup starts once the first has done its lag of k tiles (1 to 6), and each
+  // stores its own rows. T = 1: one expert with one row (one k tile, its 15 padding rows zeroed),
+  // the others without, and most blocks without a tile, so neither warpgroup reaches the lag
+  // through its k tiles. Then ~750 rows per expert: 12 k tiles of 64 per tile, 24 of 32, with
+  // tails; all on one expert of three (2250 rows, 36 k tiles) while the others write zeros.
+  for (const CaseSpec& spec : {CaseSpec{1, 4, 264, 200, 1, DType::kBF16, Routing::kRandom, 101},
+                               CaseSpec{3000, 4, 264, 200, 1, DType::kBF16, Routing::kRandom, 102},
+                               CaseSpec{2250, 3, 264, 200, 1, DType::kBF16, Routing::kOneExpert, 103}}) {
+    INFO(describe(spec));
+    const int runs = sweep_configs(*gpu, spec, [](Role r, const TileConfig& c) {
+      return c.persistent && (r == Role::kBwdDw1 || r == Role::kBwdDw2);
+    });
+    CHECK(runs >= 16);
+  }
+}
+
 // Where a persistent block hands tiles over to warps that may still finish the last: more 128-row
 // tiles than resident blocks (one per SM), 64 m tiles with K = E and I = 520 (the last column tile
 // 8 wide); then every pair on one expert of three, whose last m tile is partial. Seeds seed, seed + 1.

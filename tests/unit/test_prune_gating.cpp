@@ -495,17 +495,24 @@ TEST_CASE("TMA tensor maps: the tensors each role views and the boxes a config c
   CHECK(bd[3] == bd[2]);
   // The dW roles: both operands as panels of 64 columns by BLOCK_K sorted rows: d_pre_act
   // [TK, 2I] and x_rows [TK, H]; d_out_rows [TK, H] and weighted_act [TK, I].
-  // Their stores write dW1 [E, 2I, H] and dW2 [E, H, I] per expert: a box stops at the expert.
+  // Their stores write dW1 [E, 2I, H] and dW2 [E, H, I] per expert: a box stops at the expert,
+  // and holds one MMA warpgroup's rows (each stores its own; the two split 128 rows here).
   auto dw1 = tensor_map_specs(Role::kBwdDw1, c, s);
   REQUIRE(dw1.size() == 3);
   CHECK(dw1[0] == TensorMapSpec{2, {2 * i, tk, 1, 1}, {4 * i, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw1[1] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
-  CHECK(dw1[2] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 128, 1, 1}, 128});
+  CHECK(dw1[2] == TensorMapSpec{3, {h, 2 * i, e, 1}, {2 * h, 4 * i * h, 0}, {64, 64, 1, 1}, 128});
   auto dw2 = tensor_map_specs(Role::kBwdDw2, c, s);
   REQUIRE(dw2.size() == 3);
   CHECK(dw2[0] == TensorMapSpec{2, {h, tk, 1, 1}, {2 * h, 0, 0}, {64, 32, 1, 1}, 128});
   CHECK(dw2[1] == TensorMapSpec{2, {i, tk, 1, 1}, {2 * i, 0, 0}, {64, 32, 1, 1}, 128});
-  CHECK(dw2[2] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 128, 1, 1}, 128});
+  CHECK(dw2[2] == TensorMapSpec{3, {i, h, e, 1}, {2 * i, 2 * h * i, 0}, {64, 64, 1, 1}, 128});
+  TileConfig split_n_dw = c;
+  split_n_dw.block_m = 64;  // the warpgroups split N: each stores all 64 rows
+  CHECK(tensor_map_specs(Role::kBwdDw2, split_n_dw, s)[2].box == std::array<std::uint32_t, 4>{64, 64, 1, 1});
+  TileConfig one_group = c;
+  one_group.warps = 4;
+  CHECK(tensor_map_specs(Role::kBwdDw1, one_group, s)[2].box == std::array<std::uint32_t, 4>{64, 128, 1, 1});
   CHECK_THROWS_AS(tensor_map_specs(Role::kGatherSum, c, s), InternalError);
   c.use_tma = false;
   CHECK_THROWS_AS(tensor_map_specs(Role::kFwdUp, c, s), InternalError);
