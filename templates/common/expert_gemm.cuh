@@ -44,7 +44,7 @@ __device__ __forceinline__ void store_expert_tile(const Staging& staged, Mma& mm
 template <int BK, typename TileA, typename TileB, typename Team, typename T>
 __device__ __forceinline__ int expert_tail_rows(T* a, T* b, int32 rows_left) {
   if (rows_left >= BK) return kWholeKTile;
-  const int k_rows = __reduce_min_sync(0xffffffffu, rows_left);  // in a uniform register: see WgmmaMma::compute
+  const int k_rows = __reduce_min_sync(0xffffffffu, rows_left);  // uniform: see WgmmaMma::compute_k_rows
   if (k_rows % 16 != 0) zero_stage_rows<TileA, TileB, Team>(a, b, k_rows, (k_rows + 15) / 16 * 16);
   return k_rows;
 }

@@ -183,7 +183,7 @@ constexpr int kWholeKTile = 1 << 30;
 // landed(stage, kt) runs in every MMA thread once stage kt has landed, before its MMAs: where a
 // copy brought more than the tile should hold. It returns the k rows the MMAs need (kWholeKTile:
 // all; fewer: the k16 steps past them are not issued, their rows need no zeroing), the same in
-// every thread of a warp (warp-uniform to ptxas, see WgmmaMma::compute).
+// every thread of a warp (WgmmaMma::compute_k_rows branches on it).
 // `paired` (a ClusterPair's): both blocks of the pair run this loop over the same k tiles, and
 // leave it together, so neither exits while the other may still arrive on its barriers.
 // Returns true in the MMA threads, which go on to the epilogue with complete accumulators, and

@@ -285,34 +285,36 @@ struct WgmmaMma {
   // where zero() took an instruction per two of them (64 per tile at 64 x 256: 4 % of bwd_dw1's
   // warp samples at T=1024, where a tile has two k tiles).
   // a_row0: the first A row this warpgroup multiplies, m0 but in a split item (0); MI: the m64
-  // blocks it multiplies, kMi but in a halved item (1); k_rows: the k rows of the tile to
-  // multiply (at least 1; the k16 steps past them are not issued), warp-uniform to ptxas (a
-  // constant, or a __reduce_*_sync result). A variable k_rows puts a branch between the wgmmas,
-  // and ptxas then fences and tracks each alone and closes the group with an empty wgmma, whose
-  // wait drains the tensor cores: callers branch around compute() instead, a constant k_rows for
-  // whole k tiles (compute_k_rows).
+  // blocks it multiplies, kMi but in a halved item (1); K_ROWS: the k rows of the tile to
+  // multiply, a multiple of 16 (the k16 steps past them are not issued).
   __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate) { compute(sa, sb, accumulate, m0); }
-  template <int MI = kMi>
-  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0,
-                                          int k_rows = kWholeKTile) {
+  template <int MI = kMi, int K_ROWS = BK>
+  __device__ __forceinline__ void compute(const T* sa, const T* sb, bool accumulate, int a_row0) {
     const uint64 a = tile_desc<A_KMAJOR>(sa), b = tile_desc<B_KMAJOR>(sb);
     const uint32 a_lo = static_cast<uint32>(a) + slice_units<ATile, A_KMAJOR>(a_row0, 0);
     const uint32 b_lo = static_cast<uint32>(b) + slice_units<BTile, B_KMAJOR>(n0, 0);
     const uint64 a_hi = a & ~0xFFFFFFFFull, b_hi = b & ~0xFFFFFFFFull;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      if (kk < k_rows) k_step<MI>(kk, a_hi, a_lo, b_hi, b_lo, accumulate);
-    }
+    for (int kk = 0; kk < K_ROWS; kk += 16) k_step<MI>(kk, a_hi, a_lo, b_hi, b_lo, accumulate);
     wgmma_commit();
     wgmma_wait<kInFlight>();
   }
 
-  // compute() of a k tile whose first k_rows rows alone are the tile's (kWholeKTile: all).
-  template <int MI = kMi>
+  // compute() of a k tile whose first k_rows rows alone are the tile's (kWholeKTile: all; the
+  // rows up to the next k16 step zeroed), as STEPS k16 steps or fewer. Each count is a compute()
+  // of its own, so that every wgmma group is branch-free: a branch between the wgmmas makes ptxas
+  // fence each alone (the accumulators' earlier wgmmas complete first) and close the group with
+  // an empty wgmma, which cost bwd_dw1 10 % at the Mixtral shape (16 k tiles a tile).
+  template <int MI = kMi, int STEPS = BK / 16>
   __device__ __forceinline__ void compute_k_rows(const T* sa, const T* sb, bool accumulate, int a_row0, int k_rows) {
-    if (k_rows >= BK) compute<MI>(sa, sb, accumulate, a_row0);
-    else compute<MI>(sa, sb, accumulate, a_row0, k_rows);
+    if constexpr (STEPS == 1) {
+      compute<MI, 16>(sa, sb, accumulate, a_row0);
+    } else if (k_rows > 16 * (STEPS - 1)) {
+      compute<MI, 16 * STEPS>(sa, sb, accumulate, a_row0);
+    } else {
+      compute_k_rows<MI, STEPS - 1>(sa, sb, accumulate, a_row0, k_rows);
+    }
   }
 
   // compute()'s wgmmas of the k16 step at kk, from the descriptors' high and low halves.
