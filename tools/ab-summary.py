@@ -54,40 +54,37 @@ def load(folder, tag):
     return cases
 
 
+def compare(tags, values, head, what, digits):
+    """Prints each side's median of values[tag] after `head`, its values (`what`: runs or rounds),
+    and for the other sides the change against the first side's median, noting whether the two
+    sides' values overlap at all."""
+    ref = values[tags[0]]
+    for tag in tags:
+        vals = values[tag]
+        if not vals:
+            print(f"    {tag:<24} no {what}")
+            continue
+        med = statistics.median(vals)
+        line = f"    {tag:<24} {head}{med:.4f}  {what} {' '.join(f'{v:.{digits}f}' for v in vals)}"
+        if tag != tags[0] and ref:
+            apart = max(vals) < min(ref) or min(vals) > max(ref)
+            line += f"  {100 * (med / statistics.median(ref) - 1):+.1f} %{'' if apart else f', {what} overlap'}"
+        print(line)
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     folder, tags = sys.argv[1], sys.argv[2:]
     sides = {tag: load(folder, tag) for tag in tags}
-    base = sides[tags[0]]
-    for case in sorted(base):
+    for case in sorted(sides[tags[0]]):
         dense = [d for tag in tags for _, d, _ in sides[tag].get(case, []) if d is not None]
         print(f"{case[0]:>6} {case[1]:<9} dense {min(dense):.3f}-{max(dense):.3f} ms" if dense else f"{case[0]:>6} {case[1]}")
-        ref = [o for o, _, _ in base[case]]
-        ref_ratios = [x for _, _, r in base[case] for x in r]
-        for tag in tags:
-            runs = [o for o, _, _ in sides[tag].get(case, [])]
-            if not runs:
-                print(f"    {tag:<24} no runs")
-                continue
-            med = statistics.median(runs)
-            line = f"    {tag:<24} {med:8.4f}  runs {' '.join(f'{o:.4f}' for o in runs)}"
-            if tag != tags[0]:
-                apart = max(runs) < min(ref) or min(runs) > max(ref)
-                line += f"  {100 * (med / statistics.median(ref) - 1):+.1f} %{'' if apart else ', runs overlap'}"
-            print(line)
-        # Against dense, round by round: the side's median of ours / dense, the change against the
-        # first side's, and whether the two sides' rounds overlap.
-        for tag in tags:
-            ratios = [x for _, _, r in sides[tag].get(case, []) for x in r]
-            if not ratios or not ref_ratios:
-                continue
-            med = statistics.median(ratios)
-            line = f"    {tag:<24} x dense {med:.4f}  rounds {' '.join(f'{x:.3f}' for x in ratios)}"
-            if tag != tags[0]:
-                apart = max(ratios) < min(ref_ratios) or min(ratios) > max(ref_ratios)
-                line += f"  {100 * (med / statistics.median(ref_ratios) - 1):+.1f} %{'' if apart else ', rounds overlap'}"
-            print(line)
+        compare(tags, {tag: [o for o, _, _ in sides[tag].get(case, [])] for tag in tags}, "", "runs", 4)
+        # Against dense, round by round: each round's step time over the same round's dense time.
+        ratios = {tag: [x for _, _, r in sides[tag].get(case, []) for x in r] for tag in tags}
+        if ratios[tags[0]]:
+            compare(tags, ratios, "x dense ", "rounds", 3)
 
 
 if __name__ == "__main__":
