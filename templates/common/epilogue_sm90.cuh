@@ -56,6 +56,30 @@ struct SwizzledTile {
   }
 };
 
+// One round of a staged epilogue in Team's threads (MmaThreads, OwnWarpgroup), `whole` the same
+// in all of them: once the stores that Team's first thread issued have read the staging (but for
+// PENDING commit groups where `whole`; rows written one by one commit none, so otherwise all),
+// every thread puts its values (put()), and then the first thread stores them (store(), one
+// commit group, read through the async proxy) or, not whole, Team writes them row by row
+// (write()).
+template <typename Team, int PENDING, typename Put, typename Store, typename Write>
+__device__ __forceinline__ void staging_round(bool whole, Put put, Store store, Write write) {
+  if (Team::rank() == 0) {
+    if (PENDING > 0 && whole) bulk_wait_read<PENDING>();
+    else bulk_wait_read();
+  }
+  Team::sync();
+  put();
+  if (whole) fence_proxy_async_shared();
+  Team::sync();
+  if (!whole) {
+    write();
+  } else if (Team::rank() == 0) {
+    store();
+    bulk_commit();
+  }
+}
+
 // Stages a tile in `tile` with put(tile) (every MMA thread puts its values), then, when `whole`,
 // the first MMA thread stores it with store_panels(tile) (one tma_store per panel) and commits
 // the group; otherwise the MMA threads write it row by row (row_dst, cols_valid as
@@ -64,17 +88,9 @@ struct SwizzledTile {
 template <int THREADS, bool ALIGNED, typename T, int BM, int BN, typename Put, typename StorePanels, typename RowDst>
 __device__ __forceinline__ void store_staged_async(const SwizzledTile<T, BM, BN>& tile, Put put, bool whole,
                                                    StorePanels store_panels, RowDst row_dst, int cols_valid) {
-  if (threadIdx.x == 0) bulk_wait_read();  // the last stores have read the staging
-  sync_mma_threads<THREADS>();
-  put(tile);
-  if (whole) fence_proxy_async_shared();  // the stores read the staging through the async proxy
-  sync_mma_threads<THREADS>();
-  if (!whole) {
-    tile.template write<THREADS, ALIGNED>(row_dst, cols_valid);
-  } else if (threadIdx.x == 0) {
-    store_panels(tile);
-    bulk_commit();
-  }
+  staging_round<MmaThreads<THREADS>, 0>(
+      whole, [&] { put(tile); }, [&] { store_panels(tile); },
+      [&] { tile.template write<THREADS, ALIGNED>(row_dst, cols_valid); });
 }
 
 // store_staged_async of the accumulators, a split item's folded first through the staging (which
@@ -116,21 +132,10 @@ __device__ __forceinline__ void store_accumulators_async(const SwizzledTile<T, B
     }
 #pragma unroll
     for (int p = 0; p < BN / 64; ++p) {
-      if (threadIdx.x == 0) {
-        // A tile written row by row commits no stores: its slots wait for every store before it.
-        if (whole) bulk_wait_read<PANELS - 1>();
-        else bulk_wait_read();
-      }
-      sync_mma_threads<THREADS>();
-      for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * p, 8 * p + 8);
-      if (whole) fence_proxy_async_shared();
-      sync_mma_threads<THREADS>();
-      if (!whole) {
-        tile.template write_panel<THREADS, ALIGNED>(p, row_dst, cols_valid);
-      } else if (threadIdx.x == 0) {
-        store_panel(tile.panel(p), p);
-        bulk_commit();
-      }
+      staging_round<MmaThreads<THREADS>, PANELS - 1>(
+          whole,
+          [&] { for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * p, 8 * p + 8); },
+          [&] { store_panel(tile.panel(p), p); }, [&] { tile.template write_panel<THREADS, ALIGNED>(p, row_dst, cols_valid); });
     }
   }
 }
@@ -148,24 +153,19 @@ __device__ __forceinline__ void store_own_block_async(const SwizzledTile<T, BM, 
   static_assert(!Tile::kRing || Mma::kWarpN == BN, "a ring's warpgroups split M");
   constexpr int kPanels = Mma::kWarpN / 64;
   constexpr int kStep = Tile::kRing ? 1 : kPanels;  // panels staged per round: a ring slot's, or the block's
-  const bool issuer = (threadIdx.x & 127) == 0;
 #pragma unroll
   for (int q = 0; q < kPanels; q += kStep) {
-    // The rows are free once this warpgroup's stores that last read them have (a ring: PANELS - 1
-    // commit groups back).
-    if (issuer) bulk_wait_read<Tile::kRing ? PANELS - 1 : 0>();
-    sync_own_warpgroup();
-    for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * q, 8 * (q + kStep));
-    fence_proxy_async_shared();
-    sync_own_warpgroup();
-    if (issuer) {
+    staging_round<OwnWarpgroup, Tile::kRing ? PANELS - 1 : 0>(
+        true,
+        [&] { for_each_acc_pair(mma, [&](int r, int c, float v0, float v1) { tile.put(r, c, v0, v1); }, 8 * q, 8 * (q + kStep)); },
+        [&] {
 #pragma unroll
-      for (int j = q; j < q + kStep; ++j) {
-        const int p = mma.n0 / 64 + j;
-        store_panel(tile.panel(p) + mma.m0 * 64, p, mma.m0);
-      }
-      bulk_commit();
-    }
+          for (int j = q; j < q + kStep; ++j) {
+            const int p = mma.n0 / 64 + j;
+            store_panel(tile.panel(p) + mma.m0 * 64, p, mma.m0);
+          }
+        },
+        [] {});
   }
 }
 
