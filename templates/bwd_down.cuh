@@ -18,6 +18,10 @@
 // pre_act, eight rows per warp in flight, and writes every output with 8-byte coalesced stores.
 // d_act goes over in fp32 beside at most 96 KB of stages, else in the storage type. In place
 // the role took 7 % less time than the one-tile 128 x 256 block (session 17).
+// A launch may cover experts expert_begin .. routing.experts - 1 alone (the memory-efficient
+// backward's chunks, whose weighted activation lives in dW1's buffer): its token tiles, and
+// weighted_act rows counted from the first of them, weighted_act_rows at most; a tile past that
+// room (only an expert named twice by one token gets there) stores no weighted activation.
 #pragma once
 
 #include "common/epilogue_group.cuh"
@@ -34,15 +38,17 @@ struct BwdDownParams {
   const void* scores;   // [T, K]
   const void* pre_act;  // [TK, 2I]
   void* d_pre_act;      // [TK, 2I], may equal pre_act
-  void* weighted_act;   // [TK, I] or null
+  void* weighted_act;   // [weighted_act_rows, I] or null
   float* ds_acc;        // [TK] by flat pair, zeroed before the launch
-  RoutingView routing;
+  RoutingView routing;  // experts: one past the last expert of the launch
   int32 hidden;
   int32 inter;
   TensorMap w2_map;          // TMA: W2 as [E, H, I], boxes 64 x BK x 1
   TensorMap d_out_rows_map;  // TMA: d_out_rows as [TK, H], boxes BK x BM
   TensorMap pre_act_map;     // TMA: pre_act as [TK, 2, I], boxes 64 x 1 x BM
   TensorMap d_pre_act_map;   // TMA: d_pre_act as pre_act_map
+  int32 expert_begin;        // the launch's first expert
+  int32 weighted_act_rows;   // weighted_act's rows, from expert_begin's first
 };
 
 // Which bwd_down configs hand their tiles to an epilogue warpgroup: the persistent ones wider than
@@ -114,7 +120,13 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   const T* scores = static_cast<const T*>(p.scores);
   const T* pre = static_cast<const T*>(p.pre_act);
   T* dpre = static_cast<T*>(p.d_pre_act);
-  T* wact = static_cast<T*>(p.weighted_act);
+  // The weighted activation's row 0 is the launch's first sorted row.
+  const int64 wact_row0 = p.routing.expert_offsets[p.expert_begin];
+  // Where a tile's weighted activation goes, indexed by sorted row; null when not stored.
+  const auto wact_of = [&](const TokenWork& w) -> T* {
+    const bool room = w.tile.row0 - wact_row0 + w.tile.rows <= p.weighted_act_rows;
+    return p.weighted_act != nullptr && room ? static_cast<T*>(p.weighted_act) - wact_row0 * p.inter : nullptr;
+  };
   // Tile-local element (r, c) of the g or u tile in shared memory.
   const auto pre_smem = [](T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
   // TMA: the weighted activation leaves in 16-byte stores after a transpose within each quad of
@@ -150,6 +162,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
   const auto finish = [&](const TokenWork& w, const RowScores& rs) {
     const int lane = threadIdx.x & 31;
+    T* const wact = wact_of(w);
 #pragma unroll
     for (int mi = 0; mi < Mma::kMi; ++mi)
 #pragma unroll
@@ -266,6 +279,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         // I is a multiple of 8 (TMA), so each of the lane's two 4-column chunks is wholly in range
         // or out.
         const bool chunk_in[2] = {w.n0 + 4 * lane < p.inter, w.n0 + 4 * (32 + lane) < p.inter};
+        T* const wact = wact_of(w);
         mbarrier_wait(act_full, tiles_done & 1);
         // Rows in flight per warp: their g and u loads are all issued before any row is finished.
         // With two, each tile took 16 round trips to memory per warp, longer than the next tile's
@@ -412,7 +426,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         copy_pre(w);
         ++tiles_done;
       },
-      group_epilogue);
+      group_epilogue, p.routing.expert_tile_offsets[p.expert_begin]);
 }
 
 }  // namespace moejit

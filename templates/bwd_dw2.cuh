@@ -7,6 +7,10 @@
 // scattered into sorted order (gather_sum's scatter), and, without FUSED_ACT, the B tile
 // 64-column panels of weighted_act; in an expert's last k tile the rows past its end are
 // zeroed before the MMAs read them.
+// A launch may cover some experts alone (the memory-efficient backward's chunks): routing then
+// views them as experts 0 .. routing.experts - 1 and dw2 starts at the first, and weighted_act
+// holds their rows from the first one's on (weighted_act_rows of them; rows past it read as
+// zeros).
 #pragma once
 
 #include "common/expert_gemm.cuh"
@@ -27,6 +31,7 @@ struct BwdDw2Params {
   TensorMap d_out_rows_map;    // TMA: d_out_rows as [TK, H], boxes 64 x BK
   TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
   TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x a warpgroup's rows x 1 (persistent stores)
+  int32 weighted_act_rows;     // weighted_act's rows, from the launch's first sorted row
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>
@@ -42,6 +47,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   extern __shared__ __align__(1024) unsigned char smem_raw[];  // wgmma swizzle atoms
   const GemmSmem<Mma, STAGES, PERSISTENT ? 0 : BK, PERSISTENT ? PersistentStaging<Mma, STAGES, BM, BN>::kElems : 0> sm(smem_raw);  // rows: the 2 * BK int32 token ring
   const T* scores = static_cast<const T*>(p.scores);
+  // The weighted activation's row 0 is the launch's first sorted row.
+  const int32 wact_row0 = p.routing.expert_offsets[0];
 
   KRowTokens<BK, Mma::kLoaders> tokens{p.routing, 0, 0, reinterpret_cast<int32*>(sm.rows)};
   Mma mma;
@@ -60,7 +67,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           if (tma_thread<kThreads>()) {
             tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), blk.m0, k0);
             if (!FUSED_ACT) {
-              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), blk.n0, k0);
+              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), blk.n0,
+                                                   k0 - wact_row0);
             }
           }
         } else {
@@ -97,7 +105,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           load_tile<typename Mma::BTile, Mma::kLoaders, ALIGNED>(
               sm.b_stage(stage),
               [&](int r) -> const T* {
-                return k0 + r < blk.r_end ? wact + static_cast<int64>(k0 + r) * p.inter : nullptr;
+                const int32 row = k0 + r - wact_row0;
+                return k0 + r < blk.r_end && row < p.weighted_act_rows ? wact + static_cast<int64>(row) * p.inter : nullptr;
               },
               p.inter - blk.n0);
         }

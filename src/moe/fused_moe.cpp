@@ -167,8 +167,16 @@ void FusedMoe::backward(const BackwardArgs& a) {
     s.scatter(b.scatter_d_out, stream);
   }
   if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
-  s.launch(Role::kBwdDown, &b.bwd_down, stream);
-  if (!b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+  if (b.chunk_experts < s.problem.experts) {
+    for (int first = 0; first < s.problem.experts; first += b.chunk_experts) {
+      ExpertChunk c = expert_chunk(b, first, b.chunk_experts);
+      s.launch(Role::kBwdDown, &c.bwd_down, stream);
+      s.launch(Role::kBwdDw2, &c.bwd_dw2, stream);
+    }
+  } else {
+    s.launch(Role::kBwdDown, &b.bwd_down, stream);
+    if (!b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+  }
   s.launch(Role::kBwdDx, &b.bwd_dx, stream);
   s.launch(Role::kGatherSum, &b.gather_dx, stream);
   if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);

@@ -97,6 +97,8 @@ struct BwdDown {  // templates/bwd_down.cuh
   TensorMap d_out_rows_map;
   TensorMap pre_act_map;
   TensorMap d_pre_act_map;
+  std::int32_t expert_begin;
+  std::int32_t weighted_act_rows;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh
@@ -112,6 +114,7 @@ struct BwdDw2 {  // templates/bwd_dw2.cuh
   TensorMap d_out_rows_map;
   TensorMap weighted_act_map;
   TensorMap dw2_map;
+  std::int32_t weighted_act_rows;
 };
 
 struct BwdDx {  // templates/bwd_dx.cuh

@@ -1,5 +1,7 @@
 #include "moe/memory_layout.hpp"
 
+#include <algorithm>
+
 #include "tuner/role_traits.hpp"
 
 namespace moejit {
@@ -14,9 +16,17 @@ std::size_t place(std::size_t& end, std::size_t bytes) {
 
 }  // namespace
 
+long long dw1_rows_of_inter(const MoeShape& s) { return 2LL * s.experts * s.hidden; }
+
 bool memeff_recomputes_act(const MoeShape& s, Mode mode) {
-  return mode == Mode::kMemoryEfficient &&
-         s.pairs() * s.intermediate > static_cast<long long>(s.experts) * 2 * s.intermediate * s.hidden;
+  return mode == Mode::kMemoryEfficient && s.pairs() > dw1_rows_of_inter(s) && s.tokens > dw1_rows_of_inter(s);
+}
+
+int memeff_chunk_experts(const MoeShape& s, Mode mode) {
+  if (mode != Mode::kMemoryEfficient || s.pairs() <= dw1_rows_of_inter(s) || memeff_recomputes_act(s, mode)) {
+    return s.experts;
+  }
+  return static_cast<int>(std::min<long long>(s.experts, dw1_rows_of_inter(s) / s.tokens));
 }
 
 MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
@@ -42,6 +52,8 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
       l.weighted_act = place(l.backward_bytes, tk * i * elt);
     }
     l.weighted_act_in_dw1 = mode == Mode::kMemoryEfficient && !memeff_recomputes_act(s, mode);
+    l.weighted_act_rows = l.weighted_act_in_dw1 ? std::min<std::size_t>(tk, dw1_rows_of_inter(s)) : tk;
+    l.chunk_experts = memeff_chunk_experts(s, mode);
   }
   return l;
 }

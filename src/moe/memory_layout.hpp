@@ -5,8 +5,10 @@
 //   forward workspace        act [TK, I] | y [TK, H] | routing (inference only)
 //   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and
 //                            weighted_act [TK, I] (default mode; memory-efficient mode writes
-//                            d_pre_act over pre_act and keeps weighted_act in dW1's buffer, or
-//                            recomputes it where it does not fit: memeff_recomputes_act)
+//                            d_pre_act over pre_act and keeps weighted_act in dW1's buffer,
+//                            some experts' at a time where all of it does not fit, or
+//                            recomputes it where not even one expert's may: memeff_chunk_experts,
+//                            memeff_recomputes_act)
 #pragma once
 
 #include <cstddef>
@@ -33,15 +35,27 @@ struct MemoryLayout {
   std::size_t backward_bytes = 0;
   // Memory-efficient mode: bwd_down writes weighted_act into the caller's dW1, which nothing
   // reads and bwd_dw1 writes last, and bwd_dw2 reads it there (training's kernels, in
-  // training's order). False where bwd_dw2 recomputes it instead.
+  // training's order), chunk_experts experts at a time. False where bwd_dw2 recomputes it instead.
   bool weighted_act_in_dw1 = false;
+  std::size_t weighted_act_rows = 0;  // rows of I elements where weighted_act lives (backward)
+  int chunk_experts = 0;              // experts per bwd_down + bwd_dw2 launch pair (backward)
 };
 
+// The rows of I elements that dW1's [E, 2I, H] buffer holds: 2 E H.
+long long dw1_rows_of_inter(const MoeShape& shape);
+
 // Whether memory-efficient mode's bwd_dw2 recomputes the weighted activation from pre_act (its
-// fused-activation variant, which runs on the portable path only and about 7x slower than
-// training's dW2 at T=32768) because [TK, I] does not fit in dW1's [E, 2I, H]: TK > 2 E H.
-// Always false in the other modes.
+// fused-activation variant, which recomputes each element once per row tile of dW2 and ran 5.8x
+// slower than training's dW2 at T=8192) because not even one expert's rows need fit in dW1's
+// buffer: TK > 2 E H and T > 2 E H (an expert holds up to T rows). Always false in the other
+// modes.
 bool memeff_recomputes_act(const MoeShape& shape, Mode mode);
+
+// Experts per bwd_down + bwd_dw2 launch pair in the backward: all of them, except in
+// memory-efficient mode where the weighted activation of every pair (TK rows) does not fit in
+// dW1's buffer but one expert's (at most T rows, for tokens that name it once) does: then
+// 2 E H / T of them, each launch pair's rows stored from the buffer's start.
+int memeff_chunk_experts(const MoeShape& shape, Mode mode);
 
 MemoryLayout memory_layout(const MoeShape& shape, Mode mode, int block_m);
 

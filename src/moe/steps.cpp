@@ -1,5 +1,7 @@
 #include "moe/steps.hpp"
 
+#include <algorithm>
+
 namespace moejit {
 namespace {
 
@@ -54,6 +56,9 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.scatter_d_out = scatter(a.d_out, dx_rows, rb, p);
   s.bwd_down = {a.d_out, dx_rows, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, s.ds_acc, view, h, i};
   s.bwd_dw2 = {a.d_out, dx_rows, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
+  s.bwd_down.expert_begin = 0;
+  s.bwd_down.weighted_act_rows = s.bwd_dw2.weighted_act_rows = static_cast<std::int32_t>(l.weighted_act_rows);
+  s.chunk_experts = l.chunk_experts;
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
                  h,       p.topk,  p.experts};
@@ -61,6 +66,18 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
   s.dw2_first = memeff && !l.weighted_act_in_dw1;  // it reads pre_act before bwd_down overwrites it
   return s;
+}
+
+ExpertChunk expert_chunk(const BackwardSteps& s, int first, int experts) {
+  ExpertChunk c{s.bwd_down, s.bwd_dw2};
+  const int end = std::min(first + experts, s.bwd_dw2.routing.experts);
+  c.bwd_down.expert_begin = first;
+  c.bwd_down.routing.experts = end;
+  c.bwd_dw2.routing.experts = end - first;
+  c.bwd_dw2.routing.expert_offsets += first;
+  c.bwd_dw2.dw2 = static_cast<char*>(c.bwd_dw2.dw2) +
+                  static_cast<std::size_t>(first) * s.bwd_dw2.hidden * s.bwd_dw2.inter * 2;
+  return c;
 }
 
 }  // namespace moejit

@@ -34,7 +34,17 @@ struct BackwardSteps {
   // Memory-efficient mode where bwd_dw2 recomputes the activation (memeff_recomputes_act): it
   // reads pre_act, which bwd_down then overwrites, so dW2 runs first.
   bool dw2_first;
+  // Experts per bwd_down + bwd_dw2 launch pair (memeff_chunk_experts): all, or expert_chunk()s.
+  int chunk_experts;
 };
+
+// bwd_down and bwd_dw2 over experts first .. first + experts - 1 alone (the last chunk may hold
+// fewer), their weighted activation stored from its buffer's start.
+struct ExpertChunk {
+  params::BwdDown bwd_down;
+  params::BwdDw2 bwd_dw2;
+};
+ExpertChunk expert_chunk(const BackwardSteps& s, int first, int experts);
 
 ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const MemoryLayout& l, int block_m);
 BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const MemoryLayout& l);

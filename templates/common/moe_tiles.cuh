@@ -105,7 +105,8 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 
 namespace moejit {
 
-// A token GEMM's grid of tiles: max_tiles x ceil(n_extent / BN), grouped by GROUP_M m tiles.
+// A token GEMM's grid of tiles: max_tiles x ceil(n_extent / BN), grouped by GROUP_M m tiles,
+// token tiles counted from first_tile (a launch over some experts' tiles: bwd_down's chunks).
 // Built once per block; with Div = FastDiv the divisions of its order then cost a multiply each
 // per work item (GroupedOrder).
 template <int BM, int BN, int GROUP_M, typename Div>
@@ -113,11 +114,13 @@ struct TokenGrid {
   const RoutingView& routing;
   uint32 tiles;
   GroupedOrder<GROUP_M, Div> order;
+  uint32 first_tile;
 
-  __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent)
+  __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent, int32 first = 0)
       : routing(r),
         tiles(static_cast<uint32>(r.max_tiles) * static_cast<uint32>(ceil_div(n_extent, BN))),
-        order(static_cast<uint32>(r.max_tiles), static_cast<uint32>(ceil_div(n_extent, BN))) {}
+        order(static_cast<uint32>(r.max_tiles), static_cast<uint32>(ceil_div(n_extent, BN))),
+        first_tile(static_cast<uint32>(first)) {}
 
   // The work of grid position `id`: its token tile and output columns [n0, n0 + BN). False for ids
   // past the device-side tile count or past the grid's tiles (a cluster's padding block), which
@@ -127,7 +130,7 @@ struct TokenGrid {
     uint32 m, n;
     order.tile(static_cast<uint32>(id), m, n);
     n0 = static_cast<int>(n) * BN;
-    return token_tile<BM>(routing, m, tile);
+    return token_tile<BM>(routing, m + first_tile, tile);
   }
 };
 

@@ -295,11 +295,24 @@ TEST_CASE("every config of every role's space gives the reference's answer", "[g
 TEST_CASE("every bwd_dw2 and bwd_down config recomputing the memory-efficient activation gives the reference's answer",
           "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  // T K = 2048 pairs against 2 E H = 1024: dW1's buffer cannot hold the weighted activation.
-  // K = E, and I = 136 leaves partial tiles.
-  const CaseSpec spec{1024, 2, 256, 136, 2, DType::kBF16, Routing::kRandom, 71};
+  // T = 1100 tokens against 2 E H = 1024 rows: dW1's buffer cannot hold even one expert's
+  // weighted activation. K = E, and I = 136 leaves partial tiles.
+  const CaseSpec spec{1100, 2, 256, 136, 2, DType::kBF16, Routing::kRandom, 71};
   REQUIRE(memeff_recomputes_act({spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype},
                                 Mode::kMemoryEfficient));
+  CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
+        40);
+}
+
+TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient chunks of experts gives the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // T K = 2400 pairs against 2 E H = 2048 rows in dW1's buffer, T = 600 tokens: chunks of three
+  // experts (~300 rows each: whole tiles, a tail, split tails), the last of two.
+  const CaseSpec spec{600, 8, 128, 72, 4, DType::kBF16, Routing::kRandom, 72};
+  const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+  REQUIRE_FALSE(memeff_recomputes_act(shape, Mode::kMemoryEfficient));
+  REQUIRE(memeff_chunk_experts(shape, Mode::kMemoryEfficient) == 3);
   CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
         40);
 }
@@ -486,14 +499,17 @@ TEST_CASE("inference output equals the training output bit for bit", "[gpu][moe]
 
 TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  // The first two keep the weighted activation in dW1's buffer; the third (T K = 2048 pairs,
-  // more than 2 E H = 1024) recomputes it in bwd_dw2.
-  for (const CaseSpec& spec :
-       {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1024, 2, 256, 136, 2}}) {
+  // The first two keep the weighted activation in dW1's buffer; the next two (T K above
+  // 2 E H) keep it there some experts at a time (one, three); the last (T = 1100 tokens above
+  // 2 E H = 1024) recomputes it in bwd_dw2.
+  for (const CaseSpec& spec : {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1024, 2, 256, 136, 2},
+                               CaseSpec{600, 8, 128, 72, 4}, CaseSpec{1100, 2, 256, 136, 2}}) {
     INFO(describe(spec));
     const CaseData data = make_case(spec);
     const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
-    CHECK(memeff_recomputes_act(shape, Mode::kMemoryEfficient) == (spec.tokens == 1024));
+    CHECK(memeff_recomputes_act(shape, Mode::kMemoryEfficient) == (spec.tokens == 1100));
+    CHECK(memeff_chunk_experts(shape, Mode::kMemoryEfficient) ==
+          (spec.tokens == 1024 ? 1 : spec.tokens == 600 ? 3 : spec.experts));
     // One bwd_dw2 tile in both modes: their defaults may differ (the memory-efficient variant
     // that recomputes its B operand has its own), and another tile sums in another order.
     Options same_dw2;

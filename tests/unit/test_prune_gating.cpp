@@ -118,11 +118,13 @@ TEST_CASE("the default config survives pruning for small and large problems", "[
 
 TEST_CASE("the memory-efficient bwd_dw2 defaults to mma.sync on Hopper past 32 tokens per expert", "[prune]") {
   // Where it recomputes its B operand while filling the stage, which the TMA tiles cannot copy:
-  // past T = 2 E H / K = 65536 tokens here (memeff_recomputes_act). Below, memory-efficient
-  // mode runs training's bwd_dw2.
-  const MoeShape large = shape(131072, 128, 8), small = shape(512, 128, 8);  // 8192 and 32 pairs per expert
-  CHECK(default_config(Role::kBwdDw2, shape(65536, 128, 8), fab::h200(), Mode::kMemoryEfficient) ==
-        default_config(Role::kBwdDw2, shape(65536, 128, 8), fab::h200()));
+  // past T = 2 E H = 524288 tokens here (memeff_recomputes_act). Below, memory-efficient mode
+  // runs training's bwd_dw2 (in chunks of experts past T = 2 E H / K = 65536).
+  const MoeShape large = shape(1 << 20, 128, 8), small = shape(512, 128, 8);  // 65536 and 32 pairs per expert
+  for (long long t : {65536LL, 131072LL, 524288LL}) {
+    CHECK(default_config(Role::kBwdDw2, shape(t, 128, 8), fab::h200(), Mode::kMemoryEfficient) ==
+          default_config(Role::kBwdDw2, shape(t, 128, 8), fab::h200()));
+  }
   const TileConfig eff = default_config(Role::kBwdDw2, large, fab::h200(), Mode::kMemoryEfficient);
   CHECK(eff.arch_tag == ArchTag::kPortable);
   CHECK(eff.block_n == 64);

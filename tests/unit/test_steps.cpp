@@ -2,6 +2,8 @@
 // rows of TMA configs live, and that each buffer holds what its readers need.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "moe/memory_layout.hpp"
 #include "moe/steps.hpp"
 #include "tuner/role_traits.hpp"
@@ -75,18 +77,30 @@ TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA
 }
 
 TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer where it fits", "[steps]") {
-  // TK x I against E x 2I x H: Qwen3-30B-A3B fits up to T = 2 E H / K = 65536 tokens.
-  const MoeShape qwen3{65536, 128, 2048, 768, 8, DType::kBF16};
-  CHECK_FALSE(memeff_recomputes_act(qwen3, Mode::kMemoryEfficient));
-  CHECK(memeff_recomputes_act({65537, 128, 2048, 768, 8, DType::kBF16}, Mode::kMemoryEfficient));
-  CHECK_FALSE(memeff_recomputes_act({1 << 20, 128, 2048, 768, 8, DType::kBF16}, Mode::kTraining));
+  // TK x I against E x 2I x H (2 E H = 524288 rows of I): Qwen3-30B-A3B's fit whole up to
+  // T = 2 E H / K = 65536 tokens, an expert's (at most T rows) up to T = 2 E H.
+  const auto qwen3 = [](long long t) { return MoeShape{t, 128, 2048, 768, 8, DType::kBF16}; };
+  const Mode memeff = Mode::kMemoryEfficient;
+  CHECK(dw1_rows_of_inter(qwen3(1)) == 524288);
+  CHECK(memeff_chunk_experts(qwen3(65536), memeff) == 128);
+  CHECK(memeff_chunk_experts(qwen3(65537), memeff) == 7);    // 524288 / 65537 experts of at most 65537 rows
+  CHECK(memeff_chunk_experts(qwen3(98304), memeff) == 5);
+  CHECK(memeff_chunk_experts(qwen3(262144), memeff) == 2);
+  CHECK(memeff_chunk_experts(qwen3(524288), memeff) == 1);
+  CHECK_FALSE(memeff_recomputes_act(qwen3(524288), memeff));
+  CHECK(memeff_recomputes_act(qwen3(524289), memeff));
+  CHECK(memeff_chunk_experts(qwen3(524289), memeff) == 128);  // one launch pair that recomputes
+  CHECK(memeff_chunk_experts(qwen3(1 << 20), Mode::kTraining) == 128);
+  CHECK_FALSE(memeff_recomputes_act(qwen3(1 << 20), Mode::kTraining));
 
-  for (long long tokens : {4096LL, 1LL << 20}) {
+  for (long long tokens : {4096LL, 98304LL, 1LL << 20}) {
     const MoeProblem p{tokens, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
     INFO("T=" << tokens);
     const MemoryLayout l = memory_layout(p);
-    const bool in_dw1 = tokens == 4096;
+    const bool in_dw1 = tokens < (1LL << 20);
     CHECK(l.weighted_act_in_dw1 == in_dw1);
+    CHECK(l.chunk_experts == (tokens == 98304 ? 5 : 128));
+    CHECK(l.weighted_act_rows == static_cast<std::size_t>(in_dw1 ? std::min(tokens * 8, 524288LL) : tokens * 8));
     CHECK(l.weighted_act == MemoryLayout::kNone);  // no workspace for it in this mode
     CHECK(l.d_pre_act == MemoryLayout::kNone);
     ForwardArgs f;
@@ -107,11 +121,49 @@ TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer w
       CHECK_FALSE(bs.dw2_first);
       CHECK(bs.bwd_down.weighted_act == b.dw1);
       CHECK(bs.bwd_dw2.weighted_act == b.dw1);
+      CHECK(bs.bwd_down.weighted_act_rows == static_cast<std::int32_t>(l.weighted_act_rows));
+      CHECK(bs.bwd_dw2.weighted_act_rows == static_cast<std::int32_t>(l.weighted_act_rows));
+      CHECK(bs.chunk_experts == l.chunk_experts);
     } else {
       // bwd_dw2 recomputes it from pre_act, so it runs before bwd_down overwrites pre_act.
       CHECK(bs.dw2_first);
       CHECK(bs.bwd_down.weighted_act == nullptr);
       CHECK(bs.bwd_dw2.pre_act == pre_act);
     }
+  }
+}
+
+TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its experts alone", "[steps]") {
+  // T = 98304 at Qwen3-30B-A3B: five experts per chunk, the last of 26 chunks holds three.
+  const MoeProblem p{98304, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
+  const MemoryLayout l = memory_layout(p);
+  ForwardArgs f;
+  f.saved = fake(6);
+  BackwardArgs b;
+  b.d_out = fake(8);
+  b.topk_weights = fake(4);
+  b.saved = f.saved;
+  b.dw1 = fake(10);
+  b.dw2 = fake(11);
+  b.workspace = fake(13);
+  const BackwardSteps bs = backward_steps(b, p, l);
+  REQUIRE(bs.chunk_experts == 5);
+  for (int first : {0, 5, 125}) {
+    INFO("first expert " << first);
+    const ExpertChunk c = expert_chunk(bs, first, bs.chunk_experts);
+    const int end = std::min(first + 5, 128);
+    // bwd_down walks the token tiles from the first expert's to the end one's; its weighted
+    // activation rows count from the first expert's first row.
+    CHECK(c.bwd_down.expert_begin == first);
+    CHECK(c.bwd_down.routing.experts == end);
+    CHECK(c.bwd_down.routing.expert_offsets == bs.bwd_down.routing.expert_offsets);
+    CHECK(c.bwd_down.weighted_act == b.dw1);
+    // bwd_dw2 sees the chunk's experts as 0 .. end - first - 1 and writes their dW2 slices.
+    CHECK(c.bwd_dw2.routing.experts == end - first);
+    CHECK(c.bwd_dw2.routing.expert_offsets == bs.bwd_dw2.routing.expert_offsets + first);
+    CHECK(c.bwd_dw2.routing.sorted_pairs == bs.bwd_dw2.routing.sorted_pairs);
+    CHECK(c.bwd_dw2.dw2 == static_cast<char*>(b.dw2) + static_cast<std::size_t>(first) * 2048 * 768 * 2);
+    CHECK(c.bwd_dw2.weighted_act == b.dw1);
+    CHECK(c.bwd_dw2.weighted_act_rows == 524288);
   }
 }
