@@ -171,7 +171,9 @@ void FusedMoe::backward(const BackwardArgs& a) {
     for (int first = 0; first < s.problem.experts; first += b.chunk_experts) {
       ExpertChunk c = expert_chunk(b, first, b.chunk_experts);
       s.launch(Role::kBwdDown, &c.bwd_down, stream);
-      s.launch(Role::kBwdDw2, &c.bwd_dw2, stream);
+      const RoleKernel& dw2 = s.role(Role::kBwdDw2);
+      launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
+                  expert_subset(dw2.geometry, s.problem.experts, c.bwd_dw2.routing.experts), &c.bwd_dw2, stream);
     }
   } else {
     s.launch(Role::kBwdDown, &b.bwd_down, stream);

@@ -55,6 +55,12 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
   return g;
 }
 
+LaunchGeometry expert_subset(const LaunchGeometry& g, int of, int experts) {
+  LaunchGeometry out = g;
+  out.grid.x = g.grid.x / static_cast<unsigned>(of) * static_cast<unsigned>(experts);
+  return out;
+}
+
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);

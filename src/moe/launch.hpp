@@ -24,6 +24,11 @@ struct LaunchGeometry {
 LaunchGeometry launch_geometry(Role role, const TileConfig& config, const MoeShape& shape, long long max_tiles,
                                bool vector);
 
+// An expert GEMM's geometry for a launch over `experts` of the shape's `of` experts alone (the
+// memory-efficient backward's chunks): its grid holds only their tiles, so that no block looks
+// up an expert past them.
+LaunchGeometry expert_subset(const LaunchGeometry& g, int of, int experts);
+
 // Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
 // struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum.
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "moe/launch.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/steps.hpp"
 #include "tuner/role_traits.hpp"
@@ -166,4 +167,9 @@ TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its exper
     CHECK(c.bwd_dw2.weighted_act == b.dw1);
     CHECK(c.bwd_dw2.weighted_act_rows == 524288);
   }
+  // bwd_dw2's grid over a chunk holds only its experts' tiles: no block looks up an expert past them.
+  LaunchGeometry g;
+  g.grid = {128 * 48};
+  CHECK(expert_subset(g, 128, 5).grid.x == 5 * 48);
+  CHECK(expert_subset(g, 128, 3).grid.x == 3 * 48);
 }
