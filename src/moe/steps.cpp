@@ -75,8 +75,9 @@ ExpertChunk expert_chunk(const BackwardSteps& s, int first, int experts) {
   c.bwd_down.routing.experts = end;
   c.bwd_dw2.routing.experts = end - first;
   c.bwd_dw2.routing.expert_offsets += first;
+  constexpr std::size_t kElem = 2;  // bf16 and fp16
   c.bwd_dw2.dw2 = static_cast<char*>(c.bwd_dw2.dw2) +
-                  static_cast<std::size_t>(first) * s.bwd_dw2.hidden * s.bwd_dw2.inter * 2;
+                  static_cast<std::size_t>(first) * s.bwd_dw2.hidden * s.bwd_dw2.inter * kElem;
   return c;
 }
 
