@@ -21,6 +21,18 @@ T* fake(std::uintptr_t a) {
 
 char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
 
+// A backward call's arguments at fake addresses: those its memory-efficient steps read.
+BackwardArgs backward_args() {
+  BackwardArgs b;
+  b.d_out = fake(8);
+  b.topk_weights = fake(4);
+  b.saved = fake(6);
+  b.dw1 = fake(10);
+  b.dw2 = fake(11);
+  b.workspace = fake(13);
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA roles read", "[steps]") {
@@ -104,15 +116,7 @@ TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer w
     CHECK(l.weighted_act_rows == static_cast<std::size_t>(in_dw1 ? std::min(tokens * 8, 524288LL) : tokens * 8));
     CHECK(l.weighted_act == MemoryLayout::kNone);  // no workspace for it in this mode
     CHECK(l.d_pre_act == MemoryLayout::kNone);
-    ForwardArgs f;
-    f.saved = fake(6);
-    BackwardArgs b;
-    b.d_out = fake(8);
-    b.topk_weights = fake(4);
-    b.saved = f.saved;
-    b.dw1 = fake(10);
-    b.dw2 = fake(11);
-    b.workspace = fake(13);
+    const BackwardArgs b = backward_args();
     const BackwardSteps bs = backward_steps(b, p, l);
     void* pre_act = at(b.saved, l.pre_act);
     CHECK(bs.bwd_down.d_pre_act == pre_act);  // written over pre_act in both cases
@@ -138,15 +142,7 @@ TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its exper
   // T = 98304 at Qwen3-30B-A3B: five experts per chunk, the last of 26 chunks holds three.
   const MoeProblem p{98304, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
   const MemoryLayout l = memory_layout(p);
-  ForwardArgs f;
-  f.saved = fake(6);
-  BackwardArgs b;
-  b.d_out = fake(8);
-  b.topk_weights = fake(4);
-  b.saved = f.saved;
-  b.dw1 = fake(10);
-  b.dw2 = fake(11);
-  b.workspace = fake(13);
+  const BackwardArgs b = backward_args();
   const BackwardSteps bs = backward_steps(b, p, l);
   REQUIRE(bs.chunk_experts == 5);
   for (int first : {0, 5, 125}) {
