@@ -29,7 +29,7 @@ struct BwdDw2Params {
   int32 hidden;
   int32 inter;
   TensorMap d_out_rows_map;    // TMA: d_out_rows as [TK, H], boxes 64 x BK
-  TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [TK, I], boxes 64 x BK
+  TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [weighted_act_rows, I], boxes 64 x BK
   TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x a warpgroup's rows x 1 (persistent stores)
   int32 weighted_act_rows;     // weighted_act's rows, from the launch's first sorted row
 };
