@@ -38,7 +38,7 @@ typedef struct moejit_problem {
   int32_t topk;
   int32_t dtype;             /* MOEJIT_DTYPE_* */
   int32_t mode;              /* MOEJIT_MODE_* */
-  int32_t check_expert_ids;  /* nonzero: ids outside [0, E) are an error instead of dropped */
+  int32_t check_expert_ids;  /* nonzero: ids outside [0, E), and a token naming one expert twice, are an error */
 } moejit_problem;
 
 typedef struct moejit_memory_plan {

@@ -8,8 +8,9 @@
 //
 // Expert ids outside [0, E) are dropped: that (token, slot) reaches no expert, contributes
 // nothing to out, and gets a zero d_topk_weights; no memory outside the tensors is touched.
-// Options::check_expert_ids turns them into an InvalidArgument error instead (it synchronises
-// the stream once per forward to read the count, so it is off by default).
+// Options::check_expert_ids turns them into an InvalidArgument error instead, as it does a token
+// that names one expert in two slots (it synchronises the stream once per forward to read the
+// count and the ids, so it is off by default).
 //
 // The caller allocates everything (device memory, 256-byte aligned): memory() says how much.
 // forward() and backward() only enqueue work on the caller's stream: no allocation, no

@@ -56,11 +56,13 @@ struct FusedMoe::Impl {
   void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count) const {
     const RoleKernel& k = role(Role::kRouting);
     launch_routing(*k.kernel, k.config, args);
-    if (options.check_expert_ids) check_expert_ids(dropped_count, args.stream);
+    if (options.check_expert_ids) check_expert_ids(dropped_count, args);
   }
 
-  // Reads the dropped-pair count back: the one synchronising path, opt-in.
-  void check_expert_ids(const std::int32_t* dropped_count, CUstream stream) const {
+  // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
+  // one synchronising path, opt-in.
+  void check_expert_ids(const std::int32_t* dropped_count, const RoutingArgs& args) const {
+    CUstream stream = args.stream;
     const cuda::Driver& d = cuda::driver();
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
@@ -73,6 +75,9 @@ struct FusedMoe::Impl {
     if (dropped > 0) {
       throw InvalidArgument("topk_ids", fmt::format("{} expert id(s) outside [0, {})", dropped, problem.experts));
     }
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(args.tokens * args.topk));
+    MOEJIT_CU(d.cuMemcpyDtoH(ids.data(), args.topk_ids, ids.size() * sizeof(std::int32_t)));
+    check_distinct_experts(ids.data(), args.tokens, args.topk);
   }
 
   void launch(Role r, void* params, CUstream stream) const {

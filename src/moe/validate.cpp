@@ -142,4 +142,17 @@ void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryP
                     {"saved", a.saved, m.saved_bytes}});
 }
 
+void check_distinct_experts(const std::int32_t* ids, long long tokens, int topk) {
+  for (long long t = 0; t < tokens; ++t) {
+    const std::int32_t* row = ids + t * topk;
+    for (int k = 1; k < topk; ++k) {
+      for (int j = 0; j < k; ++j) {
+        if (row[j] == row[k]) {
+          throw InvalidArgument("topk_ids", fmt::format("token {} names expert {} twice (slots {} and {})", t, row[k], j, k));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace moejit

@@ -584,6 +584,19 @@ TEST_CASE("expert ids outside [0, E) are dropped, or rejected in checking mode",
   CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking), Catch::Contains("topk_ids") && Catch::Contains("3 expert id"));
 }
 
+TEST_CASE("a token naming one expert twice counts as two pairs, or is rejected in checking mode", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const CaseSpec spec{200, 8, 128, 64, 3, DType::kBF16, Routing::kRandom, 6};
+  CaseData data = make_case(spec);
+  data.tensors.topk_ids[3 * 17 + 2] = data.tensors.topk_ids[3 * 17];
+  check_outputs(run_case(data, Mode::kTraining), reference_of(data));
+  Options checking;
+  checking.check_expert_ids = true;
+  CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking),
+                    Catch::Contains("topk_ids") && Catch::Contains("token 17 names expert") &&
+                        Catch::Contains("slots 0 and 2"));
+}
+
 TEST_CASE("bad inputs are rejected with the argument named", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   auto bad_problem = [](auto mutate, const char* arg) {

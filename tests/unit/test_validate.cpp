@@ -2,6 +2,9 @@
 // dereferenced): every buffer a backward writes must be disjoint from every other argument.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <vector>
+
 #include "moe/memory_layout.hpp"
 #include "moe/validate.hpp"
 
@@ -16,6 +19,16 @@ void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
 MemoryPlan memory_plan(const MemoryLayout& l) { return {l.saved_bytes, l.forward_bytes, l.backward_bytes}; }
 
 }  // namespace
+
+TEST_CASE("checking mode rejects the first token that names one expert twice", "[validate]") {
+  const std::vector<std::int32_t> distinct = {0, 1, 2, 3, 2, 1, 7, 0, 5};
+  CHECK_NOTHROW(check_distinct_experts(distinct.data(), 3, 3));
+  CHECK_NOTHROW(check_distinct_experts(distinct.data(), 9, 1));
+  const std::vector<std::int32_t> repeated = {0, 1, 2, 4, 6, 4, 3, 3, 3};
+  CHECK_THROWS_WITH(check_distinct_experts(repeated.data(), 3, 3),
+                    Catch::Contains("topk_ids") && Catch::Contains("token 1 names expert 4 twice (slots 0 and 2)"));
+  CHECK_THROWS_WITH(check_distinct_experts(repeated.data() + 6, 1, 3), Catch::Contains("token 0 names expert 3 twice (slots 0 and 1)"));
+}
 
 TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") {
   const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};

@@ -18,8 +18,9 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
     Runs in inference mode (nothing saved for backward) when no input needs grad. Keywords:
       memory_efficient  backward overwrites the forward's saved state instead of taking more
                         workspace (one backward per forward)
-      check_expert_ids  ids outside [0, E) raise instead of being dropped (synchronises the
-                        stream once per forward, so not inside CUDA graphs)
+      check_expert_ids  ids outside [0, E) raise instead of being dropped, and so does a token
+                        naming one expert twice (synchronises the stream once per forward, so
+                        not inside CUDA graphs)
     """
     _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
     x = x.contiguous()
