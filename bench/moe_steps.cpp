@@ -86,44 +86,59 @@ ForwardArgs MoeSteps::forward_args(int step, const PlanBuffers& scratch) const {
   return a;
 }
 
-double MoeSteps::forward_enqueue_us(int calls) {
+BackwardArgs MoeSteps::backward_args(int step, const PlanBuffers& scratch) const {
+  const int c = step % inputs_.copies();
+  BackwardArgs a;
+  a.d_out = inputs_.d_out[c].as<void>();
+  a.x = inputs_.x[c].as<void>();
+  a.w1 = weights_.w1.as<void>();
+  a.w2 = weights_.w2.as<void>();
+  a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
+  a.topk_weights = inputs_.topk_weights[c].as<void>();
+  a.saved = scratch.saved.as<void>();
+  a.saved_bytes = scratch.saved.bytes();
+  a.dx = dx_.as<void>();
+  a.dw1 = weights_.dw1.as<void>();
+  a.dw2 = weights_.dw2.as<void>();
+  a.d_topk_weights = d_topk_weights_.as<void>();
+  a.workspace = scratch.backward_ws.as<void>();
+  a.workspace_bytes = scratch.backward_ws.bytes();
+  a.stream = stream_;
+  return a;
+}
+
+Enqueue MoeSteps::enqueue_us(int calls) {
   FusedMoe& plan = plans_.at(Mode::kTraining);
   const PlanBuffers scratch(plan.memory());
-  plan.forward(forward_args(0, scratch));  // first call outside the timing
+  // One step outside the timing: the plan's first calls, and a saved state for the backwards.
+  plan.forward(forward_args(0, scratch));
+  plan.backward(backward_args(0, scratch));
   MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
-  std::vector<ForwardArgs> args;
-  for (int i = 0; i < calls; ++i) args.push_back(forward_args(i, scratch));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const ForwardArgs& a : args) plan.forward(a);
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
-  return us / calls;
+  const auto per_call = [&](auto call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call(i);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
+    return us / calls;
+  };
+  // The arguments are built before each timing (a call's own cost only), rotating the inputs.
+  std::vector<ForwardArgs> fwd;
+  std::vector<BackwardArgs> bwd;
+  for (int i = 0; i < calls; ++i) {
+    fwd.push_back(forward_args(i, scratch));
+    bwd.push_back(backward_args(i, scratch));
+  }
+  Enqueue e;
+  e.forward_us = per_call([&](int i) { plan.forward(fwd[i]); });
+  e.backward_us = per_call([&](int i) { plan.backward(bwd[i]); });
+  return e;
 }
 
 Stats MoeSteps::measure(StepKind kind, StreamTimer& timer, int warmup, int iters) {
   FusedMoe& plan = plans_.at(plan_mode(kind));
   const PlanBuffers scratch(plan.memory());
   auto forward = [&](int step) { plan.forward(forward_args(step, scratch)); };
-  auto backward = [&](int step) {
-    const int c = step % inputs_.copies();
-    BackwardArgs a;
-    a.d_out = inputs_.d_out[c].as<void>();
-    a.x = inputs_.x[c].as<void>();
-    a.w1 = weights_.w1.as<void>();
-    a.w2 = weights_.w2.as<void>();
-    a.topk_ids = inputs_.topk_ids[c].as<std::int32_t>();
-    a.topk_weights = inputs_.topk_weights[c].as<void>();
-    a.saved = scratch.saved.as<void>();
-    a.saved_bytes = scratch.saved.bytes();
-    a.dx = dx_.as<void>();
-    a.dw1 = weights_.dw1.as<void>();
-    a.dw2 = weights_.dw2.as<void>();
-    a.d_topk_weights = d_topk_weights_.as<void>();
-    a.workspace = scratch.backward_ws.as<void>();
-    a.workspace_bytes = scratch.backward_ws.bytes();
-    a.stream = stream_;
-    plan.backward(a);
-  };
+  auto backward = [&](int step) { plan.backward(backward_args(step, scratch)); };
   switch (kind) {
     case StepKind::kForward:
     case StepKind::kInference: return timer.measure(warmup, iters, {}, forward);

@@ -37,6 +37,12 @@ struct PlanBuffers {
       : saved(m.saved_bytes), forward_ws(m.forward_workspace_bytes), backward_ws(m.backward_workspace_bytes) {}
 };
 
+// Host microseconds per call (MoeSteps::enqueue_us).
+struct Enqueue {
+  double forward_us = 0;
+  double backward_us = 0;
+};
+
 class MoeSteps {
  public:
   // Builds a training plan and a memory-efficient one (for its MemoryPlan, and timed only as
@@ -53,12 +59,13 @@ class MoeSteps {
 
   Stats measure(StepKind kind, StreamTimer& timer, int warmup, int iters);
 
-  // Host cost of a training forward() alone: `calls` back-to-back calls timed on the host clock
-  // (no events, no synchronisation between them), microseconds per call.
-  double forward_enqueue_us(int calls);
+  // Host cost of a training forward() alone, then of backward() alone: `calls` back-to-back calls
+  // each, timed on the host clock (no events, no synchronisation between them).
+  Enqueue enqueue_us(int calls);
 
  private:
   ForwardArgs forward_args(int step, const PlanBuffers& scratch) const;
+  BackwardArgs backward_args(int step, const PlanBuffers& scratch) const;
   MoeProblem problem_;
   const Weights& weights_;
   CUstream stream_;

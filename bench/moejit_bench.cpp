@@ -201,8 +201,11 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
     moe = std::make_unique<MoeSteps>(p, args.options, with_inference, args.routing, device.l2_bytes, seed, weights,
                                      stream);
     r.plan_seconds = moe->plan_seconds();
-    // 64 calls queue at most 320 launches: well below the driver's queue depth, so none waits for the GPU.
-    r.forward_enqueue_us = moe->forward_enqueue_us(64);
+    // 40 calls queue at most 240 forward or 320 backward launches: below the driver's queue depth
+    // (the forwards' 320 of earlier sessions were too), so none waits for the GPU.
+    const Enqueue enqueue = moe->enqueue_us(40);
+    r.forward_enqueue_us = enqueue.forward_us;
+    r.backward_enqueue_us = enqueue.backward_us;
     r.copies = moe->copies();
     r.configs = moe->configs();
     r.train_memory = moe->memory(Mode::kTraining);
@@ -285,8 +288,9 @@ int run(const Args& args, const std::string& command) {
   for (long long tokens : args.tokens) {
     results.push_back(run_tokens(args, tokens, info.device, weights, blas, stream.get(), timer));
     const TokenResult& r = results.back();
-    fmt::print("T={} done: plans {:.1f} s, forward() enqueue {:.1f} us/call, input copies {}, dense copies {}{}\n",
-               tokens, r.plan_seconds, r.forward_enqueue_us, r.copies, r.dense_copies,
+    fmt::print("T={} done: plans {:.1f} s, enqueue {:.1f} us per forward(), {:.1f} per backward(), input copies {}, "
+               "dense copies {}{}\n",
+               tokens, r.plan_seconds, r.forward_enqueue_us, r.backward_enqueue_us, r.copies, r.dense_copies,
                r.error.empty() ? "" : " (setup failed)");
     std::fflush(stdout);
   }

@@ -29,7 +29,8 @@ struct TokenResult {
   long long tokens = 0;
   int copies = 0, dense_copies = 0;  // rotation copies of the per-step inputs
   double plan_seconds = 0;
-  double forward_enqueue_us = 0;  // host cost of one training forward() call
+  double forward_enqueue_us = 0;   // host cost of one training forward() call
+  double backward_enqueue_us = 0;  // and of one backward() call
   std::map<std::string, std::map<std::string, std::string>> configs;  // plan mode -> role -> config
   std::optional<Footprint> train_memory, memeff_memory;
   std::vector<StepResult> steps;
