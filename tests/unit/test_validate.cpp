@@ -28,6 +28,13 @@ TEST_CASE("checking mode rejects the first token that names one expert twice", "
   CHECK_THROWS_WITH(check_distinct_experts(repeated.data(), 3, 3),
                     Catch::Contains("topk_ids") && Catch::Contains("token 1 names expert 4 twice (slots 0 and 2)"));
   CHECK_THROWS_WITH(check_distinct_experts(repeated.data() + 6, 1, 3), Catch::Contains("token 0 names expert 3 twice (slots 0 and 1)"));
+  // K = E = 4096: one token's slots name every expert once, then the last slot repeats slot 37's.
+  std::vector<std::int32_t> wide(4096);
+  for (int k = 0; k < 4096; ++k) wide[k] = 4095 - k;
+  CHECK_NOTHROW(check_distinct_experts(wide.data(), 1, 4096));
+  wide[4095] = wide[37];
+  CHECK_THROWS_WITH(check_distinct_experts(wide.data(), 1, 4096),
+                    Catch::Contains("token 0 names expert 4058 twice (slots 37 and 4095)"));
 }
 
 TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") {
