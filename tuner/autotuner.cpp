@@ -59,10 +59,15 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     }
     RoleCandidates rc{r, defaults.at(r), {}, {}, {}};
     rc.survivors.push_back(rc.reference);
-    for (const PruneDecision& d : prune_space(r, shape, device)) {
+    const std::vector<PruneDecision> space = prune_space(r, shape, device);
+    for (const PruneDecision& d : space) {
       if (d.reason) {
         rc.pruned.push_back(rejected(d.config, "pruned: " + *d.reason));
-      } else if (!(d.config == rc.reference)) {
+      } else if (d.config == rc.reference) {
+        continue;
+      } else if (auto why = options.first_call_space ? first_call_exclusion(d.config, space) : std::nullopt) {
+        rc.pruned.push_back(rejected(d.config, *why));
+      } else {
         rc.survivors.push_back(d.config);
         specs.push_back(role_kernel_spec(r, d.config, problem, arch));
       }

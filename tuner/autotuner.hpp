@@ -1,5 +1,5 @@
-// The autotuner: for each role of a problem, every config of its space is pruned for the
-// device, compiled in parallel, run once on a scratch problem and compared with the heuristic
+// The autotuner: for each role of a problem, every config of its space (or of the first call's
+// narrower one) is pruned for the device, compiled in parallel, run once on a scratch problem and compared with the heuristic
 // default's output (a miscompiled or wrong config is rejected, not chosen), timed with CUDA
 // events, the fastest few timed again in turns, and the winner picked among those with a
 // deterministic tie-break (tuner/winner.hpp).
@@ -26,6 +26,9 @@ struct TuneOptions {
   // Time candidates back to back after a warm-up burst instead of after an L2 flush each
   // (TuningSession::time); `moejit tune --timing sustained`.
   bool sustained = false;
+  // Time only the first call's space (tuner/prune.hpp: first_call_exclusion), recording the rest
+  // as rejected: a plan's self-tune, whose cold start is mostly compiling.
+  bool first_call_space = false;
   // The config each role used before this tuning: kept when it ties with the fastest.
   std::map<Role, TileConfig> incumbents;
   std::function<void(const std::string&)> progress;  // optional progress lines

@@ -92,6 +92,7 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
       const auto t0 = std::chrono::steady_clock::now();
       TuneOptions tune_options;
       tune_options.budget_s = env::tune_budget_s();
+      tune_options.first_call_space = true;
       auto rows = autotune(problem, device, roles, tune_options);
       log::info("tuned {} role(s) of E={} H={} I={} K={} T={} in {:.1f} s", rows.size(), problem.experts,
                 problem.hidden, problem.intermediate, problem.topk, problem.tokens,

@@ -61,6 +61,16 @@ TEST_CASE("the first plan tunes and stores; a second process reads the rows", "[
     CHECK(source == "tuned");
   }
   CHECK(db::TuningDb(db_path).rows().size() == 8);
+  // The first call's space: beside TMA warp-specialized candidates, only the heuristic default
+  // is timed (tuner/prune.hpp: first_call_exclusion).
+  for (const db::TuningRow& row : db::TuningDb(db_path).rows()) {
+    INFO(role_name(row.key.role));
+    int tma_ws = 0, other = 0;
+    for (const auto& c : row.candidates) {
+      if (!c.rejected) ++(c.config.use_tma && c.config.warp_specialized ? tma_ws : other);
+    }
+    if (tma_ws > 0) CHECK(other <= 1);
+  }
   check_against_reference(plan, make_case(kSpec));
 
   FusedMoe again(kProblem);  // same process: the in-process map

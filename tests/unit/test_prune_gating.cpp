@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "cuda/device.hpp"
@@ -574,4 +575,52 @@ TEST_CASE("TMA tensor maps stay inside the driver's limits, or the shape takes n
   bad = ok;
   bad.dims[1] = (1ULL << 32) + 1;
   CHECK(tensor_map_problem(bad));
+}
+
+TEST_CASE("the first call's space: TMA warp-specialized configs where a role has any legal, else all", "[prune][tma]") {
+  const auto kept = [](Role r, const MoeShape& s, const cuda::DeviceInfo& d) {
+    const std::vector<PruneDecision> space = prune_space(r, s, d);
+    int legal = 0, tma_ws = 0, first_call = 0;
+    for (const PruneDecision& p : space) {
+      if (p.reason) continue;
+      ++legal;
+      tma_ws += p.config.use_tma && p.config.warp_specialized;
+      const auto why = first_call_exclusion(p.config, space);
+      first_call += !why;
+      if (why) CHECK_FALSE((p.config.use_tma && p.config.warp_specialized));
+    }
+    return std::tuple{legal, tma_ws, first_call};
+  };
+  MoeShape odd = shape(8192, 128, 8);
+  odd.hidden = 2052;  // rows TMA cannot copy
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx, Role::kBwdDw1, Role::kBwdDw2}) {
+    INFO(role_name(r));
+    // 128-row token tiles on an H200: the TMA warp-specialized configs alone, a part of the space.
+    const auto [legal, tma_ws, first_call] = kept(r, shape(8192, 128, 8), fab::h200());
+    CHECK(tma_ws > 0);
+    CHECK(first_call == tma_ws);
+    CHECK(first_call < legal);
+    // No legal TMA config: every legal config stays.
+    for (const auto& [what, s, d] : {std::tuple{"an A100", shape(8192, 128, 8), fab::a100()},
+                                     std::tuple{"rows TMA cannot copy", odd, fab::h200()}}) {
+      INFO(what);
+      const auto [all, none, same] = kept(r, s, d);
+      CHECK(none == 0);
+      CHECK(same == all);
+    }
+  }
+  // 16-row token tiles (T=128, 8 pairs per expert): the token GEMMs have no TMA config, so keep
+  // every legal one; the dW roles do.
+  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx}) {
+    INFO(role_name(r));
+    const auto [legal, tma_ws, first_call] = kept(r, shape(128, 128, 8), fab::h200());
+    CHECK(tma_ws == 0);
+    CHECK(first_call == legal);
+  }
+  const auto [legal, tma_ws, first_call] = kept(Role::kBwdDw1, shape(128, 128, 8), fab::h200());
+  CHECK(tma_ws > 0);
+  CHECK(first_call == tma_ws);
+  // Routing and gather_sum have no TMA configs: the whole space.
+  const auto [rlegal, rtma, rfirst] = kept(Role::kRouting, shape(8192, 128, 8), fab::h200());
+  CHECK(rfirst == rlegal);
 }
