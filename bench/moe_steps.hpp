@@ -41,6 +41,7 @@ struct PlanBuffers {
 struct Enqueue {
   double forward_us = 0;
   double backward_us = 0;
+  double graph_step_us = 0;  // one replay of a CUDA graph of forward() and backward()
 };
 
 class MoeSteps {
@@ -59,8 +60,9 @@ class MoeSteps {
 
   Stats measure(StepKind kind, StreamTimer& timer, int warmup, int iters);
 
-  // Host cost of a training forward() alone, then of backward() alone: `calls` back-to-back calls
-  // each, timed on the host clock (no events, no synchronisation between them).
+  // Host cost of a training forward() alone, then of backward() alone, then of replaying a CUDA
+  // graph that captured one of each: `calls` back-to-back calls each, timed on the host clock (no
+  // events, no synchronisation between them).
   Enqueue enqueue_us(int calls);
 
  private:

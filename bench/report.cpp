@@ -49,8 +49,10 @@ void print_token_block(const TokenResult& r) {
     const double train = mib(r.train_memory->full_step_bytes), memeff = mib(r.memeff_memory->full_step_bytes);
     memory = fmt::format("  full-step MiB: train {:.1f} memeff {:.1f} ({:+.1f})", train, memeff, memeff - train);
   }
-  fmt::print("T={}  plans {:.1f} s  forward() enqueue {:.1f} us  backward() {:.1f} us  input copies {} (dense {}){}\n",
-             r.tokens, r.plan_seconds, r.forward_enqueue_us, r.backward_enqueue_us, r.copies, r.dense_copies, memory);
+  fmt::print("T={}  plans {:.1f} s  forward() enqueue {:.1f} us  backward() {:.1f} us  graph of both {:.1f} us  "
+             "input copies {} (dense {}){}\n",
+             r.tokens, r.plan_seconds, r.forward_enqueue_us, r.backward_enqueue_us, r.graph_step_us, r.copies,
+             r.dense_copies, memory);
   const auto train = r.configs.find(mode_name(Mode::kTraining));
   if (train != r.configs.end()) {
     fmt::print("  {}:{}\n", train->first, join_configs(train->second));
@@ -174,6 +176,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                         {"plan_seconds", r.plan_seconds},
                         {"forward_enqueue_us", r.forward_enqueue_us},
                         {"backward_enqueue_us", r.backward_enqueue_us},
+                        {"graph_step_us", r.graph_step_us},
                         {"configs", r.configs}};
     if (r.train_memory) t["memory"]["train"] = memory_json(*r.train_memory);
     if (r.memeff_memory) t["memory"]["memeff"] = memory_json(*r.memeff_memory);

@@ -31,6 +31,7 @@ struct TokenResult {
   double plan_seconds = 0;
   double forward_enqueue_us = 0;   // host cost of one training forward() call
   double backward_enqueue_us = 0;  // and of one backward() call
+  double graph_step_us = 0;        // and of replaying a CUDA graph of one forward() and backward()
   std::map<std::string, std::map<std::string, std::string>> configs;  // plan mode -> role -> config
   std::optional<Footprint> train_memory, memeff_memory;
   std::vector<StepResult> steps;

@@ -102,6 +102,32 @@ Stream::~Stream() {
 
 void Stream::synchronize() const { MOEJIT_CU(driver().cuStreamSynchronize(stream_)); }
 
+CapturedGraph::CapturedGraph(CUstream stream, const std::function<void()>& record) {
+  const Driver& d = driver();
+  MOEJIT_CU(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  try {
+    record();
+  } catch (...) {
+    CUgraph partial = nullptr;
+    if (d.cuStreamEndCapture(stream, &partial) == CUDA_SUCCESS && partial != nullptr) {
+      warn_on_failure(d.cuGraphDestroy(partial), "cuGraphDestroy");
+    }
+    throw;
+  }
+  MOEJIT_CU(d.cuStreamEndCapture(stream, &graph_));
+  if (const CUresult r = d.cuGraphInstantiate(&exec_, graph_, 0); r != CUDA_SUCCESS) {
+    warn_on_failure(d.cuGraphDestroy(graph_), "cuGraphDestroy");
+    check(r, "cuGraphInstantiate");
+  }
+}
+
+CapturedGraph::~CapturedGraph() {
+  if (exec_ != nullptr) warn_on_failure(driver().cuGraphExecDestroy(exec_), "cuGraphExecDestroy");
+  if (graph_ != nullptr) warn_on_failure(driver().cuGraphDestroy(graph_), "cuGraphDestroy");
+}
+
+void CapturedGraph::launch(CUstream stream) const { MOEJIT_CU(driver().cuGraphLaunch(exec_, stream)); }
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
   if (bytes > 0) MOEJIT_CU(driver().cuMemAlloc(&ptr_, bytes));
 }

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <cstddef>
+#include <functional>
 #include <string_view>
 #include <utility>
 
@@ -75,6 +76,24 @@ class Stream {
 
  private:
   CUstream stream_ = nullptr;
+};
+
+// What `record` enqueues on a stream, captured into a graph and instantiated; both are
+// destroyed with it. Global capture mode, the strictest (a framework's capture may use it): no
+// thread may make a call that is unsafe during a capture meanwhile. The capture ends even when
+// `record` throws, so the stream is left usable.
+class CapturedGraph {
+ public:
+  CapturedGraph(CUstream stream, const std::function<void()>& record);
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  // Enqueues one replay on `stream`.
+  void launch(CUstream stream) const;
+
+ private:
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
 };
 
 // Device memory owned by one allocation.

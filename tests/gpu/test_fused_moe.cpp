@@ -544,23 +544,17 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", 
   FusedMoe plan(problem_of(spec, Mode::kTraining));
   DeviceRun run(first, plan.memory());
   cuda::Stream stream;
-  const cuda::Driver& d = cuda::driver();
-  MOEJIT_CU(d.cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
-  plan.forward(run.forward_args(stream.get()));
-  plan.backward(run.backward_args(stream.get()));
-  CUgraph graph = nullptr;
-  MOEJIT_CU(d.cuStreamEndCapture(stream.get(), &graph));
-  CUgraphExec exec = nullptr;
-  MOEJIT_CU(d.cuGraphInstantiate(&exec, graph, 0));
+  const cuda::CapturedGraph step(stream.get(), [&] {
+    plan.forward(run.forward_args(stream.get()));
+    plan.backward(run.backward_args(stream.get()));
+  });
   run.upload_inputs(second);  // new values under the same pointers
   run.poison();
-  MOEJIT_CU(d.cuGraphLaunch(exec, stream.get()));
+  step.launch(stream.get());
   stream.synchronize();
   const std::size_t n = static_cast<std::size_t>(spec.tokens) * spec.hidden;
   const auto replay_out = download(run.out, spec.dtype, n);
   const auto replay_dw1 = download(run.dw1, spec.dtype, std::size_t(8) * 2 * 128 * 256);
-  MOEJIT_CU(d.cuGraphExecDestroy(exec));
-  MOEJIT_CU(d.cuGraphDestroy(graph));
   const Outputs eager = run_case(second, Mode::kTraining);
   CHECK(replay_out == eager.out);
   CHECK(replay_dw1 == eager.dw1);
