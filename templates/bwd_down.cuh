@@ -21,7 +21,9 @@
 // A launch may cover experts expert_begin .. routing.experts - 1 alone (the memory-efficient
 // backward's chunks, whose weighted activation lives in dW1's buffer): its token tiles, and
 // weighted_act rows counted from the first of them, weighted_act_rows at most; a tile past that
-// room (only an expert named twice by one token gets there) stores no weighted activation.
+// room (only an expert named twice by one token gets there) stores no weighted activation. It
+// may also cover columns n_begin .. n_end - 1 of I alone (column chunks, n_begin a multiple of
+// BN): weighted_act then holds those columns, rows wact_ld elements apart.
 #pragma once
 
 #include "common/epilogue_group.cuh"
@@ -49,6 +51,8 @@ struct BwdDownParams {
   TensorMap d_pre_act_map;   // TMA: d_pre_act as pre_act_map
   int32 expert_begin;        // the launch's first expert
   int32 weighted_act_rows;   // weighted_act's rows, from expert_begin's first
+  int32 n_begin, n_end;      // the launch's columns of I
+  int32 wact_ld;             // weighted_act's row stride in elements: n_end - n_begin or I
 };
 
 // Which bwd_down configs hand their tiles to an epilogue warpgroup: the persistent ones wider than
@@ -122,10 +126,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   T* dpre = static_cast<T*>(p.d_pre_act);
   // The weighted activation's row 0 is the launch's first sorted row.
   const int64 wact_row0 = p.routing.expert_offsets[p.expert_begin];
-  // Where a tile's weighted activation goes, indexed by sorted row; null when not stored.
+  // Where a tile's weighted activation goes, indexed by sorted row and column of I (row stride
+  // wact_ld); null when not stored.
   const auto wact_of = [&](const TokenWork& w) -> T* {
     const bool room = w.tile.row0 - wact_row0 + w.tile.rows <= p.weighted_act_rows;
-    return p.weighted_act != nullptr && room ? static_cast<T*>(p.weighted_act) - wact_row0 * p.inter : nullptr;
+    return p.weighted_act != nullptr && room ? static_cast<T*>(p.weighted_act) - wact_row0 * p.wact_ld - p.n_begin
+                                             : nullptr;
   };
   // Tile-local element (r, c) of the g or u tile in shared memory.
   const auto pre_smem = [](T* t, int r, int c) { return t + (c / 64) * PrePanel::kElems + PrePanel::offset(r, c % 64); };
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
 #pragma unroll
         for (int ni = 0; ni < Mma::kNi; ++ni) {
           const int col = w.n0 + mma.col(ni);
-          const bool in_range = valid && col < p.inter;
+          const bool in_range = valid && col < p.n_end;
           // TMA reads g and u from shared memory, so out-of-range elements compute harmlessly
           // (and are not stored); the quad transpose below needs every lane.
           if (!kQuadWact && !in_range) continue;
@@ -185,7 +191,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
           const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
           float g[2], u[2], dg[2], du[2], wa[2];
           // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
-          const bool both = ALIGNED || col + 1 < p.inter;
+          const bool both = ALIGNED || col + 1 < p.n_end;
           if (TMA) {
             load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
             load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
@@ -208,16 +214,16 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
             // Over g and u, the same elements this thread read: stored by store_d_pre_act.
             store_float2(pre_smem(g_tile, r, mma.col(ni)), dg[0], dg[1]);
             store_float2(pre_smem(u_tile, r, mma.col(ni)), du[0], du[1]);
-            if (!kQuadWact && wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
+            if (!kQuadWact && wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
           } else if (ALIGNED) {
             store_float2(dpre + gi, dg[0], dg[1]);
             store_float2(dpre + gi + p.inter, du[0], du[1]);
-            if (wact != nullptr) store_float2(wact + row * p.inter + col, wa[0], wa[1]);
+            if (wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
           } else {
             for (int j = 0; j < (both ? 2 : 1); ++j) {
               store_float(dpre + gi + j, dg[j]);
               store_float(dpre + gi + j + p.inter, du[j]);
-              if (wact != nullptr) store_float(wact + row * p.inter + col + j, wa[j]);
+              if (wact != nullptr) store_float(wact + row * p.wact_ld + col + j, wa[j]);
             }
           }
           if constexpr (kQuadWact) {
@@ -226,7 +232,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               // This lane now holds the 8 columns of group ni - 3 + q (q = lane % 4).
               quad_transpose(wa_words);
               const int chunk = w.n0 + mma.n0 + (ni - 3 + (lane & 3)) * 8;
-              if (valid && chunk < p.inter) store_uint4(wact + row * p.inter + chunk, wa_words);
+              if (valid && chunk < p.n_end) store_uint4(wact + row * p.wact_ld + chunk, wa_words);
             }
           }
         }
@@ -260,7 +266,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
       write_staged_rows<BM, BN, kThreads, ALIGNED>(
           [&](int r, int col) { return pre_smem(tile, r, col); },
           [&](int r) -> T* { return w.store && r < w.tile.rows ? base + static_cast<int64>(r) * 2 * p.inter : nullptr; },
-          p.inter - w.n0);
+          p.n_end - w.n0);
     }
   };
   // kGroup: the epilogue warpgroup's work on a tile the MMA warps handed over. Warp w finishes
@@ -278,7 +284,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         const float lane_s = lane_pair >= 0 ? load_float(scores + lane_pair) : 0.f;
         // I is a multiple of 8 (TMA), so each of the lane's two 4-column chunks is wholly in range
         // or out.
-        const bool chunk_in[2] = {w.n0 + 4 * lane < p.inter, w.n0 + 4 * (32 + lane) < p.inter};
+        const bool chunk_in[2] = {w.n0 + 4 * lane < p.n_end, w.n0 + 4 * (32 + lane) < p.n_end};
         T* const wact = wact_of(w);
         mbarrier_wait(act_full, tiles_done & 1);
         // Rows in flight per warp: their g and u loads are all issued before any row is finished.
@@ -313,7 +319,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               const int64 row = w.tile.row0 + r;
               // The lane's first chunk in the row: the second is 128 columns on, so its addresses
               // differ by a constant.
-              const int64 pre_at = row * 2 * p.inter + w.n0 + 4 * lane, wact_at = row * p.inter + w.n0 + 4 * lane;
+              const int64 pre_at = row * 2 * p.inter + w.n0 + 4 * lane, wact_at = row * p.wact_ld + w.n0 + 4 * lane;
 #pragma unroll
               for (int part = 0; part < 2; ++part) {
                 if (!chunk_in[part]) continue;
@@ -363,7 +369,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   // (WgmmaMma::kCanHalve): the rows past them, whose accumulators go stale, are never read.
   run_token_gemm<BM, BN, GROUP_M, CLUSTER, PERSISTENT, STAGES, TMA ? (Mma::ATile::kElems + Mma::BTile::kElems) * 2 : 0,
                  kGroup>(
-      p.routing, p.inter, ceil_div(p.hidden, BK), mma, sm,
+      p.routing, p.n_end - p.n_begin, ceil_div(p.hidden, BK), mma, sm,
       [&](int stage, const TokenWork& w, int kt) {
         const int k0 = kt * BK;
         // W2[e] read as [K = H][N = I]: tile row r is hidden index k0 + r.
@@ -426,7 +432,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         copy_pre(w);
         ++tiles_done;
       },
-      group_epilogue, p.routing.expert_tile_offsets[p.expert_begin]);
+      group_epilogue, p.routing.expert_tile_offsets[p.expert_begin], p.n_begin);
 }
 
 }  // namespace moejit

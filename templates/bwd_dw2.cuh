@@ -10,7 +10,8 @@
 // A launch may cover some experts alone (the memory-efficient backward's chunks): routing then
 // views them as experts 0 .. routing.experts - 1 and dw2 starts at the first, and weighted_act
 // holds their rows from the first one's on (weighted_act_rows of them; rows past it read as
-// zeros).
+// zeros). It may also cover columns n_begin .. n_end - 1 of I alone (column chunks, n_begin a
+// multiple of BN), whose weighted activation is then all weighted_act holds, rows wact_ld apart.
 #pragma once
 
 #include "common/expert_gemm.cuh"
@@ -32,6 +33,8 @@ struct BwdDw2Params {
   TensorMap weighted_act_map;  // TMA without FUSED_ACT: weighted_act as [weighted_act_rows, I], boxes 64 x BK
   TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x a warpgroup's rows x 1 (persistent stores)
   int32 weighted_act_rows;     // weighted_act's rows, from the launch's first sorted row
+  int32 n_begin, n_end;        // the launch's columns of I
+  int32 wact_ld;               // weighted_act's row stride in elements: n_end - n_begin or I
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
   const T* wact = nullptr;
   const T* pre_tile = nullptr;  // the fused activation's pre-activations (one-tile blocks)
   run_expert_gemm<BM, BN, BK, GROUP_M, PERSISTENT, STAGES, kTmaBytes>(
-      p.routing, p.hidden, p.inter, mma, sm,
+      p.routing, p.hidden, p.n_end - p.n_begin, mma, sm,
       [&](int stage, const ExpertBlock& blk, int kt) {
         const int32 k0 = blk.r_begin + kt * BK;
         // A = dO^T: tile row r is sorted row k0 + r (its token's dO row), columns m0..
@@ -67,8 +70,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
           if (tma_thread<kThreads>()) {
             tma_load_panels<typename Mma::ATile>(sm.a_stage(stage), p.d_out_rows_map, sm.full(stage), blk.m0, k0);
             if (!FUSED_ACT) {
-              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage), blk.n0,
-                                                   k0 - wact_row0);
+              tma_load_panels<typename Mma::BTile>(sm.b_stage(stage), p.weighted_act_map, sm.full(stage),
+                                                   blk.n0 - p.n_begin, k0 - wact_row0);
             }
           }
         } else {
@@ -106,9 +109,9 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               sm.b_stage(stage),
               [&](int r) -> const T* {
                 const int32 row = k0 + r - wact_row0;
-                return k0 + r < blk.r_end && row < p.weighted_act_rows ? wact + static_cast<int64>(row) * p.inter : nullptr;
+                return k0 + r < blk.r_end && row < p.weighted_act_rows ? wact + static_cast<int64>(row) * p.wact_ld : nullptr;
               },
-              p.inter - blk.n0);
+              p.n_end - blk.n0);
         }
       },
       [&](int stage, const ExpertBlock& blk, int kt) {
@@ -123,9 +126,10 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
         tokens.r_begin = blk.r_begin;
         tokens.r_end = blk.r_end;
         d_out = static_cast<const T*>(p.d_out) + blk.m0;
-        wact = static_cast<const T*>(p.weighted_act) + blk.n0;
+        wact = static_cast<const T*>(p.weighted_act) + (blk.n0 - p.n_begin);
         pre_tile = static_cast<const T*>(p.pre_act) + blk.n0;
-      });
+      },
+      p.n_begin);
 }
 
 }  // namespace moejit

@@ -172,13 +172,21 @@ void FusedMoe::backward(const BackwardArgs& a) {
     s.scatter(b.scatter_d_out, stream);
   }
   if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
-  if (b.chunk_experts < s.problem.experts) {
+  if (b.chunk_experts < s.problem.experts || b.chunk_columns < s.problem.intermediate) {
+    const RoleKernel& down = s.role(Role::kBwdDown);
+    const RoleKernel& dw2 = s.role(Role::kBwdDw2);
+    const int inter = static_cast<int>(s.problem.intermediate);
     for (int first = 0; first < s.problem.experts; first += b.chunk_experts) {
-      ExpertChunk c = expert_chunk(b, first, b.chunk_experts);
-      s.launch(Role::kBwdDown, &c.bwd_down, stream);
-      const RoleKernel& dw2 = s.role(Role::kBwdDw2);
-      launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
-                  expert_subset(dw2.geometry, s.problem.experts, c.bwd_dw2.routing.experts), &c.bwd_dw2, stream);
+      for (int n_begin = 0; n_begin < inter; n_begin += b.chunk_columns) {
+        ExpertChunk c = expert_chunk(b, first, n_begin);
+        const int columns = c.bwd_dw2.n_end - n_begin;
+        launch_role(Role::kBwdDown, down.config, s.shape, *down.kernel,
+                    column_subset(down.geometry, inter, columns, down.config.block_n), &c.bwd_down, stream);
+        launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
+                    expert_subset(column_subset(dw2.geometry, inter, columns, dw2.config.block_n), s.problem.experts,
+                                  c.bwd_dw2.routing.experts),
+                    &c.bwd_dw2, stream);
+      }
     }
   } else {
     s.launch(Role::kBwdDown, &b.bwd_down, stream);

@@ -99,6 +99,8 @@ struct BwdDown {  // templates/bwd_down.cuh
   TensorMap d_pre_act_map;
   std::int32_t expert_begin;
   std::int32_t weighted_act_rows;
+  std::int32_t n_begin, n_end;
+  std::int32_t wact_ld;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh
@@ -115,6 +117,8 @@ struct BwdDw2 {  // templates/bwd_dw2.cuh
   TensorMap weighted_act_map;
   TensorMap dw2_map;
   std::int32_t weighted_act_rows;
+  std::int32_t n_begin, n_end;
+  std::int32_t wact_ld;
 };
 
 struct BwdDx {  // templates/bwd_dx.cuh

@@ -61,6 +61,13 @@ LaunchGeometry expert_subset(const LaunchGeometry& g, int of, int experts) {
   return out;
 }
 
+LaunchGeometry column_subset(const LaunchGeometry& g, int of, int columns, int block_n) {
+  LaunchGeometry out = g;
+  const long long all = cdiv(of, block_n), part = cdiv(columns, block_n);
+  out.grid.x = static_cast<unsigned>(cdiv(cdiv(static_cast<long long>(g.grid.x) * part, all), g.cluster) * g.cluster);
+  return out;
+}
+
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);

@@ -29,6 +29,11 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& config, const MoeSha
 // up an expert past them.
 LaunchGeometry expert_subset(const LaunchGeometry& g, int of, int experts);
 
+// A GEMM's geometry for a launch over `columns` of its `of` output columns alone (the
+// memory-efficient backward's column chunks), in tiles of block_n: at least every tile of
+// those columns, in whole clusters (a token grid's blocks past its tiles exit at once).
+LaunchGeometry column_subset(const LaunchGeometry& g, int of, int columns, int block_n);
+
 // Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
 // struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum.
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,

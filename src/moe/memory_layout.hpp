@@ -6,9 +6,10 @@
 //   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and
 //                            weighted_act [TK, I] (default mode; memory-efficient mode writes
 //                            d_pre_act over pre_act and keeps weighted_act in dW1's buffer,
-//                            some experts' at a time where all of it does not fit, or
-//                            recomputes it where not even one expert's may: memeff_chunk_experts,
-//                            memeff_recomputes_act)
+//                            some experts' at a time where all of it does not fit, one expert's
+//                            columns some at a time where not even one expert's may, or
+//                            recomputes it where not even 256 columns of one expert's fit:
+//                            memeff_chunk_experts, memeff_chunk_columns, memeff_recomputes_act)
 #pragma once
 
 #include <cstddef>
@@ -37,24 +38,33 @@ struct MemoryLayout {
   // reads and bwd_dw1 writes last, and bwd_dw2 reads it there (training's kernels, in
   // training's order), chunk_experts experts at a time. False where bwd_dw2 recomputes it instead.
   bool weighted_act_in_dw1 = false;
-  std::size_t weighted_act_rows = 0;  // rows of I elements where weighted_act lives (backward)
+  std::size_t weighted_act_rows = 0;  // rows of chunk_columns elements where weighted_act lives (backward)
   int chunk_experts = 0;              // experts per bwd_down + bwd_dw2 launch pair (backward)
+  int chunk_columns = 0;              // columns of I per launch pair (backward): I, or fewer
 };
 
 // The rows of I elements that dW1's [E, 2I, H] buffer holds: 2 E H.
 long long dw1_rows_of_inter(const MoeShape& shape);
 
+// Columns of I per bwd_down + bwd_dw2 launch pair in the backward: all I, except in
+// memory-efficient mode where not even one expert's weighted activation (up to T rows, for
+// tokens that name it once) need fit in dW1's buffer (TK > 2 E H and T > 2 E H): then the
+// multiple of 256 columns whose T rows fit (every config's BLOCK_N divides it, so no tile
+// straddles two launches), or 0 where not even 256 do. dW2's columns are those of I, so each
+// launch pair writes whole columns of dW2, as the default mode does.
+int memeff_chunk_columns(const MoeShape& shape, Mode mode);
+
 // Whether memory-efficient mode's bwd_dw2 recomputes the weighted activation from pre_act (its
 // fused-activation variant, which recomputes each element once per row tile of dW2 and ran 5.8x
-// slower than training's dW2 at T=8192) because not even one expert's rows need fit in dW1's
-// buffer: TK > 2 E H and T > 2 E H (an expert holds up to T rows). Always false in the other
-// modes.
+// slower than training's dW2 at T=8192) because not even 256 columns of one expert's rows fit
+// in dW1's buffer (memeff_chunk_columns is 0). Always false in the other modes.
 bool memeff_recomputes_act(const MoeShape& shape, Mode mode);
 
 // Experts per bwd_down + bwd_dw2 launch pair in the backward: all of them, except in
 // memory-efficient mode where the weighted activation of every pair (TK rows) does not fit in
 // dW1's buffer but one expert's (at most T rows, for tokens that name it once) does: then
-// 2 E H / T of them, each launch pair's rows stored from the buffer's start.
+// 2 E H / T of them, each launch pair's rows stored from the buffer's start; and one where
+// even one expert's does not fit (column chunks, memeff_chunk_columns).
 int memeff_chunk_experts(const MoeShape& shape, Mode mode);
 
 MemoryLayout memory_layout(const MoeShape& shape, Mode mode, int block_m);

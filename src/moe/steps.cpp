@@ -58,7 +58,11 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.bwd_dw2 = {a.d_out, dx_rows, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
   s.bwd_down.expert_begin = 0;
   s.bwd_down.weighted_act_rows = s.bwd_dw2.weighted_act_rows = static_cast<std::int32_t>(l.weighted_act_rows);
+  s.bwd_down.n_begin = s.bwd_dw2.n_begin = 0;
+  s.bwd_down.n_end = s.bwd_dw2.n_end = l.chunk_columns;  // the first column chunk's, where there are several
+  s.bwd_down.wact_ld = s.bwd_dw2.wact_ld = l.weighted_act_in_dw1 ? l.chunk_columns : i;
   s.chunk_experts = l.chunk_experts;
+  s.chunk_columns = l.chunk_columns;
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
                  h,       p.topk,  p.experts};
@@ -68,9 +72,11 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   return s;
 }
 
-ExpertChunk expert_chunk(const BackwardSteps& s, int first, int experts) {
+ExpertChunk expert_chunk(const BackwardSteps& s, int first, int n_begin) {
   ExpertChunk c{s.bwd_down, s.bwd_dw2};
-  const int end = std::min(first + experts, s.bwd_dw2.routing.experts);
+  const int end = std::min(first + s.chunk_experts, s.bwd_dw2.routing.experts);
+  c.bwd_down.n_begin = c.bwd_dw2.n_begin = n_begin;
+  c.bwd_down.n_end = c.bwd_dw2.n_end = std::min(n_begin + s.chunk_columns, s.bwd_dw2.inter);
   c.bwd_down.expert_begin = first;
   c.bwd_down.routing.experts = end;
   c.bwd_dw2.routing.experts = end - first;

@@ -25,6 +25,7 @@ struct BackwardSteps {
   // dO into dx_rows in sorted order, before bwd_down and bwd_dw2 (when they read d_out_rows);
   // bwd_dx overwrites it.
   params::GatherSum scatter_d_out;
+  // Over every expert and the first column chunk (all of I unless chunk_columns is less).
   params::BwdDown bwd_down;
   params::BwdDw2 bwd_dw2;
   params::BwdDx bwd_dx;
@@ -34,17 +35,20 @@ struct BackwardSteps {
   // Memory-efficient mode where bwd_dw2 recomputes the activation (memeff_recomputes_act): it
   // reads pre_act, which bwd_down then overwrites, so dW2 runs first.
   bool dw2_first;
-  // Experts per bwd_down + bwd_dw2 launch pair (memeff_chunk_experts): all, or expert_chunk()s.
+  // Experts and columns of I per bwd_down + bwd_dw2 launch pair (memeff_chunk_experts,
+  // memeff_chunk_columns): all, or expert_chunk()s.
   int chunk_experts;
+  int chunk_columns;
 };
 
-// bwd_down and bwd_dw2 over experts first .. first + experts - 1 alone (the last chunk may hold
-// fewer), their weighted activation stored from its buffer's start.
+// bwd_down and bwd_dw2 over experts first .. first + chunk_experts - 1 alone and columns n_begin
+// .. n_begin + chunk_columns - 1 of I (the last chunks may hold fewer), their weighted activation
+// stored from its buffer's start.
 struct ExpertChunk {
   params::BwdDown bwd_down;
   params::BwdDw2 bwd_dw2;
 };
-ExpertChunk expert_chunk(const BackwardSteps& s, int first, int experts);
+ExpertChunk expert_chunk(const BackwardSteps& s, int first, int n_begin);
 
 ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const MemoryLayout& l, int block_m);
 BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const MemoryLayout& l);

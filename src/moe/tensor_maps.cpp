@@ -185,8 +185,11 @@ void bind_tensor_maps(Role role, const TileConfig& c, const MoeShape& shape, voi
     case Role::kBwdDw2: {
       auto& p = *static_cast<params::BwdDw2*>(params);
       // weighted_act's rows are its buffer's: dW1's room in a memory-efficient chunk (rows past
-      // it read as zeros). A chunk's dw2 starts at its first expert; it stores only its own.
+      // it read as zeros), of a column chunk's width. A chunk's dw2 starts at its first expert; it
+      // stores only its own.
       std::vector<TensorMapSpec> maps = s;
+      maps[1].dims[0] = static_cast<std::uint64_t>(p.wact_ld);
+      maps[1].strides[0] = static_cast<std::uint64_t>(p.wact_ld) * kElem;
       maps[1].dims[1] = static_cast<std::uint64_t>(p.weighted_act_rows);
       return bind_all(maps, dt,
                       {{&p.d_out_rows_map, p.d_out_rows}, {&p.weighted_act_map, p.weighted_act}, {&p.dw2_map, p.dw2}});

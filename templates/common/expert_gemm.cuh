@@ -56,14 +56,16 @@ __device__ __forceinline__ int expert_tail_rows(T* a, T* b, int32 rows_left) {
 // expert without rows), `staging` being where to stage the output tile: Smem::in_stages() (a
 // StagedTile) after a one-tile block's main loop, Smem::apart() (a SwizzledTile, which
 // store_accumulators_async can store with TMA) in a persistent block.
-// prologue(block) runs in every thread of a one-tile block before its main loop.
+// prologue(block) runs in every thread of a one-tile block before its main loop. first_col: the
+// gradient columns are [first_col, first_col + n_extent) (some columns).
 template <int BM, int BN, int BK, int GROUP_M, bool PERSISTENT, int STAGES, int TMA_BYTES, typename Mma,
           typename Smem, typename Load, typename Landed, typename Epilogue, typename Prologue = NoStep>
 __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_extent, int n_extent, Mma& mma,
                                                 const Smem& sm, Load load, Landed landed, Epilogue epilogue,
-                                                Prologue prologue = {}) {
+                                                Prologue prologue = {}, int32 first_col = 0) {
   const auto k_tiles = [](const ExpertBlock& b) { return ceil_div(b.r_end - b.r_begin, BK); };
-  const ExpertGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, m_extent, n_extent);
+  const ExpertGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, m_extent, n_extent,
+                                                                                               first_col);
   if constexpr (PERSISTENT) {
     // The second warpgroup's lag: as long as the producer keeps two stages ahead of the first.
     constexpr int kLag = STAGES > 3 ? STAGES - 2 : 1;

@@ -106,7 +106,8 @@ __device__ __forceinline__ void gather_row_offsets(const RoutingView& r, const T
 namespace moejit {
 
 // A token GEMM's grid of tiles: max_tiles x ceil(n_extent / BN), grouped by GROUP_M m tiles,
-// token tiles counted from first_tile (a launch over some experts' tiles: bwd_down's chunks).
+// token tiles counted from first_tile (a launch over some experts' tiles: bwd_down's chunks),
+// output columns from first_col (a launch over some columns: bwd_down's column chunks).
 // Built once per block; with Div = FastDiv the divisions of its order then cost a multiply each
 // per work item (GroupedOrder).
 template <int BM, int BN, int GROUP_M, typename Div>
@@ -115,12 +116,14 @@ struct TokenGrid {
   uint32 tiles;
   GroupedOrder<GROUP_M, Div> order;
   uint32 first_tile;
+  int32 first_col;
 
-  __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent, int32 first = 0)
+  __device__ __forceinline__ TokenGrid(const RoutingView& r, int n_extent, int32 first = 0, int32 col = 0)
       : routing(r),
         tiles(static_cast<uint32>(r.max_tiles) * static_cast<uint32>(ceil_div(n_extent, BN))),
         order(static_cast<uint32>(r.max_tiles), static_cast<uint32>(ceil_div(n_extent, BN))),
-        first_tile(static_cast<uint32>(first)) {}
+        first_tile(static_cast<uint32>(first)),
+        first_col(col) {}
 
   // The work of grid position `id`: its token tile and output columns [n0, n0 + BN). False for ids
   // past the device-side tile count or past the grid's tiles (a cluster's padding block), which
@@ -129,7 +132,7 @@ struct TokenGrid {
     if (id >= tiles) return false;
     uint32 m, n;
     order.tile(static_cast<uint32>(id), m, n);
-    n0 = static_cast<int>(n) * BN;
+    n0 = first_col + static_cast<int>(n) * BN;
     return token_tile<BM>(routing, m + first_tile, tile);
   }
 };
@@ -160,19 +163,22 @@ struct ExpertBlock {
 };
 
 // An expert GEMM's tiles over all experts: the grid of one block per tile, or a persistent grid's
-// items. Built once per block, as TokenGrid.
+// items, gradient columns from first_col (bwd_dw2's column chunks). Built once per block, as
+// TokenGrid.
 template <int BM, int BN, int GROUP_M, typename Div>
 struct ExpertGrid {
   const RoutingView& routing;
   uint32 tiles;
   Div per_expert;
   GroupedOrder<GROUP_M, Div> order;
+  int32 first_col;
 
-  __device__ __forceinline__ ExpertGrid(const RoutingView& r, int m_extent, int n_extent)
+  __device__ __forceinline__ ExpertGrid(const RoutingView& r, int m_extent, int n_extent, int32 col = 0)
       : routing(r),
         tiles(static_cast<uint32>(r.experts) * static_cast<uint32>(ceil_div(m_extent, BM) * ceil_div(n_extent, BN))),
         per_expert(static_cast<uint32>(ceil_div(m_extent, BM) * ceil_div(n_extent, BN))),
-        order(static_cast<uint32>(ceil_div(m_extent, BM)), static_cast<uint32>(ceil_div(n_extent, BN))) {}
+        order(static_cast<uint32>(ceil_div(m_extent, BM)), static_cast<uint32>(ceil_div(n_extent, BN))),
+        first_col(col) {}
 
   // Tile `id` (below `tiles`).
   __device__ __forceinline__ ExpertBlock block(int64 id) const {
@@ -183,7 +189,7 @@ struct ExpertGrid {
     ExpertBlock b;
     b.expert = static_cast<int32>(expert);
     b.m0 = static_cast<int>(m) * BM;
-    b.n0 = static_cast<int>(n) * BN;
+    b.n0 = first_col + static_cast<int>(n) * BN;
     b.r_begin = routing.expert_offsets[b.expert];
     b.r_end = routing.expert_offsets[b.expert + 1];
     return b;

@@ -85,14 +85,16 @@ __device__ __forceinline__ void store_token_tile(const Staging& staged, Mma& mma
 // SPLIT_TAILS: a persistent block splits an expert's last tile along K when it holds at most 64
 // rows after whole ones (WgmmaMma::split), for an epilogue that folds it (store_token_tile does).
 // first_tile: the token tiles start there, and end where r.experts' do (some experts' tiles).
+// first_col: the output columns are [first_col, first_col + n_extent) (some columns).
 template <int BM, int BN, int GROUP_M, int CLUSTER, bool PERSISTENT, int STAGES, int TMA_BYTES, bool SPLIT_TAILS = false, typename Mma,
           typename Smem, typename Load, typename Epilogue, typename Prologue = NoStep, typename AfterLoads = NoStep,
           typename GroupEpilogue = NoEpilogueGroup>
 __device__ __forceinline__ void run_token_gemm(const RoutingView& r, int n_extent, int k_tiles, Mma& mma,
                                                const Smem& sm, Load load, Epilogue epilogue, Prologue prologue = {},
                                                AfterLoads after_loads = {}, GroupEpilogue group_epilogue = {},
-                                               int32 first_tile = 0) {
-  const TokenGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, n_extent, first_tile);
+                                               int32 first_tile = 0, int32 first_col = 0) {
+  const TokenGrid<BM, BN, GROUP_M, typename Select<PERSISTENT, FastDiv, PlainDiv>::type> grid(r, n_extent, first_tile,
+                                                                                              first_col);
   if constexpr (PERSISTENT) {
     persistent_main_loop<CLUSTER, STAGES, TMA_BYTES, TokenWork>(
         mma, sm.a, sm.b, sm.barriers, ceil_div<int64>(grid.tiles, CLUSTER),

@@ -317,6 +317,20 @@ TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient chunks of exper
         40);
 }
 
+TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient column chunks gives the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // T = 1100 tokens against 2 E H = 1024 rows of I in dW1's buffer: one expert at a time, in
+  // chunks of 512 of I = 640 columns (2 E H I / T = 595.8), the last of 128.
+  const CaseSpec spec{1100, 2, 256, 640, 2, DType::kBF16, Routing::kRandom, 73};
+  const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+  REQUIRE_FALSE(memeff_recomputes_act(shape, Mode::kMemoryEfficient));
+  REQUIRE(memeff_chunk_experts(shape, Mode::kMemoryEfficient) == 1);
+  REQUIRE(memeff_chunk_columns(shape, Mode::kMemoryEfficient) == 512);
+  CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
+        40);
+}
+
 TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the tile", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_HOPPER(gpu, "the wgmma and TMA configs need an sm_90 device");
   // 512 pairs per expert: 128-row token tiles (two warpgroups along M, TMA boxes of 128 rows);
@@ -500,16 +514,21 @@ TEST_CASE("inference output equals the training output bit for bit", "[gpu][moe]
 TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   // The first two keep the weighted activation in dW1's buffer; the next two (T K above
-  // 2 E H) keep it there some experts at a time (one, three); the last (T = 1100 tokens above
-  // 2 E H = 1024) recomputes it in bwd_dw2.
+  // 2 E H) keep it there some experts at a time (one, three); the next (T = 1100 tokens above
+  // 2 E H = 1024) one expert's columns at a time (512 of 640, then 128); the last (I = 136,
+  // where not even 256 columns fit) recomputes it in bwd_dw2.
   for (const CaseSpec& spec : {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1024, 2, 256, 136, 2},
-                               CaseSpec{600, 8, 128, 72, 4}, CaseSpec{1100, 2, 256, 136, 2}}) {
+                               CaseSpec{600, 8, 128, 72, 4}, CaseSpec{1100, 2, 256, 640, 2},
+                               CaseSpec{1100, 2, 256, 136, 2}}) {
     INFO(describe(spec));
     const CaseData data = make_case(spec);
     const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
-    CHECK(memeff_recomputes_act(shape, Mode::kMemoryEfficient) == (spec.tokens == 1100));
+    const bool columns = spec.tokens == 1100 && spec.intermediate == 640;
+    const bool recomputes = spec.tokens == 1100 && !columns;
+    CHECK(memeff_recomputes_act(shape, Mode::kMemoryEfficient) == recomputes);
+    CHECK(memeff_chunk_columns(shape, Mode::kMemoryEfficient) == (columns ? 512 : recomputes ? 0 : spec.intermediate));
     CHECK(memeff_chunk_experts(shape, Mode::kMemoryEfficient) ==
-          (spec.tokens == 1024 ? 1 : spec.tokens == 600 ? 3 : spec.experts));
+          (spec.tokens == 1024 || columns ? 1 : spec.tokens == 600 ? 3 : spec.experts));
     // One bwd_dw2 tile in both modes: their defaults may differ (the memory-efficient variant
     // that recomputes its B operand has its own), and another tile sums in another order.
     Options same_dw2;

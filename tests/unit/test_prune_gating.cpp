@@ -119,10 +119,11 @@ TEST_CASE("the default config survives pruning for small and large problems", "[
 
 TEST_CASE("the memory-efficient bwd_dw2 defaults to mma.sync on Hopper past 32 tokens per expert", "[prune]") {
   // Where it recomputes its B operand while filling the stage, which the TMA tiles cannot copy:
-  // past T = 2 E H = 524288 tokens here (memeff_recomputes_act). Below, memory-efficient mode
-  // runs training's bwd_dw2 (in chunks of experts past T = 2 E H / K = 65536).
-  const MoeShape large = shape(1 << 20, 128, 8), small = shape(512, 128, 8);  // 65536 and 32 pairs per expert
-  for (long long t : {65536LL, 131072LL, 524288LL}) {
+  // past T = 2 E H I / 256 = 1572864 tokens here (memeff_recomputes_act). Below, memory-efficient
+  // mode runs training's bwd_dw2 (in chunks of experts past T = 2 E H / K = 65536, in chunks of
+  // one expert's columns past T = 2 E H = 524288).
+  const MoeShape large = shape(1 << 21, 128, 8), small = shape(512, 128, 8);  // 131072 and 32 pairs per expert
+  for (long long t : {65536LL, 131072LL, 524288LL, 1LL << 20}) {
     CHECK(default_config(Role::kBwdDw2, shape(t, 128, 8), fab::h200(), Mode::kMemoryEfficient) ==
           default_config(Role::kBwdDw2, shape(t, 128, 8), fab::h200()));
   }

@@ -100,20 +100,39 @@ TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer w
   CHECK(memeff_chunk_experts(qwen3(98304), memeff) == 5);
   CHECK(memeff_chunk_experts(qwen3(262144), memeff) == 2);
   CHECK(memeff_chunk_experts(qwen3(524288), memeff) == 1);
+  CHECK(memeff_chunk_columns(qwen3(524288), memeff) == 768);
   CHECK_FALSE(memeff_recomputes_act(qwen3(524288), memeff));
-  CHECK(memeff_recomputes_act(qwen3(524289), memeff));
-  CHECK(memeff_chunk_experts(qwen3(524289), memeff) == 128);  // one launch pair that recomputes
-  CHECK(memeff_chunk_experts(qwen3(1 << 20), Mode::kTraining) == 128);
-  CHECK_FALSE(memeff_recomputes_act(qwen3(1 << 20), Mode::kTraining));
+  // Past T = 2 E H one expert's rows may not fit: one expert at a time, the multiple of 256
+  // columns whose T rows do (2 E H I / T = 767.99, 384, 256 columns), down to 256.
+  CHECK(memeff_chunk_columns(qwen3(524289), memeff) == 512);
+  CHECK(memeff_chunk_experts(qwen3(524289), memeff) == 1);
+  CHECK(memeff_chunk_columns(qwen3(1 << 20), memeff) == 256);
+  CHECK(memeff_chunk_columns(qwen3(1572864), memeff) == 256);
+  CHECK_FALSE(memeff_recomputes_act(qwen3(1572864), memeff));
+  CHECK(memeff_chunk_columns(qwen3(1572865), memeff) == 0);
+  CHECK(memeff_recomputes_act(qwen3(1572865), memeff));
+  CHECK(memeff_chunk_experts(qwen3(1572865), memeff) == 128);  // one launch pair that recomputes
+  CHECK(memeff_chunk_experts(qwen3(1 << 21), Mode::kTraining) == 128);
+  CHECK(memeff_chunk_columns(qwen3(1 << 21), Mode::kTraining) == 768);
+  CHECK_FALSE(memeff_recomputes_act(qwen3(1 << 21), Mode::kTraining));
 
-  for (long long tokens : {4096LL, 98304LL, 1LL << 20}) {
+  struct Want {
+    long long tokens;
+    bool in_dw1;
+    int experts, columns;
+    long long rows;
+  };
+  for (const Want& w : {Want{4096, true, 128, 768, 32768}, Want{98304, true, 5, 768, 524288},
+                        Want{1 << 20, true, 1, 256, 1572864}, Want{1 << 21, false, 128, 768, 1LL << 24}}) {
+    const long long tokens = w.tokens;
+    const bool in_dw1 = w.in_dw1;
     const MoeProblem p{tokens, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
     INFO("T=" << tokens);
     const MemoryLayout l = memory_layout(p);
-    const bool in_dw1 = tokens < (1LL << 20);
     CHECK(l.weighted_act_in_dw1 == in_dw1);
-    CHECK(l.chunk_experts == (tokens == 98304 ? 5 : 128));
-    CHECK(l.weighted_act_rows == static_cast<std::size_t>(in_dw1 ? std::min(tokens * 8, 524288LL) : tokens * 8));
+    CHECK(l.chunk_experts == w.experts);
+    CHECK(l.chunk_columns == w.columns);
+    CHECK(l.weighted_act_rows == static_cast<std::size_t>(w.rows));
     CHECK(l.weighted_act == MemoryLayout::kNone);  // no workspace for it in this mode
     CHECK(l.d_pre_act == MemoryLayout::kNone);
     const BackwardArgs b = backward_args();
@@ -129,6 +148,9 @@ TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer w
       CHECK(bs.bwd_down.weighted_act_rows == static_cast<std::int32_t>(l.weighted_act_rows));
       CHECK(bs.bwd_dw2.weighted_act_rows == static_cast<std::int32_t>(l.weighted_act_rows));
       CHECK(bs.chunk_experts == l.chunk_experts);
+      CHECK(bs.chunk_columns == l.chunk_columns);
+      CHECK(bs.bwd_down.wact_ld == l.chunk_columns);
+      CHECK(bs.bwd_dw2.wact_ld == l.chunk_columns);
     } else {
       // bwd_dw2 recomputes it from pre_act, so it runs before bwd_down overwrites pre_act.
       CHECK(bs.dw2_first);
@@ -147,7 +169,7 @@ TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its exper
   REQUIRE(bs.chunk_experts == 5);
   for (int first : {0, 5, 125}) {
     INFO("first expert " << first);
-    const ExpertChunk c = expert_chunk(bs, first, bs.chunk_experts);
+    const ExpertChunk c = expert_chunk(bs, first, 0);
     const int end = std::min(first + 5, 128);
     // bwd_down walks the token tiles from the first expert's to the end one's; its weighted
     // activation rows count from the first expert's first row.
@@ -168,4 +190,49 @@ TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its exper
   g.grid = {128 * 48};
   CHECK(expert_subset(g, 128, 5).grid.x == 5 * 48);
   CHECK(expert_subset(g, 128, 3).grid.x == 3 * 48);
+}
+
+TEST_CASE("past T = 2 E H a memory-efficient chunk launches bwd_down and bwd_dw2 over one expert's columns", "[steps]") {
+  // T = 2^20 at Qwen3-30B-A3B: 128 experts x 3 column chunks of 256; the weighted activation of
+  // one expert's rows (at most T) in 256 columns fits dW1's buffer.
+  const MoeProblem p{1 << 20, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
+  const MemoryLayout l = memory_layout(p);
+  const BackwardArgs b = backward_args();
+  const BackwardSteps bs = backward_steps(b, p, l);
+  REQUIRE(bs.chunk_experts == 1);
+  REQUIRE(bs.chunk_columns == 256);
+  CHECK(l.weighted_act_rows * 256 <= 128ull * 2 * 768 * 2048);  // inside dW1's buffer
+  CHECK(l.weighted_act_rows >= static_cast<std::size_t>(p.tokens));
+  // Steps outside a chunk (the tuner's launches) cover the first chunk's columns.
+  CHECK(bs.bwd_down.n_begin == 0);
+  CHECK(bs.bwd_down.n_end == 256);
+  for (auto [first, n_begin] : {std::pair{0, 0}, std::pair{0, 512}, std::pair{127, 256}}) {
+    INFO("expert " << first << ", columns from " << n_begin);
+    const ExpertChunk c = expert_chunk(bs, first, n_begin);
+    CHECK(c.bwd_down.expert_begin == first);
+    CHECK(c.bwd_down.routing.experts == first + 1);
+    CHECK(c.bwd_dw2.routing.experts == 1);
+    for (auto [begin, end, ld] : {std::tuple{c.bwd_down.n_begin, c.bwd_down.n_end, c.bwd_down.wact_ld},
+                                  std::tuple{c.bwd_dw2.n_begin, c.bwd_dw2.n_end, c.bwd_dw2.wact_ld}}) {
+      CHECK(begin == n_begin);
+      CHECK(end == n_begin + 256);
+      CHECK(ld == 256);
+    }
+    CHECK(c.bwd_dw2.dw2 == static_cast<char*>(b.dw2) + static_cast<std::size_t>(first) * 2048 * 768 * 2);
+  }
+  // I = 640 in chunks of 512: the last holds 128 columns.
+  const MoeProblem q{1100, 2, 256, 640, 2, DType::kBF16, Mode::kMemoryEfficient};
+  const BackwardSteps qs = backward_steps(b, q, memory_layout(q));
+  REQUIRE(qs.chunk_columns == 512);
+  CHECK(expert_chunk(qs, 1, 512).bwd_dw2.n_end == 640);
+  // Grids over a column chunk: every tile of its columns, whole clusters.
+  LaunchGeometry g;
+  g.grid = {2 * 2 * 10};  // dW2 [256, 640] of 2 experts in 128 x 64 tiles
+  CHECK(column_subset(g, 640, 512, 64).grid.x == 2 * 2 * 8);
+  CHECK(column_subset(g, 640, 128, 64).grid.x == 2 * 2 * 2);
+  LaunchGeometry token;
+  token.cluster = 2;
+  token.grid = {22};  // 7 m tiles x 3 column tiles of 256 (I = 640) in pairs: 21 rounded up to 22
+  CHECK(column_subset(token, 640, 512, 256).grid.x == 16);  // >= 7 x 2 tiles, in pairs
+  CHECK(column_subset(token, 640, 128, 256).grid.x == 8);   // >= 7 x 1
 }
