@@ -27,7 +27,7 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
 // Why a legal config stays out of the space a self-tune on a plan's first call times, where
 // NVRTC compiling the whole space is most of the cold start: of a role's legal configs, only the
 // TMA warp-specialized ones where there are any. In the shipped H200 table they won every row
-// at 128-row token tiles (217) and 24 of 28 at 64-row tiles, the other four within 5 %; where
+// at 128-row token tiles (217) and 25 of 28 at 64-row tiles, the other three within 5 %; where
 // none is legal (16- and 32-row token tiles, unaligned shapes) every legal config stays.
 // `moejit tune` times the whole space. nullopt: the config stays.
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space);
