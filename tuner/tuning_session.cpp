@@ -139,11 +139,7 @@ void TuningSession::launch(Role role, const RoleKernel& k) {
   const SortedRows sorted = sorted_rows_read(role, k.config);
   if (sorted == SortedRows::kX) scatter(fwd_.scatter_x);
   if (sorted == SortedRows::kDOut && role == Role::kBwdDw2) scatter(bwd_.scatter_d_out);
-  LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
-  if (role == Role::kBwdDown || role == Role::kBwdDw2) {
-    // The first column chunk's, where the memory-efficient backward runs in column chunks.
-    g = column_subset(g, shape_.intermediate, bwd_.bwd_dw2.n_end - bwd_.bwd_dw2.n_begin, k.config.block_n);
-  }
+  const LaunchGeometry g = launch_geometry(role, k.config, shape_, layout_.routing.max_tiles, aligned_);
   switch (role) {
     case Role::kFwdUp: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.fwd_up, s); break;
     case Role::kFwdDown: launch_role(role, k.config, shape_, *k.kernel, g, &fwd_.fwd_down, s); break;
