@@ -21,14 +21,32 @@ T* fake(std::uintptr_t a) {
 
 char* at(void* base, std::size_t offset) { return static_cast<char*>(base) + offset; }
 
-// A backward call's arguments at fake addresses: those its memory-efficient steps read.
+// A forward call's arguments at fake addresses.
+ForwardArgs forward_args() {
+  ForwardArgs f;
+  f.x = fake(1);
+  f.w1 = fake(2);
+  f.w2 = fake(3);
+  f.topk_weights = fake(4);
+  f.out = fake(5);
+  f.saved = fake(6);
+  f.workspace = fake(7);
+  return f;
+}
+
+// A backward call's arguments at fake addresses, its inputs at forward_args()'s.
 BackwardArgs backward_args() {
   BackwardArgs b;
-  b.d_out = fake(8);
+  b.x = fake(1);
+  b.w1 = fake(2);
+  b.w2 = fake(3);
   b.topk_weights = fake(4);
   b.saved = fake(6);
+  b.d_out = fake(8);
+  b.dx = fake(9);
   b.dw1 = fake(10);
   b.dw2 = fake(11);
+  b.d_topk_weights = fake(12);
   b.workspace = fake(13);
   return b;
 }
@@ -42,14 +60,7 @@ TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA
     const MemoryLayout l = memory_layout(p);
     const std::size_t rows_bytes = static_cast<std::size_t>(p.tokens) * p.topk * p.hidden * 2;
 
-    ForwardArgs f;
-    f.x = fake(1);
-    f.w1 = fake(2);
-    f.w2 = fake(3);
-    f.topk_weights = fake(4);
-    f.out = fake(5);
-    f.saved = fake(6);
-    f.workspace = fake(7);
+    const ForwardArgs f = forward_args();
     const ForwardSteps fs = forward_steps(f, p, l, token_block_m(MoeShape{p.tokens, p.experts, p.hidden,
                                                                         p.intermediate, p.topk, p.dtype}));
     void* y = at(f.workspace, l.y);
@@ -61,18 +72,8 @@ TEST_CASE("the scatters write x and dO into free [TK, H] workspaces that the TMA
     CHECK(fs.fwd_down.y == y);  // written only after fwd_up has read the rows
     CHECK(l.forward_bytes - l.y >= rows_bytes);
 
-    BackwardArgs b;
-    b.d_out = fake(8);
-    b.x = f.x;
-    b.w1 = f.w1;
-    b.w2 = f.w2;
-    b.topk_weights = f.topk_weights;
-    b.saved = f.saved;
-    b.dx = fake(9);
-    b.dw1 = fake(10);
-    b.dw2 = fake(11);
-    b.d_topk_weights = fake(12);
-    b.workspace = fake(13);
+    const BackwardArgs b = backward_args();
+    CHECK(b.x == f.x);
     const BackwardSteps bs = backward_steps(b, p, l);
     void* dx_rows = at(b.workspace, l.dx_rows);
     CHECK(bs.scatter_d_out.tokens == b.d_out);
