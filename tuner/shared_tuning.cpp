@@ -21,7 +21,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune) {
   std::optional<fs::FileLock> lock;
   try {
-    lock.emplace(tuning_lock_path(problem, device));
+    lock.emplace(tuning_lock_path(problem, device), kTuningLockTimeout);
   } catch (const IoError& e) {
     log::warn("tuning without a cross-process lock: {}", e.what());
   }

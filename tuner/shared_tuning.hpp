@@ -1,8 +1,11 @@
 // Tuning shared by the processes of one host: the roles of a problem are tuned by whichever
 // process takes the problem's file lock first; the others wait on the lock and then read the
-// rows it wrote to the user database. A crashed holder releases the lock with its process.
+// rows it wrote to the user database. A crashed holder releases the lock with its process; a
+// holder that hangs is waited for kTuningLockTimeout, then this process tunes without the lock
+// (the database's transactions keep both writers' rows whole).
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <vector>
@@ -12,6 +15,9 @@
 #include "moejit/moejit.hpp"
 
 namespace moejit {
+
+// Several times a cold self-tune of the largest shipped shapes (~20 s).
+inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -19,9 +20,12 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// What marks atomic_write's temporary files, which remove_stale_temp_files looks for.
+constexpr std::string_view kTempInfix = ".tmp.";
+
 std::filesystem::path unique_temp_name(const std::filesystem::path& target) {
   static std::atomic<unsigned long> counter{0};
-  auto name = fmt::format("{}.tmp.{}.{}", target.filename().string(), ::getpid(), counter.fetch_add(1));
+  auto name = fmt::format("{}{}{}.{}", target.filename().string(), kTempInfix, ::getpid(), counter.fetch_add(1));
   return target.parent_path() / name;
 }
 
@@ -45,15 +49,30 @@ void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
     }
     done += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::string why = errno_text();
+  // close() runs whether or not fsync() failed: a failed flush must not leak the descriptor.
+  const bool flushed = ::fsync(fd) == 0;
+  std::string flush_error = flushed ? std::string() : errno_text();
+  if (::close(fd) != 0 && flushed) flush_error = errno_text();
+  if (!flush_error.empty()) {
     remove_quietly(tmp);
-    throw IoError(fmt::format("cannot flush {}: {}", tmp.string(), why));
+    throw IoError(fmt::format("cannot flush {}: {}", tmp.string(), flush_error));
   }
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     std::string why = errno_text();
     remove_quietly(tmp);
     throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), target.string(), why));
+  }
+}
+
+void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept {
+  std::error_code ec;
+  const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find(kTempInfix) == std::string::npos) continue;
+    std::error_code time_ec;
+    const auto written = std::filesystem::last_write_time(it->path(), time_ec);
+    if (!time_ec && written < cutoff) remove_quietly(it->path());
   }
 }
 
@@ -71,16 +90,23 @@ void remove_quietly(const std::filesystem::path& path) noexcept {
   std::filesystem::remove(path, ec);
 }
 
-FileLock::FileLock(const std::filesystem::path& lock_path) {
+FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout) {
   std::error_code ec;
   if (lock_path.has_parent_path()) std::filesystem::create_directories(lock_path.parent_path(), ec);
   fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), errno_text()));
-  while (::flock(fd_, LOCK_EX) != 0) {
-    if (errno == EINTR) continue;
-    std::string why = errno_text();
-    ::close(fd_);
-    throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
+  // Polled rather than blocking, so a deadline holds (flock has no timed form).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    std::string why = err == EWOULDBLOCK ? fmt::format("still held by another process after {} ms", timeout.count())
+                                         : std::strerror(err);
+    if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd_);
+      throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

@@ -1,6 +1,7 @@
 // File helpers with the guarantees the caches and databases rely on.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -13,6 +14,10 @@ namespace moejit::fs {
 // Creates missing parent directories. Throws IoError.
 void atomic_write(const std::filesystem::path& target, std::string_view bytes);
 
+// Removes the temporary files atomic_write left in `dir` (its writer died between creating and
+// renaming them) whose last write is older than `older_than`; a live writer's file is younger.
+void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept;
+
 // The whole file, or nullopt when it does not exist or cannot be read.
 std::optional<std::string> read_all(const std::filesystem::path& path);
 
@@ -20,10 +25,11 @@ std::optional<std::string> read_all(const std::filesystem::path& path);
 void remove_quietly(const std::filesystem::path& path) noexcept;
 
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
-// process dies, so a crashed holder never blocks others.
+// process dies, so a crashed holder never blocks others. A live holder that hangs would: the
+// constructor gives up after `timeout` and throws IoError.
 class FileLock {
  public:
-  explicit FileLock(const std::filesystem::path& lock_path);
+  FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout);
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;

@@ -75,8 +75,9 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
   if (!bytes) return DiskLookup::kMiss;
   auto k = decode(*bytes, key);
   if (!k) {
-    log::warn("kernel cache file {} is corrupt or truncated; removing it and recompiling", path.string());
-    fs::remove_quietly(path);
+    // Left in place: store() renames the rebuilt kernel over it, whereas removing it here could
+    // remove the good file another process has just stored after seeing the same corruption.
+    log::warn("kernel cache file {} is corrupt or truncated; recompiling over it", path.string());
     return DiskLookup::kCorrupt;
   }
   out = std::move(*k);

@@ -1,6 +1,6 @@
 // On-disk cubin cache. One file per kernel key, written atomically (temp file + rename) and
-// checksummed, so concurrent writers lose nothing and a truncated or corrupt file is detected,
-// deleted and rebuilt instead of loaded.
+// checksummed, so concurrent writers lose nothing and a truncated or corrupt file is detected
+// and rebuilt over instead of loaded.
 #pragma once
 
 #include <filesystem>
@@ -17,7 +17,8 @@ class DiskCache {
  public:
   explicit DiskCache(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
-  // kHit fills `out`. kCorrupt means a file existed but failed validation; it has been removed.
+  // kHit fills `out`. kCorrupt means a file existed but failed validation; it stays until store()
+  // replaces it.
   DiskLookup load(const KernelKey& key, CompiledKernel& out) const;
   // Best effort: an unwritable cache directory is logged, not thrown, since compiling still worked.
   void store(const CompiledKernel& kernel) const;

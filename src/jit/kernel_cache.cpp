@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <fmt/format.h>
+#include <mutex>
+#include <set>
 
 #include "core/env.hpp"
+#include "core/fs.hpp"
 #include "core/log.hpp"
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
@@ -23,12 +26,27 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A writer killed mid-write leaves its temporary file behind: swept once per process and
+// directory, at an age no live write reaches.
+void sweep_stale_temp_files(const std::filesystem::path& dir) {
+  static std::mutex mu;
+  static std::set<std::filesystem::path> swept;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!swept.insert(dir).second) return;
+  }
+  fs::remove_stale_temp_files(dir, std::chrono::hours(1));
+}
+
 // Disk, then NVRTC; stores what it compiled. Runs outside the cache lock.
 std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const GeneratedUnit& unit,
                                             const std::vector<std::string>& options, const KernelKey& key,
                                             Origin& origin) {
   std::optional<DiskCache> disk;
-  if (env::disk_cache_enabled()) disk.emplace(env::kernel_cache_dir());
+  if (env::disk_cache_enabled()) {
+    disk.emplace(env::kernel_cache_dir());
+    sweep_stale_temp_files(disk->dir());
+  }
   auto kernel = std::make_shared<CompiledKernel>();
   if (disk && disk->load(key, *kernel) == DiskLookup::kHit) {
     origin = Origin::kDisk;

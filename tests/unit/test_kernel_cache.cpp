@@ -65,7 +65,7 @@ TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") 
   CHECK(k3->resources.size() == k1->resources.size());
 }
 
-TEST_CASE("a corrupt or truncated cache file is detected, removed and rebuilt", "[cache]") {
+TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[cache]") {
   TempDir dir("corrupt");
   ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
   auto& cache = KernelCache::instance();
@@ -88,7 +88,7 @@ TEST_CASE("a corrupt or truncated cache file is detected, removed and rebuilt", 
 
   CompiledKernel out;
   CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);
-  CHECK_FALSE(std::filesystem::exists(path));
+  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);  // still there, still rejected
   cache.forget_compiled();
   Origin o;
   auto rebuilt = cache.get(spec(4, 16), &o);
