@@ -316,22 +316,31 @@ std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Ro
   return best;
 }
 
-TuningDb::MergeStats TuningDb::merge(const TuningDb& other) { return merge_rows(other.rows()); }
+TuningDb::MergeStats TuningDb::merge(const TuningDb& other, const Provenance& current) {
+  return merge_rows(other.rows(), current);
+}
 
-TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows) {
+TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, const Provenance& current) {
   for (const TuningRow& row : rows) validate(row);
   MergeStats stats;
   Transaction t(conn_, Transaction::Kind::kWrite);
-  Statement existing = conn_.prepare("SELECT median_ms FROM winners WHERE key_id = :key_id");
+  Statement existing =
+      conn_.prepare("SELECT median_ms, template_hash, nvrtc_version FROM winners WHERE key_id = :key_id");
   for (const TuningRow& row : rows) {
     existing.bind(":key_id", row.key.id());
-    std::optional<double> old_ms;
-    if (existing.step()) old_ms = existing.column_double(0);
+    std::optional<TuningRow> old;
+    if (existing.step()) {
+      old.emplace();
+      old->median_ms = existing.column_double(0);
+      old->provenance.template_hash = existing.column_text(1);
+      old->provenance.nvrtc_version = existing.column_text(2);
+    }
     existing.reset();
     bool write_winner = true;
-    if (!old_ms) {
+    if (!old) {
       ++stats.added;
-    } else if (row.median_ms < *old_ms) {
+    } else if (const bool old_stale = is_stale(*old, current), new_stale = is_stale(row, current);
+               old_stale != new_stale ? old_stale : row.median_ms < old->median_ms) {
       ++stats.replaced;
     } else {
       ++stats.kept;
@@ -352,7 +361,7 @@ std::string TuningDb::export_json() const {
   return doc.dump(2) + "\n";
 }
 
-TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
+TuningDb::MergeStats TuningDb::import_json(const std::string& text, const Provenance& current) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
@@ -382,7 +391,7 @@ TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
       throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
     }
   }
-  return merge_rows(rows);
+  return merge_rows(rows, current);
 }
 
 }  // namespace moejit::db

@@ -32,8 +32,8 @@ class TuningDb {
 
   struct MergeStats {
     int added = 0;     // keys that were not in this database
-    int replaced = 0;  // keys whose winner was slower than the incoming one
-    int kept = 0;      // keys whose winner was as fast or faster
+    int replaced = 0;  // keys whose winner lost to the incoming one (stale, or slower)
+    int kept = 0;      // keys whose winner stayed (current against a stale one, or as fast)
   };
 
   // kReadWrite creates the file (and directories) and its schema, or migrates an older schema.
@@ -61,18 +61,19 @@ class TuningDb {
   // bucket, whose tiles were measured with more work per expert.
   std::optional<TuningRow> nearest_bucket(const TuningKey& key, const RowFilter& accept = {}) const;
 
-  // Per key keeps the faster winner (lower median_ms; ties keep the existing one) and takes
-  // the union of candidates, incoming results replacing those of the same config name.
-  // One transaction.
-  MergeStats merge(const TuningDb& other);
-  MergeStats merge_rows(const std::vector<TuningRow>& rows);
+  // Per key keeps the current winner over a stale one (is_stale against `current`: lookups skip
+  // stale rows, so a faster stale time must not displace a current row), else the faster
+  // (lower median_ms; ties keep the existing one), and takes the union of candidates, incoming
+  // results replacing those of the same config name. One transaction.
+  MergeStats merge(const TuningDb& other, const Provenance& current);
+  MergeStats merge_rows(const std::vector<TuningRow>& rows, const Provenance& current);
 
   // Diffable text: {"schema_version": N, "rows": [...]}, rows sorted by key id, object keys
   // sorted, indent 2, trailing newline.
   std::string export_json() const;
   // Parses and validates all of `text` before writing anything, then merges (merge_rows).
   // Throws DatabaseError naming the row and field that is wrong.
-  MergeStats import_json(const std::string& text);
+  MergeStats import_json(const std::string& text, const Provenance& current);
 
  private:
   explicit TuningDb(Connection conn);

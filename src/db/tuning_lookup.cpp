@@ -56,7 +56,7 @@ std::optional<TuningDb>& TuningLookup::shipped_db(const std::string& device) {
     if (std::optional<std::string> text = fs::read_all(file)) {
       try {
         TuningDb db = TuningDb::in_memory();
-        db.import_json(*text);
+        db.import_json(*text, current_);
         it->second.emplace(std::move(db));
       } catch (const Error& e) {
         log::warn("tuning lookup: shipped table {} skipped: {}", file.string(), e.what());

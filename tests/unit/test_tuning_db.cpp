@@ -249,7 +249,7 @@ TEST_CASE("warp-specialized and persistent configs survive the database, and old
     CHECK(flags(*got) == expected);
     CHECK(flags(db.rows().at(0)) == expected);
     TuningDb copy = TuningDb::in_memory();
-    copy.import_json(db.export_json());
+    copy.import_json(db.export_json(), kFresh);
     CHECK(copy.lookup(key_at(64))->winner == r.winner);
     CHECK(flags(*copy.lookup(key_at(64))) == expected);
   }
@@ -296,13 +296,13 @@ TEST_CASE("export then import into a fresh database reproduces the rows exactly"
   CHECK(doc["rows"][1]["id"].get<std::string>() < doc["rows"][2]["id"].get<std::string>());
 
   TuningDb copy(dir / "b.sqlite");
-  auto stats = copy.import_json(text);
+  auto stats = copy.import_json(text, kFresh);
   CHECK(stats.added == 3);
   CHECK(stats.replaced == 0);
   CHECK(copy.export_json() == text);
   for (const TuningRow& r : source.rows()) CHECK(as_json(*copy.lookup(r.key)) == as_json(r));
 
-  stats = copy.import_json(text);  // importing again changes nothing
+  stats = copy.import_json(text, kFresh);  // importing again changes nothing
   CHECK(stats.added == 0);
   CHECK(stats.kept == 3);
   CHECK(copy.export_json() == text);
@@ -324,7 +324,7 @@ TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
   tie.winner = config(16);
   theirs.record(tie);  // equal time: the existing winner stays
 
-  const auto stats = mine.merge(theirs);
+  const auto stats = mine.merge(theirs, kFresh);
   CHECK(stats.added == 1);
   CHECK(stats.replaced == 1);
   CHECK(stats.kept == 2);
@@ -338,6 +338,26 @@ TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
   CHECK(mine.lookup(key_at(64)));
   CHECK(mine.lookup(key_at(128))->winner == config(64));
   CHECK(mine.rows().size() == 4);
+}
+
+TEST_CASE("merge keeps a current row over a stale one, whichever is faster", "[db]") {
+  Provenance old_templates = kFresh;
+  old_templates.template_hash = "templates-before";
+  TuningDb mine = TuningDb::in_memory();
+  mine.record(row_for(key_at(16), 64, 0.30));                  // current, slower than theirs
+  mine.record(row_for(key_at(32), 64, 0.10, old_templates));   // stale, faster than theirs
+  mine.record(row_for(key_at(64), 64, 0.50, old_templates));   // stale, slower than theirs
+  TuningDb theirs = TuningDb::in_memory();
+  theirs.record(row_for(key_at(16), 128, 0.15, old_templates));
+  theirs.record(row_for(key_at(32), 128, 0.20));
+  theirs.record(row_for(key_at(64), 128, 0.40, old_templates));
+
+  const auto stats = mine.merge(theirs, kFresh);
+  CHECK(stats.replaced == 2);
+  CHECK(stats.kept == 1);
+  CHECK(mine.lookup(key_at(16))->winner == config(64));   // a stale 0.15 ms does not displace it
+  CHECK(mine.lookup(key_at(32))->winner == config(128));  // a current row replaces a stale 0.10 ms
+  CHECK(mine.lookup(key_at(64))->winner == config(128));  // both stale: the faster
 }
 
 TEST_CASE("nearest_bucket picks the closest bucket in log2 distance, ties to the larger", "[db]") {
@@ -514,8 +534,8 @@ TEST_CASE("importing malformed JSON throws, names the problem and writes nothing
 
   auto rejects = [&](const std::string& text, const std::string& expected) {
     INFO(text);
-    CHECK_THROWS_AS(db.import_json(text), DatabaseError);
-    CHECK_THROWS_WITH(db.import_json(text), Catch::Contains(expected));
+    CHECK_THROWS_AS(db.import_json(text, kFresh), DatabaseError);
+    CHECK_THROWS_WITH(db.import_json(text, kFresh), Catch::Contains(expected));
   };
   rejects("{\"schema_version\": 1, \"rows\": [", "not valid JSON");
   rejects("[1, 2]", "expected a JSON object");
@@ -543,7 +563,7 @@ TEST_CASE("importing malformed JSON throws, names the problem and writes nothing
   rejects(with([](nlohmann::json& r) { r["candidates"] = 3; }), "rows[1]");
   // The valid first row of each document was not written either: import is all or nothing.
   CHECK(db.rows().empty());
-  CHECK(db.import_json(with([](nlohmann::json&) {})).added == 2);
+  CHECK(db.import_json(with([](nlohmann::json&) {}), kFresh).added == 2);
 }
 
 namespace {

@@ -105,7 +105,8 @@ int import_rows(const Args& a) {
   std::optional<std::string> text = fs::read_all(file);
   if (!text) throw IoError(fmt::format("cannot read {}", file));
   db::TuningDb target(db_path(a));
-  print_stats(fmt::format("imported {} into {}", file, target.path()), target.import_json(*text));
+  print_stats(fmt::format("imported {} into {}", file, target.path()),
+              target.import_json(*text, db::current_provenance(0)));
   return 0;
 }
 
@@ -113,7 +114,8 @@ int merge(const Args& a) {
   expect_positionals(a, "merge", 1, "the database file to merge in");
   const db::TuningDb other = open_existing(a.positional[0]);
   db::TuningDb target(db_path(a));
-  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge(other));
+  print_stats(fmt::format("merged {} into {}", other.path(), target.path()),
+              target.merge(other, db::current_provenance(0)));
   return 0;
 }
 

@@ -56,7 +56,7 @@ std::map<std::string, TileConfig> prior_winners(const Args& a) {
   if (!text) throw IoError(fmt::format("--incumbents: cannot read {}", file));
   db::TuningDb table = db::TuningDb::in_memory();
   try {
-    table.import_json(*text);
+    table.import_json(*text, db::current_provenance(0));
   } catch (const DatabaseError& e) {
     throw DatabaseError(fmt::format("--incumbents {}: {}", file, e.what()));
   }
