@@ -46,6 +46,25 @@ Connection Connection::memory() {
   return c;
 }
 
+Connection Connection::memory_copy() const {
+  Connection c = memory();
+  sqlite3_backup* backup = sqlite3_backup_init(c.db_, "main", db_, "main");
+  if (backup == nullptr) c.fail(fmt::format("cannot start copying {}", path_));
+  // A writer elsewhere may hold the file for a moment: wait as long as a statement would.
+  int rc = SQLITE_OK;
+  for (int waited = 0; waited <= kBusyTimeoutMs; waited += 10) {
+    rc = sqlite3_backup_step(backup, -1);
+    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) break;
+    sqlite3_sleep(10);
+  }
+  sqlite3_backup_finish(backup);
+  if (rc != SQLITE_DONE) {
+    throw DatabaseError(fmt::format("{}: cannot copy into memory: {}", path_, sqlite3_errstr(rc)));
+  }
+  c.path_ = path_ + " (read through a copy in memory)";
+  return c;
+}
+
 Connection::Connection(std::string path, int flags, bool read_only) : path_(std::move(path)), read_only_(read_only) {
   int rc = sqlite3_open_v2(path_.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {

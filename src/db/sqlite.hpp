@@ -26,6 +26,9 @@ class Connection {
   Connection(const std::filesystem::path& path, OpenMode mode);
   // A private database in memory (no file, no WAL).
   static Connection memory();
+  // A private in-memory copy of this database (SQLite's online backup): an older schema can be
+  // migrated and read there without writing the file.
+  Connection memory_copy() const;
 
   ~Connection();
   Connection(Connection&& other) noexcept;

@@ -227,11 +227,10 @@ void initialise(const Connection& conn) {
   long long version = conn.query_int("PRAGMA user_version");
   check_not_newer(conn.path(), version);
   if (version == kSchemaVersion) return;
+  // A read-only file of an older schema is read through a migrated copy (open_connection), so
+  // only version 0 gets here.
   if (conn.read_only()) {
-    throw DatabaseError(version == 0 ? fmt::format("{}: not a moejit tuning database (schema version 0)", conn.path())
-                                     : fmt::format("{}: schema version {} needs migrating to {}; open it writable "
-                                                   "once (e.g. moejit db list --db it)",
-                                                   conn.path(), version, kSchemaVersion));
+    throw DatabaseError(fmt::format("{}: not a moejit tuning database (schema version 0)", conn.path()));
   }
   Transaction t(conn, Transaction::Kind::kWrite);
   version = conn.query_int("PRAGMA user_version");
@@ -242,9 +241,18 @@ void initialise(const Connection& conn) {
   t.commit();
 }
 
+// Read-only opens of an older schema read a migrated copy in memory: inspecting a file (moejit db
+// list, export, or merging it into another) never changes it.
+Connection open_connection(const std::filesystem::path& path, OpenMode mode) {
+  Connection conn(path, mode);
+  if (!conn.read_only()) return conn;
+  const long long version = conn.query_int("PRAGMA user_version");
+  return version > 0 && version < kSchemaVersion ? conn.memory_copy() : std::move(conn);
+}
+
 }  // namespace
 
-TuningDb::TuningDb(const std::filesystem::path& path, OpenMode mode) : TuningDb(Connection(path, mode)) {}
+TuningDb::TuningDb(const std::filesystem::path& path, OpenMode mode) : TuningDb(open_connection(path, mode)) {}
 
 TuningDb TuningDb::in_memory() { return TuningDb(Connection::memory()); }
 

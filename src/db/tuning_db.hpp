@@ -37,14 +37,14 @@ class TuningDb {
   };
 
   // kReadWrite creates the file (and directories) and its schema, or migrates an older schema.
-  // kReadOnly needs an existing database of this schema version. Either way a database written
-  // by a newer moejit is refused with DatabaseError.
+  // kReadOnly needs an existing database and never writes it: an older schema is migrated in a
+  // copy in memory. Either way a database written by a newer moejit is refused with DatabaseError.
   explicit TuningDb(const std::filesystem::path& path, OpenMode mode = OpenMode::kReadWrite);
   // An empty database in memory (shipped tables are imported into one).
   static TuningDb in_memory();
 
   const std::string& path() const { return conn_.path(); }
-  int schema_version() const;  // the file's PRAGMA user_version
+  int schema_version() const;  // PRAGMA user_version of what this connection reads
 
   // Upserts the row's winner and each of its candidates in one transaction. Throws
   // InvalidArgument for an invalid row (see validate()).

@@ -256,6 +256,16 @@ TEST_CASE("warp-specialized and persistent configs survive the database, and old
   // Files of older schemas migrate on open; the flags they lack read as false.
   const auto downgrade_and_reopen = [&](const char* downgrade) {
     Connection(path, OpenMode::kReadWrite).exec(downgrade);
+    const long long old_version = Connection(path, OpenMode::kReadOnly).query_int("PRAGMA user_version");
+    {
+      // Read-only (moejit db list, export, merge's source): read through a migrated copy, the
+      // file untouched.
+      const TuningDb inspected(path, OpenMode::kReadOnly);
+      REQUIRE(inspected.lookup(key_at(64)));
+      CHECK(inspected.lookup(key_at(64))->winner.block_n == 128);
+      CHECK(inspected.rows().size() == 1);
+      CHECK(Connection(path, OpenMode::kReadOnly).query_int("PRAGMA user_version") == old_version);
+    }
     TuningDb migrated(path);
     CHECK(migrated.schema_version() == kSchemaVersion);
     const auto old = migrated.lookup(key_at(64));
