@@ -29,7 +29,8 @@ struct TunePlanRequest {
 
 // Keys already tuned (ids in `done`) are skipped unless force; a key shared by several modes
 // (e.g. fwd_down is "train" for inference too) is tuned once, in the first mode listed. Items
-// are ordered by token count, then mode; shard i of n takes items i, i+n, ...
+// are ordered by token count, then mode; shard i of n takes items i, i+n, ... of the list before
+// done keys are skipped, so a resumed shard keeps its share.
 std::vector<TuneItem> plan_tuning(const TunePlanRequest& request, const cuda::DeviceInfo& device,
                                   const std::set<std::string>& done);
 

@@ -160,6 +160,18 @@ TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tun
     }
   }
   CHECK(seen.size() == 18);  // per token count: 8 training keys and fwd_up's inference key
+
+  // A shard that resumes keeps its own items: shard 0 of 2 owns items 0 and 2, (1024, train)
+  // and (8192, train); with the first done it has the second left, not shard 1's (1024, infer).
+  r.shards = 2;
+  r.shard = 0;
+  const auto shard0 = plan_tuning(r, h200, {});
+  REQUIRE(shard0.size() == 2);
+  const auto resumed = plan_tuning(r, h200, done);
+  REQUIRE(resumed.size() == 1);
+  CHECK(resumed[0].problem.tokens == shard0[1].problem.tokens);
+  CHECK(resumed[0].problem.mode == shard0[1].problem.mode);
+  r.shards = 3;
   r.shard = 3;
   CHECK_THROWS_AS(plan_tuning(r, h200, {}), InvalidArgument);
 }
