@@ -109,12 +109,20 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
   return out;
 }
 
+constexpr std::string_view kFirstCallExclusion =
+    "outside the first call's space (TMA warp-specialized configs only; moejit tune times all)";
+
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space) {
   const auto tma_ws = [](const TileConfig& c) { return c.use_tma && c.warp_specialized; };
   if (tma_ws(config)) return std::nullopt;
   const bool any = std::any_of(space.begin(), space.end(), [&](const PruneDecision& d) { return !d.reason && tma_ws(d.config); });
   if (!any) return std::nullopt;
-  return std::string("outside the first call's space (TMA warp-specialized configs only; moejit tune times all)");
+  return std::string(kFirstCallExclusion);
+}
+
+bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates) {
+  return std::any_of(candidates.begin(), candidates.end(),
+                     [](const db::CandidateResult& c) { return c.rejected && c.reason == kFirstCallExclusion; });
 }
 
 }  // namespace moejit

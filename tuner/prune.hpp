@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "db/tuning_row.hpp"
 #include "jit/role.hpp"
 #include "moe/shape.hpp"
 #include "tuner/tile_config.hpp"
@@ -31,5 +32,9 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
 // none is legal (16- and 32-row token tiles, unaligned shapes) every legal config stays.
 // `moejit tune` times the whole space. nullopt: the config stays.
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space);
+
+// Whether a row's candidates were timed over the first call's space only (some carry
+// first_call_exclusion's reason): `moejit tune` times such a key again, over the whole space.
+bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates);
 
 }  // namespace moejit

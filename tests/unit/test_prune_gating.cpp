@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -624,4 +625,26 @@ TEST_CASE("the first call's space: TMA warp-specialized configs where a role has
   // Routing and gather_sum have no TMA configs: the whole space.
   const auto [rlegal, rtma, rfirst] = kept(Role::kRouting, shape(8192, 128, 8), fab::h200());
   CHECK(rfirst == rlegal);
+}
+
+TEST_CASE("a row timed over the first call's space only is told from a whole-space row", "[prune][tma]") {
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape(8192, 128, 8), fab::h200());
+  std::vector<db::CandidateResult> narrow, whole;
+  for (const PruneDecision& p : space) {
+    if (p.reason) continue;
+    db::CandidateResult c{p.config, 0.1, 0.0, false, ""};
+    whole.push_back(c);
+    if (auto why = first_call_exclusion(p.config, space)) {
+      c.rejected = true;
+      c.reason = *why;
+      c.median_ms = c.spread_ms = std::numeric_limits<double>::quiet_NaN();
+    }
+    narrow.push_back(c);
+  }
+  CHECK(tuned_first_call_space_only(narrow));
+  CHECK_FALSE(tuned_first_call_space_only(whole));
+  // Rejections for other reasons (pruning, a wrong answer) do not make a row narrow.
+  whole.front().rejected = true;
+  whole.front().reason = "wrong result";
+  CHECK_FALSE(tuned_first_call_space_only(whole));
 }
