@@ -9,11 +9,12 @@ Loading the library neither initialises CUDA nor needs a GPU.
 """
 
 import ctypes
+import operator
 import os
 import pathlib
 import threading
 
-from .errors import LibraryNotFoundError, error_for_status
+from .errors import InvalidArgumentError, LibraryNotFoundError, error_for_status
 
 DTYPES = {"bf16": 0, "fp16": 1}
 MODES = {"train": 0, "infer": 1, "memeff": 2}
@@ -23,6 +24,9 @@ _REPO_LIBRARY = _PACKAGE_DIR.parent.parent / "build" / "release" / "src" / "libm
 
 
 class Problem(ctypes.Structure):
+    """moejit_problem. A field set to a value outside its C type's range raises InvalidArgumentError
+    (ctypes would keep the low bits: 2**32 + 8 experts would be 8); the library checks the rest."""
+
     _fields_ = [
         ("tokens", ctypes.c_int64),
         ("experts", ctypes.c_int32),
@@ -34,8 +38,22 @@ class Problem(ctypes.Structure):
         ("check_expert_ids", ctypes.c_int32),
     ]
 
+    def __setattr__(self, name, value):
+        ctype = _PROBLEM_FIELDS.get(name)
+        if ctype is not None:
+            value = operator.index(value)
+            bits = 8 * ctypes.sizeof(ctype) - 1
+            if not -(1 << bits) <= value < 1 << bits:
+                raise InvalidArgumentError(
+                    f"{name}: must be in [-2^{bits}, 2^{bits}) (int{bits + 1}_t in moejit_problem), got {value}",
+                    status="invalid_argument")
+        super().__setattr__(name, value)
+
     def key(self):
         return tuple(getattr(self, name) for name, _ in self._fields_)
+
+
+_PROBLEM_FIELDS = dict(Problem._fields_)
 
 
 class MemoryPlan(ctypes.Structure):

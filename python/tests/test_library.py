@@ -60,6 +60,36 @@ def test_bad_problems_raise_with_the_library_message(field, value, argument):
         _library.problem_memory(problem)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("experts", 2**32 + 8),  # ctypes alone would keep the low 32 bits: E = 8
+    ("hidden", 2**32 + 64),
+    ("intermediate", 2**31 + 5),  # would wrap to -2147483643
+    ("topk", -2**31 - 1),
+    ("tokens", 2**63),  # int64_t
+    ("tokens", 2**64 + 64),
+])
+def test_values_outside_the_c_fields_are_rejected_before_the_library(field, value):
+    # Raised in Python before any library call (none is loaded for it).
+    args = dict(tokens=64, experts=8, hidden=128, intermediate=64, topk=2)
+    with pytest.raises(moejit.InvalidArgumentError, match=f"^{field}: .*got {value}$") as info:
+        _library.make_problem(**dict(args, **{field: value}))
+    assert isinstance(info.value, ValueError) and info.value.status == "invalid_argument"
+    problem = _library.make_problem(**args)
+    with pytest.raises(moejit.InvalidArgumentError, match=f"^{field}: "):
+        setattr(problem, field, value)
+    assert problem.key() == _library.make_problem(**args).key()
+    with pytest.raises(moejit.InvalidArgumentError, match="^dtype: "):
+        _library.make_problem(**args, dtype=2**32)
+
+
+def test_c_field_extremes_reach_the_library_unwrapped():
+    # In range for ctypes, out of range for the library: its own message, not a wrapped value.
+    with pytest.raises(moejit.InvalidArgumentError, match="^experts: ") as info:
+        _library.problem_memory(_library.make_problem(1, 2**31 - 1, 64, 64, 1))
+    assert info.value.function == "moejit_problem_memory"
+    assert _library.make_problem(2**63 - 1, -2**31, 64, 64, 1).key()[:2] == (2**63 - 1, -2**31)
+
+
 def test_a_plan_without_a_context_raises_no_device():
     # A fresh thread has no current CUDA context (and a CPU machine has no driver at all).
     caught = []

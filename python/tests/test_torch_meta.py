@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 from moejit import _library  # noqa: E402
+from moejit.torch import functional  # noqa: E402
 
 E, H, I, K = 8, 128, 64, 2
 
@@ -157,6 +158,21 @@ def test_bad_inputs_raise_before_the_library():
     cpu = [torch.zeros(t.shape, dtype=t.dtype) for t in (x, w1, w2, ids, weights)]
     _expect_invalid("must be on a CUDA device", *cpu)
     _expect_invalid("all tensors must be on one device", x, w1, w2, cpu[3], weights)
+
+
+def test_wide_expert_ids_stay_out_of_range_as_int32():
+    # A bare cast keeps the low 32 bits (2**32 + 1 would be routed to expert 1): wider ids are
+    # clamped into [-1, E] first, on the tensor's device. In-range ids keep their value.
+    wide = torch.tensor([[0, E - 1], [E, -1], [2**32 + 1, -2**32 + 2], [2**62, -2**63], [2**31, 2**32 + E]])
+    assert wide.to(torch.int32)[2].tolist() == [1, 2]  # the defect the clamp is for
+    ids = functional._ids_int32(wide, E)
+    assert ids.dtype == torch.int32 and ids.is_contiguous()
+    assert ids.tolist() == [[0, E - 1], [E, -1], [E, -1], [E, -1], [E, E]]
+    assert functional._ids_int32(wide.t(), E).tolist() == ids.t().tolist()
+    assert functional._ids_int32(torch.tensor([[3, 2**32 + 1]], dtype=torch.uint64), E).tolist() == [[3, E]]
+    assert functional._ids_int32(torch.tensor([[3, 200]], dtype=torch.uint8), E).tolist() == [[3, 200]]
+    narrow = torch.tensor([[3, 2**31 - 1], [-7, 9]], dtype=torch.int32)
+    assert functional._ids_int32(narrow, E) is narrow  # int32 input: no copy, no kernel
 
 
 class FakeHFExperts(torch.nn.Module):

@@ -12,7 +12,8 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
 
     Layouts (HF Transformers v5 / Liger): x [T, H] bf16 or fp16; gate_up_proj W1 [E, 2I, H]
     (rows 0..I-1 gate, I..2I-1 up) and down_proj W2 [E, H, I] in x's dtype, contiguous;
-    topk_ids [T, K] any integer dtype (router int64 is converted to int32); topk_weights [T, K]
+    topk_ids [T, K] any integer dtype (router int64 is converted to int32, an id outside [0, E)
+    staying outside); topk_weights [T, K]
     (converted to x's dtype). Returns out [T, H]; autograd gives dx, dW1, dW2 and d topk_weights.
 
     Runs in inference mode (nothing saved for backward) when no input needs grad. Keywords:
@@ -24,7 +25,7 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
     """
     _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
     x = x.contiguous()
-    topk_ids = topk_ids.to(torch.int32).contiguous()
+    topk_ids = _ids_int32(topk_ids, gate_up_proj.shape[0])
     topk_weights = topk_weights.to(x.dtype).contiguous()
     if x.shape[0] == 0:
         # No tokens (an expert-parallel rank may receive none): every gradient is zero.
@@ -37,6 +38,15 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
         mode = ops.MEMEFF if memory_efficient else ops.TRAIN
     out, _ = ops.fused_moe_forward(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
     return out
+
+
+def _ids_int32(topk_ids, experts):
+    """topk_ids as the library's contiguous int32. Wider ids are first clamped into [-1, E] on the
+    device (no host sync), since the cast keeps the low 32 bits: 2**32 + 1 would become expert 1
+    and be routed instead of dropped (or rejected with check_expert_ids)."""
+    if topk_ids.dtype.itemsize > 4:
+        topk_ids = topk_ids.clamp(-1, experts) if topk_ids.dtype.is_signed else topk_ids.clamp(max=experts)
+    return topk_ids.to(torch.int32).contiguous()
 
 
 def _fail(message):
