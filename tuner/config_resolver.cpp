@@ -68,16 +68,20 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   std::map<Role, ResolvedConfig> out;
   std::map<Role, db::Resolved> fallback;
   std::vector<Role> missing;
-  auto legal = [&](Role r, const TileConfig& c) { return !prune_reason(r, c, shape, device); };
+  // A stored winner that no longer passes pruning is passed over at every level (pruning rules
+  // are host code, outside the template hash that makes rows stale).
+  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) {
+    return !prune_reason(row.key.role, row.winner, shape, device);
+  };
   for (Role r : roles_of(problem.mode)) {
     if (auto c = override_for(r, shape, device, options)) {
       out[r] = {*c, "override"};
       continue;
     }
-    db::Resolved res = lookup.resolve(tuning_key(r, problem, device));
+    db::Resolved res = lookup.resolve(tuning_key(r, problem, device), legal);
     const bool exact = res.source == db::Resolved::Source::kMemory || res.source == db::Resolved::Source::kUserDb ||
                        res.source == db::Resolved::Source::kShippedDb;
-    if (exact && legal(r, res.config)) {
+    if (exact) {
       out[r] = {res.config, res.source_name()};
     } else {
       missing.push_back(r);
@@ -99,8 +103,8 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       return rows;
     };
-    for (const auto& row : tune_shared(problem, device, missing, lookup, tune)) {
-      if (legal(row.key.role, row.winner)) out[row.key.role] = {row.winner, "tuned"};
+    for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal)) {
+      if (legal(row)) out[row.key.role] = {row.winner, "tuned"};
     }
   } else if (tuning) {
     static std::atomic<bool> said{false};
@@ -109,7 +113,7 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   for (Role r : missing) {
     if (out.count(r)) continue;
     const db::Resolved& res = fallback[r];
-    if (res.source == db::Resolved::Source::kNearestBucket && legal(r, res.config)) {
+    if (res.source == db::Resolved::Source::kNearestBucket) {
       out[r] = {res.config, res.source_name()};
     } else {
       out[r] = {default_config(r, shape, device, problem.mode), "heuristic"};

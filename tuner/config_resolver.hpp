@@ -6,7 +6,8 @@
 //      once per host while the others wait and then read the rows; rows go to the user DB;
 //   4. the nearest TPE bucket's row;
 //   5. the heuristic default (tuner/config_space.hpp).
-// Rows whose config no longer passes pruning are skipped.
+// Rows whose config no longer passes pruning are passed over at levels 2-4: level 3 tunes their
+// keys again, level 4 takes the nearest bucket whose winner passes.
 #pragma once
 
 #include <map>

@@ -18,7 +18,8 @@ std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::De
 }
 
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
-                                       const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune) {
+                                       const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
+                                       const db::TuningDb::RowFilter& accept) {
   std::optional<fs::FileLock> lock;
   try {
     lock.emplace(tuning_lock_path(problem, device), kTuningLockTimeout);
@@ -28,7 +29,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   std::vector<db::TuningRow> rows;
   std::vector<Role> still;
   for (Role r : missing) {
-    db::Resolved res = lookup.resolve(tuning_key(r, problem, device));
+    db::Resolved res = lookup.resolve(tuning_key(r, problem, device), accept);
     if (res.row && (res.source == db::Resolved::Source::kUserDb || res.source == db::Resolved::Source::kMemory)) {
       rows.push_back(*res.row);  // another process tuned it while this one waited
     } else {

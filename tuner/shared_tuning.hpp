@@ -24,9 +24,11 @@ using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>&
 // The lock file of a problem's tuning: next to the user database, named by a hash of the key.
 std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device);
 
-// Under the lock: rows for `missing` that are now in the user DB (or this process's memory),
-// plus tune(rest), which are recorded in the user DB and remembered by `lookup`.
+// Under the lock: rows for `missing` that are now in the user DB (or this process's memory) and
+// that `accept` allows, plus tune(rest), which are recorded in the user DB and remembered by
+// `lookup`.
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
-                                       const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune);
+                                       const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
+                                       const db::TuningDb::RowFilter& accept);
 
 }  // namespace moejit

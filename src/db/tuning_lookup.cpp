@@ -80,13 +80,15 @@ std::optional<TuningRow> TuningLookup::guarded(std::optional<TuningDb>& db, cons
   }
 }
 
-bool TuningLookup::usable(const std::optional<TuningRow>& row) const { return row && !is_stale(*row, current_); }
+bool TuningLookup::usable(const TuningRow& row, const TuningDb::RowFilter& accept) const {
+  return !is_stale(row, current_) && (!accept || accept(row));
+}
 
-Resolved TuningLookup::resolve(const TuningKey& key) {
+Resolved TuningLookup::resolve(const TuningKey& key, const TuningDb::RowFilter& accept) {
   using Source = Resolved::Source;
   const std::string id = key.id();
   std::unique_lock lock(mu_);
-  if (auto it = memory_.find(id); it != memory_.end() && !is_stale(it->second, current_)) {
+  if (auto it = memory_.find(id); it != memory_.end() && usable(it->second, accept)) {
     return Resolved{it->second.winner, Source::kMemory, it->second};
   }
 
@@ -95,14 +97,14 @@ Resolved TuningLookup::resolve(const TuningKey& key) {
   std::optional<TuningDb>& shipped = shipped_db(key.device);
   for (auto [db, what, source] : {std::tuple{&user, "user database", Source::kUserDb},
                                   std::tuple{&shipped, "shipped database", Source::kShippedDb}}) {
-    if (std::optional<TuningRow> row = guarded(*db, what, exact); usable(row)) {
+    if (std::optional<TuningRow> row = guarded(*db, what, exact); row && usable(*row, accept)) {
       memory_[id] = *row;
       return Resolved{row->winner, source, std::move(row)};
     }
   }
 
-  auto fresh = [this](const TuningRow& row) { return !is_stale(row, current_); };
-  auto nearest = [&](const TuningDb& db) { return db.nearest_bucket(key, fresh); };
+  auto fits = [&](const TuningRow& row) { return usable(row, accept); };
+  auto nearest = [&](const TuningDb& db) { return db.nearest_bucket(key, fits); };
   for (auto [db, what] : {std::pair{&user, "user database"}, std::pair{&shipped, "shipped database"}}) {
     if (std::optional<TuningRow> row = guarded(*db, what, nearest)) {
       return Resolved{row->winner, Source::kNearestBucket, std::move(row)};

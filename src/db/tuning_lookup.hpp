@@ -8,7 +8,8 @@
 //      shipped DB;
 //   5. the heuristic default passed in.
 // Stale rows (template hash or NVRTC version differ from the current provenance) are ignored
-// at every level. A database that cannot be opened, parsed or read is logged once and skipped
+// at every level, and so are rows the caller's `accept` refuses (a winner that no longer passes
+// pruning: its rules live in host code, outside the template hash). A database that cannot be opened, parsed or read is logged once and skipped
 // from then on: a lookup never fails because of a database, it falls through to the next level.
 // Databases are opened on first use, never at construction (the user DB is created if missing,
 // as the tuner would); do not carry a lookup that has resolved keys across fork(): SQLite
@@ -52,8 +53,9 @@ class TuningLookup {
   TuningLookup(std::filesystem::path user_db, std::filesystem::path shipped_dir, Provenance current,
                Heuristic heuristic);
 
-  // The config for `key`, from the first level above that has a fresh row.
-  Resolved resolve(const TuningKey& key);
+  // The config for `key`, from the first level above that has a fresh row `accept` allows (all
+  // when empty).
+  Resolved resolve(const TuningKey& key, const TuningDb::RowFilter& accept = {});
 
   // Puts a row (typically just tuned) in the in-process map, replacing that key's entry.
   void remember(const TuningRow& row);
@@ -65,7 +67,7 @@ class TuningLookup {
   // Runs a query on a database; on an error logs it, closes the database for good, returns nullopt.
   template <typename Query>
   std::optional<TuningRow> guarded(std::optional<TuningDb>& db, const char* what, Query query);
-  bool usable(const std::optional<TuningRow>& row) const;
+  bool usable(const TuningRow& row, const TuningDb::RowFilter& accept) const;
 
   const std::filesystem::path user_path_;
   const std::filesystem::path shipped_dir_;

@@ -208,7 +208,7 @@ TEST_CASE("processes starting together tune a problem once and share its rows", 
           }
           return rows;
         };
-        const auto rows = tune_shared(kProblem, h200, roles, lookup, fake);
+        const auto rows = tune_shared(kProblem, h200, roles, lookup, fake, {});
         rc = rows.size() == roles.size() && rows[0].winner == gemm(128, 64, 32) ? 0 : 2;
       } catch (...) {
         rc = 3;
@@ -226,6 +226,36 @@ TEST_CASE("processes starting together tune a problem once and share its rows", 
   const std::string tuned_by = fs::read_all(marker).value_or("");
   CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
   CHECK(db::TuningDb(dir / "tuning.sqlite").rows().size() == roles.size());
+}
+
+TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not taken as tuned", "[tuner]") {
+  TempDir dir("refused");
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  const auto h200 = cuda::fabricated::h200();
+  const auto db_path = dir / "tuning.sqlite";
+  db::TuningRow stored;
+  stored.key = tuning_key(Role::kFwdUp, kProblem, h200);
+  stored.winner = gemm(128, 128, 32);
+  stored.median_ms = 0.4;
+  stored.provenance = db::current_provenance(0);
+  db::TuningDb(db_path).record(stored);
+  db::TuningLookup lookup(db_path, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+  int tuned = 0;
+  const TuneFn fake = [&](const std::vector<Role>& missing) {
+    tuned += static_cast<int>(missing.size());
+    db::TuningRow row = stored;
+    row.winner = gemm(128, 64, 32);
+    return std::vector<db::TuningRow>{row};
+  };
+  const db::TuningDb::RowFilter refuse_stored = [&](const db::TuningRow& r) { return r.winner != stored.winner; };
+  const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, refuse_stored);
+  CHECK(tuned == 1);
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].winner == gemm(128, 64, 32));
+  // An allowed stored row counts as tuned by another process: nothing is tuned.
+  tuned = 0;
+  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, {}).size() == 1);
+  CHECK(tuned == 0);
 }
 
 TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][cli]") {

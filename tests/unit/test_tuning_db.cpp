@@ -528,6 +528,38 @@ TEST_CASE("the lookup chain ignores stale rows at every level", "[db]") {
   CHECK(lookup.resolve(key_at(32, 4096)).source == Resolved::Source::kHeuristic);
 }
 
+TEST_CASE("the lookup chain passes over rows the caller refuses, at every level", "[db]") {
+  TempDir dir("db");
+  const auto user_path = dir / "user.sqlite";
+  const auto shipped_dir = dir / "shipped";
+  {
+    TuningDb user(user_path);
+    user.record(row_for(key_at(64), 32, 0.1));     // refused below (a winner pruning now rejects)
+    user.record(row_for(key_at(1024), 128, 0.1));  // allowed
+  }
+  write_shipped(shipped_dir, "NVIDIA H200", {row_for(key_at(64), 32, 0.2), row_for(key_at(128), 512, 0.2)});
+  TuningLookup lookup(user_path, shipped_dir, kFresh, [](const TuningKey&) { return heuristic_config(); });
+  const TuningDb::RowFilter not_32 = [](const TuningRow& row) { return row.winner != config(32); };
+
+  // The exact rows of both databases refused -> the user DB's nearest allowed bucket (its own
+  // 64 refused, so 1024; the user DB is asked before the shipped table's nearer 128).
+  Resolved r = lookup.resolve(key_at(64), not_32);
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(128));
+  // Without the filter the exact row is used (and remembered), and a remembered row is refused too.
+  CHECK(lookup.resolve(key_at(64)).source == Resolved::Source::kUserDb);
+  r = lookup.resolve(key_at(64), not_32);
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(128));
+  // Every user row refused -> the shipped table's nearest allowed bucket.
+  r = lookup.resolve(key_at(32), [](const TuningRow& row) { return row.winner == config(512); });
+  CHECK(r.source == Resolved::Source::kNearestBucket);
+  CHECK(r.config == config(512));
+  // Nothing allowed anywhere -> the heuristic.
+  const TuningDb::RowFilter none = [](const TuningRow&) { return false; };
+  CHECK(lookup.resolve(key_at(64), none).source == Resolved::Source::kHeuristic);
+}
+
 TEST_CASE("an unreadable shipped table is skipped, not fatal", "[db]") {
   TempDir dir("db");
   fs::atomic_write(dir / "NVIDIA_H200.json", "{\"schema_version\": 1, \"rows\": [ {\"id\": 3} ]}");
