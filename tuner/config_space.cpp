@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "moe/memory_layout.hpp"
+#include "tuner/prune.hpp"
 #include "tuner/role_traits.hpp"
 
 namespace moejit {
@@ -73,10 +74,10 @@ int fit(int edge, long long extent, int minimum) {
   return edge;
 }
 
-// A Hopper default is used only when the tile has a wgmma warp layout and fits the device's
-// shared memory; otherwise the portable default is.
+// A Hopper default is used only when it passes pruning (a wgmma warp layout, the device's shared
+// memory, a BLOCK_K no deeper than the problem); otherwise the portable default is.
 bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, const cuda::DeviceInfo& device) {
-  return gemm_warp_rows(role, c) > 0 && role_smem_bytes(role, c, shape) <= device.smem_optin_per_block;
+  return !prune_reason(role, c, shape, device);
 }
 
 // Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table

@@ -104,6 +104,7 @@ TEST_CASE("the default config survives pruning for small and large problems", "[
   shapes.push_back({4096, 8, 4096, 14336, 2, DType::kBF16});  // Mixtral-8x7B
   shapes.push_back({2048, 8, 264, 136, 2, DType::kBF16});     // H, I not multiples of the tile
   shapes.push_back({512, 8, 97, 47, 2, DType::kFP16});        // rows not 16-byte multiples
+  shapes.push_back({45, 4, 24, 40, 2, DType::kBF16});         // H under one BLOCK_K of 64
   for (const MoeShape& s : shapes) {
     for (auto dev : {fab::h200(), fab::a100(), fab::rtx5090(), fab::b200()}) {
       for (Role r : kAllRoles) {
