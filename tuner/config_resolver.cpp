@@ -64,6 +64,15 @@ std::optional<TileConfig> override_for(Role role, const MoeShape& shape, const c
 std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                                const Options& options, bool allow_tuning) {
   const MoeShape shape = shape_of(problem);
+  // A misspelt role would otherwise override nothing, silently; a role this mode does not run
+  // is fine (one set of overrides may serve training and inference plans).
+  for (const auto& [role, config] : options.config_overrides) {
+    try {
+      parse_role(role);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("config_overrides", e.what());
+    }
+  }
   db::TuningLookup& lookup = tuning_lookup(device);
   std::map<Role, ResolvedConfig> out;
   std::map<Role, db::Resolved> fallback;

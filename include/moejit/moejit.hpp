@@ -76,7 +76,9 @@ struct BackwardArgs {
   const void* w2 = nullptr;
   const std::int32_t* topk_ids = nullptr;
   const void* topk_weights = nullptr;
-  void* saved = nullptr;        // what forward() wrote; memory-efficient mode consumes it
+  // What forward() wrote. Memory-efficient mode consumes it (writes over it), so there it must
+  // not overlap any other argument.
+  void* saved = nullptr;
   std::size_t saved_bytes = 0;
   void* dx = nullptr;
   // Written, never accumulated into. Memory-efficient mode also keeps an intermediate here
@@ -95,7 +97,8 @@ struct Options {
   // never tunes: it takes the nearest tuned row or the heuristic default.
   CUstream_st* stream = nullptr;
   // Per-role config overrides by role name ("fwd_up", ...) and config name as printed by
-  // `moejit compile` ("bm64_bn128_bk32_s3_w4_g8"); for tests and experiments.
+  // `moejit compile` ("bm64_bn128_bk32_s3_w4_g8"); for tests and experiments. An unknown role
+  // name or config name throws InvalidArgument; a role the plan's mode does not run is ignored.
   std::map<std::string, std::string> config_overrides;
 };
 

@@ -14,6 +14,7 @@
 #include "db/tuning_db.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/config_resolver.hpp"
 #include "tuner/shared_tuning.hpp"
 #include "tuner/tune_plan.hpp"
 #include "tuner/tuning_keys.hpp"
@@ -256,6 +257,24 @@ TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not ta
   tuned = 0;
   CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, {}).size() == 1);
   CHECK(tuned == 0);
+}
+
+TEST_CASE("config overrides naming no role are rejected; a role the mode does not run is ignored", "[tuner]") {
+  TempDir dir("overrides");
+  ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  const auto h200 = cuda::fabricated::h200();
+  MoeProblem infer = kProblem;
+  infer.mode = Mode::kInference;
+  Options o;
+  o.config_overrides["fwd-up"] = "bm128_bn128_bk64_s4_w8_g8_tma_ws";
+  CHECK_THROWS_WITH(resolve_configs(infer, h200, o, false),
+                    Catch::StartsWith("config_overrides") && Catch::Contains("fwd-up"));
+  o.config_overrides.clear();
+  o.config_overrides["bwd_down"] = "any name: inference runs no bwd_down";
+  const auto configs = resolve_configs(infer, h200, o, false);
+  CHECK(configs.count(Role::kFwdUp) == 1);
+  CHECK(configs.count(Role::kBwdDown) == 0);
 }
 
 TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][cli]") {
