@@ -47,6 +47,16 @@ void validate(const TuningRow& row) {
   };
   check_time("median_ms", row.median_ms);
   check_time("spread_ms", row.spread_ms);
+  // Config names key the candidates table and spell warp specialization only with the Hopper
+  // tag, the one pipeline that has it: any other config carrying it would share a name.
+  auto check_config = [](const TileConfig& c) {
+    if (c.warp_specialized && c.arch_tag != ArchTag::kHopper) {
+      throw InvalidArgument("warp_specialized", fmt::format("{}: only Hopper (sm_90a) configs are warp-specialized",
+                                                            c.name()));
+    }
+  };
+  check_config(row.winner);
+  for (const CandidateResult& c : row.candidates) check_config(c.config);
 }
 
 void to_json(nlohmann::json& j, const CandidateResult& c) {

@@ -48,8 +48,8 @@ std::string utc_timestamp();
 // no longer be the fastest, or may no longer compile the same way.
 bool is_stale(const TuningRow& row, const Provenance& current);
 
-// Throws InvalidArgument naming the field: an invalid key, or a winner time that is not a
-// finite, non-negative number.
+// Throws InvalidArgument naming the field: an invalid key, a winner time that is not a finite,
+// non-negative number, or a config warp-specialized without the Hopper tag.
 void validate(const TuningRow& row);
 
 // Times that are NaN are written as null and read back as NaN.

@@ -169,6 +169,17 @@ TEST_CASE("record then lookup returns the row exactly, across reopening", "[db]"
                                        [](const CandidateResult& c) { return std::isnan(c.median_ms); });
   CHECK(nan_count == 1);
   CHECK_THROWS_AS(reopened.record(row_for(key_at(64), 128, std::numeric_limits<double>::infinity())), InvalidArgument);
+  // Warp specialization outside the Hopper tag would share a config name with another config.
+  TuningRow portable_ws = row_for(key_at(64), 128, 0.1);
+  TileConfig c = config(256);
+  c.arch_tag = ArchTag::kPortable;
+  c.warp_specialized = true;
+  portable_ws.candidates.push_back(timed(c, 0.2));
+  CHECK_THROWS_WITH(reopened.record(portable_ws), Catch::StartsWith("warp_specialized"));
+  portable_ws.candidates.pop_back();
+  portable_ws.winner = c;
+  CHECK_THROWS_WITH(reopened.record(portable_ws), Catch::StartsWith("warp_specialized"));
+  CHECK(reopened.lookup(key_at(64))->winner == config(128));
 }
 
 TEST_CASE("recording a key again upserts candidates and never wipes earlier ones", "[db]") {
