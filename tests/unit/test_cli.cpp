@@ -1,7 +1,12 @@
 // CLI smoke tests: the commands a user runs first, on a machine with or without a GPU.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
 
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -9,6 +14,50 @@
 using moejit::test::cli;
 using moejit::test::run_command;
 using moejit::test::TempDir;
+
+namespace {
+
+// The --options named in `text`, but --help itself.
+std::set<std::string> option_names(const std::string& text) {
+  std::set<std::string> out;
+  const std::regex option("--([a-z][a-z-]*)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), option); it != std::sregex_iterator(); ++it) {
+    if ((*it)[1] != "help") out.insert((*it)[1]);
+  }
+  return out;
+}
+
+// The line of `text` that starts with `lead` and the continuation lines after it that open with
+// '[' (the description lines below a synopsis name options too, and are not read).
+std::string synopsis_in(const std::string& text, const std::string& lead) {
+  std::istringstream in(text);
+  std::string line, out;
+  bool in_synopsis = false;
+  while (std::getline(in, line)) {
+    const auto first = line.find_first_not_of(' ');
+    if (in_synopsis && first != 0 && first != std::string::npos && line[first] == '[') {
+      out += line + "\n";
+      continue;
+    }
+    in_synopsis = line.rfind(lead + " ", 0) == 0 || line == lead;
+    if (in_synopsis) out += line + "\n";
+  }
+  return out;
+}
+
+// README's CLI section.
+std::string readme_cli() {
+  std::ifstream in(std::filesystem::path(MOEJIT_TEST_SHIPPED_DB_DIR).parent_path() / "README.md");
+  std::string line, out;
+  bool in_cli = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("## ", 0) == 0) in_cli = line == "## CLI";
+    if (in_cli) out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 TEST_CASE("moejit info exits 0 and names the device or its absence", "[cli]") {
   auto r = run_command(cli() + " info");
@@ -90,4 +139,82 @@ TEST_CASE("a missing driver library is reported, not fatal", "[cli][driver]") {
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("no GPU") && Catch::Contains("cannot load /nonexistent/libcuda.so.1"));
+}
+
+TEST_CASE("every moejit command prints its usage for -h and --help and exits 0", "[cli]") {
+  for (const std::string command : {"info", "compile", "plan", "tune", "bench", "db", "db list"}) {
+    for (const char* help : {"-h", "--help"}) {
+      const auto r = run_command(cli() + " " + command + " " + help);
+      INFO(command << " " << help << "\n" << r.output);
+      CHECK(r.exit_code == 0);
+      CHECK_THAT(r.output, Catch::StartsWith("usage: moejit " + command.substr(0, command.find(' '))));
+      CHECK_THAT(r.output, !Catch::Contains("unknown option"));
+    }
+  }
+}
+
+TEST_CASE("moejit --help, each command's --help and README's CLI section list the options its parser accepts",
+          "[cli]") {
+  const std::string overview = run_command(cli() + " --help").output, readme = readme_cli();
+  REQUIRE_THAT(readme, Catch::Contains("moejit tune"));
+  for (const std::string command : {"info", "compile", "plan", "tune", "bench", "db"}) {
+    const std::string help =
+        synopsis_in(run_command(cli() + " " + command + " --help").output, "usage: moejit " + command);
+    const std::set<std::string> documented = option_names(help);
+    INFO(command << "\n--help:\n" << help << "moejit --help:\n" << synopsis_in(overview, "  " + command)
+                 << "README:\n" << synopsis_in(readme, "moejit " + command));
+    CHECK(!help.empty());
+    CHECK(option_names(synopsis_in(overview, "  " + command)) == documented);
+    CHECK(option_names(synopsis_in(readme, "moejit " + command)) == documented);
+    if (command == "db") continue;  // db's options differ per subcommand
+    for (const std::string& name : documented) {
+      // The parser stops at the first unknown option: reaching the probe means --name was taken,
+      // and nothing runs.
+      const auto r = run_command(cli() + " " + command + " --" + name + "=1 --not-an-option");
+      INFO("--" << name << ": " << r.output);
+      CHECK_THAT(r.output, Catch::Contains("--not-an-option: unknown option"));
+    }
+  }
+}
+
+TEST_CASE("moejit rejects integers that do not fit, trailing text and empty lists with exit code 2", "[cli]") {
+  const TempDir dir("cli-ints");
+  const std::string env = "MOEJIT_CACHE_DIR=" + dir.path().string() + " MOEJIT_AUTOTUNE=0 " + cli();
+  const std::string compile = env + " compile --arch sm_90a --role routing ";
+  const std::string tune = env + " tune --shape 8,256,128,2 --tokens 512 --db /nonexistent/x.sqlite ";
+  const std::pair<std::string, std::string> cases[] = {
+      // 2^32 + 128 once wrapped to E=128.
+      {compile + "--shape 4294967424,2048,768,8 --tokens 64", "--shape: 4294967424 is out of range"},
+      {compile + "--shape 8,256,128,2 --tokens 99999999999999999999", "--tokens: 99999999999999999999 is out of"},
+      {compile + "--shape 8,256,128,2, --tokens 64", "--shape: empty item"},
+      {compile + "--shape 8,256,128,2 --tokens 64 --jobs=", "--jobs: needs a value"},
+      {compile + "--shape 8,256,128,2 --tokens 64 --jobs 2x", "--jobs: expected an integer, got '2x'"},
+      {env + " plan --shape 8,256,128,2 --tokens 64 --device=", "--device: needs a value"},
+      {env + " plan --shape 8,256,128,2 --tokens 64 --device 1x", "--device: expected an integer, got '1x'"},
+      {env + " bench --shape 8,256,128,2 --tokens 64 --reps=", "--reps: needs a value"},
+      {env + " bench --shape 8,256,128,2 --tokens 64, --reps 3", "--tokens: empty item"},
+      {tune + "--shard 1x/4", "--shard: expected an integer, got '1x'"},
+      {tune + "--shard 0/4x", "--shard: expected an integer, got '4x'"},
+      {tune + "--shard 4/4", "--shard: 4 is out of range (0 to 3)"},
+      {tune + "--devices=", "--devices: needs a value"},
+      {tune + "--modes=", "--modes: needs a value"},
+      {tune + "--roles=routing,", "--roles: empty item"},
+  };
+  for (const auto& [command, message] : cases) {
+    const auto r = run_command(command);
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+  }
+}
+
+TEST_CASE("moejit compile and plan reject a --tokens list rather than use only its first count", "[cli]") {
+  const TempDir dir("cli-tokens");
+  const std::string env = "MOEJIT_CACHE_DIR=" + dir.path().string() + " MOEJIT_AUTOTUNE=0 " + cli();
+  for (const std::string command : {" compile --arch sm_90a --role routing", " plan"}) {
+    const auto r = run_command(env + command + " --shape 8,256,128,2 --tokens 5,99");
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--tokens: takes one value here, got '5,99'"));
+  }
 }

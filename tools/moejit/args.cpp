@@ -1,7 +1,8 @@
 #include "args.hpp"
 
-#include <cstdlib>
-#include <sstream>
+#include <fmt/format.h>
+
+#include <charconv>
 
 #include "moejit/error.hpp"
 
@@ -12,27 +13,45 @@ std::string Args::get(const std::string& name, const std::string& fallback) cons
   return it == options.end() ? fallback : it->second;
 }
 
-std::vector<long long> Args::get_ints(const std::string& name) const {
-  std::vector<long long> out;
-  std::stringstream ss(get(name));
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0') throw InvalidArgument("--" + name, "expected integers, got '" + get(name) + "'");
-    out.push_back(v);
+std::vector<std::string> Args::get_list(const std::string& name) const {
+  const std::string list = get(name);
+  if (list.empty()) throw InvalidArgument("--" + name, "needs a value");
+  std::vector<std::string> out;
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = list.find(',', begin);
+    out.push_back(list.substr(begin, comma - begin));
+    // "5,,6" and "5,": an item lost to a typo would otherwise go unnoticed.
+    if (out.back().empty()) throw InvalidArgument("--" + name, fmt::format("empty item in '{}'", list));
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
   }
+}
+
+std::vector<long long> Args::get_ints(const std::string& name, long long lo, long long hi) const {
+  std::vector<long long> out;
+  for (const std::string& item : get_list(name)) out.push_back(parse_int("--" + name, item, lo, hi));
   return out;
 }
 
-std::vector<std::string> split(const std::string& list, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    if (!item.empty()) out.push_back(item);
+long long Args::get_int(const std::string& name, long long fallback, long long lo, long long hi) const {
+  if (!has(name)) return fallback;
+  const std::vector<long long> v = get_ints(name, lo, hi);
+  if (v.size() != 1) throw InvalidArgument("--" + name, fmt::format("takes one value here, got '{}'", get(name)));
+  return v[0];
+}
+
+long long parse_int(const std::string& option, const std::string& text, long long lo, long long hi) {
+  long long v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec == std::errc::invalid_argument || ptr != end) {
+    throw InvalidArgument(option, fmt::format("expected an integer, got '{}'", text));
   }
-  return out;
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
+    throw InvalidArgument(option, hi == kNoMax ? fmt::format("{} is out of range (at least {})", text, lo)
+                                               : fmt::format("{} is out of range ({} to {})", text, lo, hi));
+  }
+  return v;
 }
 
 Args parse_args(int argc, char** argv, int start, const std::set<std::string>& flags,

@@ -1,6 +1,7 @@
 // Command-line parsing for the moejit CLI: positionals plus --name value / --name=value options.
 #pragma once
 
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -8,18 +9,28 @@
 
 namespace moejit::cli {
 
+// An integer option's `hi` where only the type bounds it.
+constexpr long long kNoMax = std::numeric_limits<long long>::max();
+
 struct Args {
   std::vector<std::string> positional;
   std::map<std::string, std::string> options;  // without the leading "--"; flags map to ""
 
   bool has(const std::string& name) const { return options.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;
-  // Comma-separated integers ("128,2048,768,8"); throws InvalidArgument naming the option.
-  std::vector<long long> get_ints(const std::string& name) const;
+  // Comma-separated items ("train,infer"): at least one, none empty. Throws InvalidArgument
+  // naming the option.
+  std::vector<std::string> get_list(const std::string& name) const;
+  // Comma-separated integers ("128,2048,768,8"), each parsed by parse_int.
+  std::vector<long long> get_ints(const std::string& name, long long lo, long long hi) const;
+  // The one integer of an option that takes a single value, or `fallback` when it is absent. A
+  // list is an error, not silently cut to its first item.
+  long long get_int(const std::string& name, long long fallback, long long lo, long long hi) const;
 };
 
-// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
-std::vector<std::string> split(const std::string& list, char sep = ',');
+// `text` as a whole decimal integer in [lo, hi]; trailing text ("1x"), a blank or a value out of
+// range throws InvalidArgument naming `option` (stoi and strtoll would ignore, accept or clamp).
+long long parse_int(const std::string& option, const std::string& text, long long lo, long long hi);
 
 // Parses argv[start..argc). Names in `flags` take no value. Throws InvalidArgument for an
 // option not in `flags` or `valued`, or a valued option without its value.

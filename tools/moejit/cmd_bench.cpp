@@ -2,6 +2,8 @@
 // for this problem, timed on a scratch problem (CUDA events, L2 flushed before each launch).
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "args.hpp"
 #include "commands.hpp"
 #include "core/env.hpp"
@@ -20,13 +22,15 @@ int run_bench(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"shape", "tokens", "dtype", "mode", "reps", "device"});
   MoeProblem p = parse_dims(a);
   p.mode = parse_mode(a.get("mode", "train"));
-  const int reps = a.has("reps") ? static_cast<int>(a.get_ints("reps").at(0)) : 20;
-  cuda::PrimaryContext context(static_cast<int>(a.has("device") ? a.get_ints("device").at(0) : 0));
+  const auto reps = static_cast<int>(a.get_int("reps", 20, 1, std::numeric_limits<int>::max()));
+  // Parsed before the context exists, so a bad list is a usage error even without a GPU.
+  const std::vector<long long> token_counts = parse_tokens(a, {1024, 8192, 32768});
+  cuda::PrimaryContext context(static_cast<int>(a.get_int("device", 0, 0, std::numeric_limits<int>::max())));
   const cuda::DeviceInfo device = cuda::query_current_device();
   auto& cache = jit::KernelCache::instance();
   fmt::print("{} | E={} H={} I={} K={} {} {} | median of {} launches, ms\n", device.name, p.experts, p.hidden,
              p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode), reps);
-  for (long long tokens : parse_tokens(a, {1024, 8192, 32768})) {
+  for (long long tokens : token_counts) {
     p.tokens = tokens;
     const MoeShape shape = shape_of(p);
     const auto stored = resolve_configs(p, device, Options{}, /*allow_tuning=*/false);

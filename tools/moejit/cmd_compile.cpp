@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <vector>
 
 #include "args.hpp"
@@ -69,7 +70,7 @@ int run_compile(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "jobs"});
   const cuda::DeviceInfo device = target_device(a);
   MoeProblem p = parse_dims(a);
-  p.tokens = parse_tokens(a, {8192}).at(0);
+  p.tokens = parse_token(a, 8192);
   const MoeShape shape = shape_of(p);
   std::vector<Role> roles;
   if (a.has("role")) {
@@ -77,8 +78,8 @@ int run_compile(int argc, char** argv, int start) {
   } else {
     roles.assign(kAllRoles.begin(), kAllRoles.end());
   }
-  unsigned jobs = env::compile_jobs();
-  if (a.has("jobs")) jobs = static_cast<unsigned>(std::max(1LL, a.get_ints("jobs").at(0)));
+  const auto jobs =
+      static_cast<unsigned>(a.get_int("jobs", env::compile_jobs(), 1, std::numeric_limits<unsigned>::max()));
 
   fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\ncache   {}\n\n", device.arch(), device.name,
              shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens, dtype_name(shape.dtype),

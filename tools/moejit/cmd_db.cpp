@@ -19,15 +19,6 @@
 namespace moejit::cli {
 namespace {
 
-const char* kDbUsage =
-    "usage: moejit db <subcommand> [--db PATH]\n"
-    "  list [--stale]       one line per tuned key: winner, median, candidates, time stamp;\n"
-    "                       --stale: only rows tuned by other templates or another NVRTC\n"
-    "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
-    "  import F             merge a JSON export in; per key the faster winner stays\n"
-    "  merge OTHER          merge another tuning database file in; per key the faster winner stays\n"
-    "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n";
-
 std::filesystem::path db_path(const Args& a) { return a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path(); }
 
 // The subcommand's positional arguments, which must number exactly `count`.
@@ -128,15 +119,12 @@ int run_db(int argc, char** argv, int start) {
   if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}));
   if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}));
   if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}));
-  if (sub == "-h" || sub == "--help" || sub == "help") {
-    std::fputs(kDbUsage, stdout);
+  if (sub == "help") {
+    print_usage("db", stdout);
     return 0;
   }
-  if (sub.empty()) {
-    std::fputs(kDbUsage, stderr);
-  } else {
-    std::fprintf(stderr, "moejit db: unknown subcommand '%s'\n%s", sub.c_str(), kDbUsage);
-  }
+  if (!sub.empty()) std::fprintf(stderr, "moejit db: unknown subcommand '%s'\n", sub.c_str());
+  print_usage("db", stderr);
   return 2;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <limits>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -15,9 +16,9 @@ namespace moejit::cli {
 int run_plan(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"shape", "tokens", "dtype", "mode", "device"});
   MoeProblem p = parse_dims(a);
-  p.tokens = parse_tokens(a, {8192}).at(0);
+  p.tokens = parse_token(a, 8192);
   p.mode = parse_mode(a.get("mode", "train"));
-  cuda::PrimaryContext context(static_cast<int>(a.has("device") ? a.get_ints("device").at(0) : 0));
+  cuda::PrimaryContext context(static_cast<int>(a.get_int("device", 0, 0, std::numeric_limits<int>::max())));
   const auto t0 = std::chrono::steady_clock::now();
   FusedMoe plan(p);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -29,16 +30,18 @@ namespace moejit::cli {
 namespace {
 
 std::vector<int> parse_devices(const Args& a) {
+  // The list is parsed before the driver is asked, so a typo is a usage error on any machine.
+  const bool all = !a.has("devices") || a.get("devices") == "all";
+  const std::vector<long long> listed = all ? std::vector<long long>{} : a.get_ints("devices", 0, kNoMax);
   int count = 0;
   MOEJIT_CU(cuda::driver().cuDeviceGetCount(&count));
   std::vector<int> out;
-  if (!a.has("devices") || a.get("devices") == "all") {
+  if (all) {
     for (int d = 0; d < count; ++d) out.push_back(d);
-  } else {
-    for (long long d : a.get_ints("devices")) {
-      if (d < 0 || d >= count) throw InvalidArgument("--devices", fmt::format("device {} of {} visible", d, count));
-      out.push_back(static_cast<int>(d));
-    }
+  }
+  for (long long d : listed) {
+    if (d >= count) throw InvalidArgument("--devices", fmt::format("device {} of {} visible", d, count));
+    out.push_back(static_cast<int>(d));
   }
   if (out.empty()) throw NoDeviceError("no GPU to tune on");
   return out;
@@ -69,13 +72,9 @@ void parse_shard(const Args& a, TunePlanRequest& r) {
   if (!a.has("shard")) return;
   const std::string s = a.get("shard");
   const auto slash = s.find('/');
-  try {
-    if (slash == std::string::npos) throw std::invalid_argument(s);
-    r.shard = std::stoi(s.substr(0, slash));
-    r.shards = std::stoi(s.substr(slash + 1));
-  } catch (const std::exception&) {
-    throw InvalidArgument("--shard", "expected i/n, e.g. 0/4");
-  }
+  if (slash == std::string::npos) throw InvalidArgument("--shard", fmt::format("expected i/n, e.g. 0/4, got '{}'", s));
+  r.shards = static_cast<int>(parse_int("--shard", s.substr(slash + 1), 1, std::numeric_limits<int>::max()));
+  r.shard = static_cast<int>(parse_int("--shard", s.substr(0, slash), 0, r.shards - 1));
 }
 
 }  // namespace
@@ -92,9 +91,11 @@ int run_tune(int argc, char** argv, int start) {
   req.topk = dims.topk;
   req.dtype = dims.dtype;
   req.tokens = parse_tokens(a, {128, 512, 1024, 2048, 4096, 8192, 16384, 32768});
-  for (const std::string& m : split(a.get("modes", "train,infer"))) req.modes.push_back(parse_mode(m));
+  const auto modes = a.has("modes") ? a.get_list("modes") : std::vector<std::string>{"train", "infer"};
+  for (const std::string& m : modes) req.modes.push_back(parse_mode(m));
+  // No --roles means every role; get_list rejects --roles= rather than read it as that default.
   if (a.has("roles")) {
-    for (const std::string& r : split(a.get("roles"))) req.roles.push_back(parse_role(r));
+    for (const std::string& r : a.get_list("roles")) req.roles.push_back(parse_role(r));
   }
   req.force = a.has("force");
   parse_shard(a, req);

@@ -1,6 +1,8 @@
 // The CLI's subcommands. Each parses its own options from argv[start..) and returns the exit
-// code; errors propagate as moejit::Error and main() prints them.
+// code; errors propagate as moejit::Error and main() prints them. main() answers -h/--help.
 #pragma once
+
+#include <cstdio>
 
 namespace moejit::cli {
 
@@ -10,5 +12,8 @@ int run_db(int argc, char** argv, int start);
 int run_plan(int argc, char** argv, int start);
 int run_tune(int argc, char** argv, int start);
 int run_bench(int argc, char** argv, int start);
+
+// What `moejit <command> --help` prints (main.cpp); `command` is one of the names above.
+void print_usage(const char* command, std::FILE* out);
 
 }  // namespace moejit::cli

@@ -2,45 +2,113 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
 #include "moejit/error.hpp"
 
 namespace {
 
-const char* kUsage =
-    "usage: moejit <command> [options]\n"
-    "  info                               device, driver, NVRTC, cache and database paths\n"
-    "  compile [--arch sm_90a] [--role R] [--shape E,H,I,K] [--tokens T] [--jobs N]\n"
-    "                                     prune and compile a role's configs into the kernel cache\n"
-    "  plan [--shape E,H,I,K] [--tokens T] [--mode train|infer|memeff] [--dtype bf16]\n"
-    "                                     build a plan on the GPU (self-tuning if allowed); show configs\n"
-    "  tune [--shape E,H,I,K] [--tokens T,...] [--modes train,infer,memeff] [--roles R,...] [--db PATH]\n"
-    "       [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
-    "       [--incumbents TABLE.json]\n"
-    "                                     offline tuning into a database, resumable and shardable\n"
-    "  bench [--shape E,H,I,K] [--tokens T,...] [--mode M] [--reps N]\n"
-    "                                     per role: heuristic default vs the stored (tuned) config\n"
-    "  db list [--stale]|export --out F|import F|merge OTHER [--db PATH]\n"
-    "                                     inspect and move tuning databases\n";
+using namespace moejit::cli;
+
+// One subcommand. `options` lists exactly what its parser accepts; `moejit --help`,
+// `moejit <name> --help` and README's CLI section all show it, so keep the three in step.
+struct Command {
+  const char* name;
+  int (*run)(int argc, char** argv, int start);
+  const char* options;  // '\n' continues the synopsis on an indented line
+  const char* summary;
+  const char* details;  // printed after the summary by `moejit <name> --help` only
+};
+
+constexpr Command kCommands[] = {
+    {"info", run_info, "", "device, driver, NVRTC, cache and database paths", ""},
+    {"compile", run_compile, "[--arch sm_90a] [--role R] [--shape E,H,I,K] [--tokens T] [--dtype bf16|fp16] [--jobs N]",
+     "prune and compile a role's configs into the kernel cache (no GPU needed)", ""},
+    {"plan", run_plan, "[--shape E,H,I,K] [--tokens T] [--mode train|infer|memeff] [--dtype bf16|fp16] [--device N]",
+     "build a plan on the GPU (self-tuning if allowed); show configs", ""},
+    {"tune", run_tune,
+     "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--modes train,infer,memeff] [--roles R,...]\n"
+     "[--db PATH] [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
+     "[--incumbents TABLE.json]",
+     "offline tuning into a database, resumable and shardable", ""},
+    {"bench", run_bench, "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--mode M] [--reps N] [--device N]",
+     "per role: heuristic default vs the stored (tuned) config", ""},
+    {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER [--db PATH]",
+     "inspect and move tuning databases",
+     "  list [--stale]       one line per tuned key: winner, median, candidates, time stamp;\n"
+     "                       --stale: only rows tuned by other templates or another NVRTC\n"
+     "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
+     "  import F             merge a JSON export in; per key a current winner stays over a stale\n"
+     "                       one, else the faster\n"
+     "  merge OTHER          merge another tuning database file in, likewise\n"
+     "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n"},
+};
+
+// `prefix`, the name and its options, continuation lines aligned under the first option.
+std::string synopsis(const char* prefix, const Command& c) {
+  std::string text = std::string(prefix) + c.name + (*c.options ? " " : "");
+  const std::size_t indent = text.size();
+  for (const char* p = c.options; *p; ++p) {
+    text += *p;
+    if (*p == '\n') text.append(indent, ' ');
+  }
+  return text;
+}
+
+void print_overview(std::FILE* out) {
+  constexpr std::size_t kSummaryColumn = 37;
+  std::fputs("usage: moejit <command> [options]   (moejit <command> --help: that command's usage)\n", out);
+  for (const Command& c : kCommands) {
+    const std::string text = synopsis("  ", c);
+    // The summary beside a short synopsis (info's), else on a line of its own.
+    const bool beside = text.size() < kSummaryColumn && text.find('\n') == std::string::npos;
+    std::fprintf(out, "%s%s%*s%s\n", text.c_str(), beside ? "" : "\n",
+                 static_cast<int>(beside ? kSummaryColumn - text.size() : kSummaryColumn), "", c.summary);
+  }
+}
+
+const Command* find_command(const char* name) {
+  for (const Command& c : kCommands) {
+    if (!std::strcmp(c.name, name)) return &c;
+  }
+  return nullptr;
+}
+
+bool is_help(const char* arg) { return !std::strcmp(arg, "-h") || !std::strcmp(arg, "--help"); }
 
 }  // namespace
 
+namespace moejit::cli {
+
+void print_usage(const char* command, std::FILE* out) {
+  const Command* c = find_command(command);
+  std::fprintf(out, "%s\n  %s\n%s", synopsis("usage: moejit ", *c).c_str(), c->summary, c->details);
+}
+
+}  // namespace moejit::cli
+
 int main(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+  if (argc < 2 || is_help(argv[1]) || !std::strcmp(argv[1], "help")) {
+    print_overview(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   const char* cmd = argv[1];
-  try {
-    if (!std::strcmp(cmd, "info")) return moejit::cli::run_info(argc, argv, 2);
-    if (!std::strcmp(cmd, "compile")) return moejit::cli::run_compile(argc, argv, 2);
-    if (!std::strcmp(cmd, "db")) return moejit::cli::run_db(argc, argv, 2);
-    if (!std::strcmp(cmd, "plan")) return moejit::cli::run_plan(argc, argv, 2);
-    if (!std::strcmp(cmd, "tune")) return moejit::cli::run_tune(argc, argv, 2);
-    if (!std::strcmp(cmd, "bench")) return moejit::cli::run_bench(argc, argv, 2);
-    std::fprintf(stderr, "moejit: unknown command '%s'\n%s", cmd, kUsage);
+  const Command* c = find_command(cmd);
+  if (c == nullptr) {
+    std::fprintf(stderr, "moejit: unknown command '%s'\n", cmd);
+    print_overview(stderr);
     return 2;
+  }
+  // Help wins wherever it appears, before any option is checked or any work starts.
+  for (int i = 2; i < argc; ++i) {
+    if (is_help(argv[i])) {
+      print_usage(cmd, stdout);
+      return 0;
+    }
+  }
+  try {
+    return c->run(argc, argv, 2);
   } catch (const moejit::InvalidArgument& e) {
     std::fprintf(stderr, "moejit %s: %s\n", cmd, e.what());
     return 2;

@@ -16,6 +16,9 @@ MoeProblem parse_dims(const Args& a);
 // --tokens T1,T2,... or `fallback` when absent; every count must be at least 1.
 std::vector<long long> parse_tokens(const Args& a, const std::vector<long long>& fallback);
 
+// --tokens T for the commands that build one problem; a list is rejected, not cut to its first.
+long long parse_token(const Args& a, long long fallback);
+
 // "train", "infer", "memeff".
 Mode parse_mode(const std::string& name);
 
