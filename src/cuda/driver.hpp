@@ -24,6 +24,7 @@ namespace moejit::cuda {
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)        \
   X(cuStreamBeginCapture) X(cuStreamEndCapture)                                             \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
+  X(cuGraphGetNodes)                                                                        \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
   X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
   X(cuOccupancyMaxActiveClusters)                                                           \

@@ -59,16 +59,21 @@ struct FusedMoe::Impl {
     if (options.check_expert_ids) check_expert_ids(dropped_count, args);
   }
 
+  // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
+  // enqueued, as forward() promises, though the readback itself follows routing.
+  void require_uncaptured(CUstream stream) const {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    MOEJIT_CU(cuda::driver().cuStreamIsCapturing(stream, &status));
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      throw InvalidArgument("check_expert_ids", "cannot read expert ids back while the stream is being captured");
+    }
+  }
+
   // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
   // one synchronising path, opt-in.
   void check_expert_ids(const std::int32_t* dropped_count, const RoutingArgs& args) const {
     CUstream stream = args.stream;
     const cuda::Driver& d = cuda::driver();
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-      throw InvalidArgument("check_expert_ids", "cannot read expert ids back while the stream is being captured");
-    }
     MOEJIT_CU(d.cuStreamSynchronize(stream));
     std::int32_t dropped = 0;
     MOEJIT_CU(d.cuMemcpyDtoH(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4));
@@ -150,6 +155,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
   s.check_context();
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
+  if (s.options.check_expert_ids) s.require_uncaptured(stream);
   s.run_routing(f.routing, f.dropped_count);
   if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
   s.launch(Role::kFwdUp, &f.fwd_up, stream);

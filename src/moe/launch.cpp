@@ -19,9 +19,14 @@ constexpr int kScatterRowsKernel = 1;
 
 long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
 
-unsigned grid_extent(long long blocks, Role role) {
-  if (blocks < 1 || blocks > std::numeric_limits<int>::max()) {
-    throw UnsupportedError(fmt::format("{} would need {} blocks", role_name(role), blocks));
+// CUDA's limits on a grid's extents: 2^31 - 1 blocks along x, 65535 along y and z.
+constexpr long long kMaxGridX = std::numeric_limits<int>::max();
+constexpr long long kMaxGridYZ = 65535;
+
+unsigned grid_extent(long long blocks, Role role, long long limit = kMaxGridX) {
+  if (blocks < 1 || blocks > limit) {
+    throw UnsupportedError(fmt::format("{} would need {} blocks along one grid axis; at most {}", role_name(role),
+                                       blocks, limit));
   }
   return static_cast<unsigned>(blocks);
 }
@@ -45,7 +50,8 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
       break;
     case RoleKind::kGather: {
       const long long cols_per_block = static_cast<long long>(c.threads()) * (vector ? 8 : 1);
-      g.grid = {grid_extent(shape.tokens, role), grid_extent(cdiv(shape.hidden, cols_per_block), role)};
+      // The column blocks run along y: a launch past its limit would fail only when enqueued.
+      g.grid = {grid_extent(shape.tokens, role), grid_extent(cdiv(shape.hidden, cols_per_block), role, kMaxGridYZ)};
       break;
     }
     case RoleKind::kRouting:

@@ -82,8 +82,9 @@ void validate_problem(const MoeProblem& p) {
   if (p.tokens > std::numeric_limits<std::int32_t>::max() / p.topk) {
     throw InvalidArgument("tokens", fmt::format("tokens * topk = {} * {} must stay below 2^31", p.tokens, p.topk));
   }
-  if (p.intermediate > (1 << 28) || p.hidden > (1 << 28)) {
-    throw InvalidArgument("hidden", "hidden and intermediate must stay below 2^28");
+  if (p.hidden >= (1 << 28)) throw InvalidArgument("hidden", fmt::format("must stay below 2^28, got {}", p.hidden));
+  if (p.intermediate >= (1 << 28)) {
+    throw InvalidArgument("intermediate", fmt::format("must stay below 2^28, got {}", p.intermediate));
   }
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16) throw InvalidArgument("dtype", "must be bf16 or fp16");
   if (p.mode != Mode::kTraining && p.mode != Mode::kInference && p.mode != Mode::kMemoryEfficient) {
@@ -128,20 +129,21 @@ void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryP
   require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
   require_buffer(a.workspace, a.workspace_bytes, m.backward_workspace_bytes, "workspace", "workspace_bytes");
   const Sizes z(p);
-  // saved is written too in memory-efficient mode, and read by every kernel: among the read
-  // regions it still may overlap no written one.
-  require_disjoint({{"dx", a.dx, z.tokens_h},
-                    {"dw1", a.dw1, z.w1},
-                    {"dw2", a.dw2, z.w2},
-                    {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt},
-                    {"workspace", a.workspace, m.backward_workspace_bytes}},
-                   {{"d_out", a.d_out, z.tokens_h},
-                    {"x", a.x, z.tokens_h},
-                    {"w1", a.w1, z.w1},
-                    {"w2", a.w2, z.w2},
-                    {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
-                    {"topk_weights", a.topk_weights, z.pairs * z.elt},
-                    {"saved", a.saved, m.saved_bytes}});
+  // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
+  // it may overlap no input either; otherwise it is only read.
+  std::vector<Region> written = {{"dx", a.dx, z.tokens_h},
+                                 {"dw1", a.dw1, z.w1},
+                                 {"dw2", a.dw2, z.w2},
+                                 {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt},
+                                 {"workspace", a.workspace, m.backward_workspace_bytes}};
+  std::vector<Region> read = {{"d_out", a.d_out, z.tokens_h},
+                              {"x", a.x, z.tokens_h},
+                              {"w1", a.w1, z.w1},
+                              {"w2", a.w2, z.w2},
+                              {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
+                              {"topk_weights", a.topk_weights, z.pairs * z.elt}};
+  (p.mode == Mode::kMemoryEfficient ? written : read).push_back({"saved", a.saved, m.saved_bytes});
+  require_disjoint(written, read);
 }
 
 void check_distinct_experts(const std::int32_t* ids, long long tokens, int topk) {

@@ -610,6 +610,30 @@ TEST_CASE("a token naming one expert twice counts as two pairs, or is rejected i
                         Catch::Contains("slots 0 and 2"));
 }
 
+TEST_CASE("checking mode refuses a capturing stream before enqueuing anything", "[gpu][moe][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  Options checking;
+  checking.check_expert_ids = true;
+  FusedMoe plan(problem_of(spec, Mode::kTraining), checking);
+  DeviceRun run(make_case(spec), plan.memory());
+  cuda::Stream stream;
+  const ForwardArgs args = run.forward_args(stream.get());
+  const cuda::Driver& d = cuda::driver();
+  MOEJIT_CU(d.cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CHECK_THROWS_WITH(plan.forward(args), Catch::StartsWith("check_expert_ids:") && Catch::Contains("captured"));
+  CUgraph graph = nullptr;
+  MOEJIT_CU(d.cuStreamEndCapture(stream.get(), &graph));
+  REQUIRE(graph != nullptr);
+  std::size_t nodes = 0;
+  MOEJIT_CU(d.cuGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes == 0);  // not even routing
+  MOEJIT_CU(d.cuGraphDestroy(graph));
+  // Uncaptured, the same call runs and checks the ids.
+  CHECK_NOTHROW(plan.forward(args));
+  stream.synchronize();
+}
+
 TEST_CASE("bad inputs are rejected with the argument named", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   auto bad_problem = [](auto mutate, const char* arg) {

@@ -136,3 +136,16 @@ TEST_CASE("launch geometry refuses roles with their own launcher and grids past 
   CHECK_THROWS_AS(launch_geometry(Role::kFwdDown, gemm(64, 64, 32, 4, 4, false), s, 1LL << 31, true),
                   UnsupportedError);
 }
+
+TEST_CASE("gather_sum refuses H past 65535 column blocks, CUDA's limit on grid.y", "[launch]") {
+  TileConfig c;
+  c.warps = 4;  // 128 columns a block, one a thread off the vector path
+  const auto gather = [&](int hidden, bool vector) {
+    return launch_geometry(Role::kGatherSum, c, MoeShape{1, 1, hidden, 1, 1, DType::kBF16}, 1, vector);
+  };
+  CHECK(gather(65535 * 128, false).grid.y == 65535);
+  CHECK_THROWS_AS(gather(65535 * 128 + 1, false), UnsupportedError);
+  CHECK_THROWS_AS(gather(8388609, false), UnsupportedError);  // 65537 blocks
+  CHECK(gather(65535 * 1024, true).grid.y == 65535);  // 8 columns a thread
+  CHECK_THROWS_AS(gather(65535 * 1024 + 8, true), UnsupportedError);
+}

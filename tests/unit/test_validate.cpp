@@ -1,8 +1,9 @@
-// The host-side argument checks of a backward call, on fake device addresses (nothing is
-// dereferenced): every buffer a backward writes must be disjoint from every other argument.
+// The host-side checks of a problem, and of a call's arguments on fake device addresses
+// (nothing is dereferenced): every buffer a call writes must be disjoint from every other argument.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "moe/memory_layout.hpp"
@@ -18,7 +19,30 @@ void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
 // What plan_memory reports for the problem's layout.
 MemoryPlan memory_plan(const MemoryLayout& l) { return {l.saved_bytes, l.forward_bytes, l.backward_bytes}; }
 
+// The argument validate_problem names, or "" when it accepts the problem.
+std::string rejected_argument(const MoeProblem& p) {
+  try {
+    validate_problem(p);
+  } catch (const InvalidArgument& e) {
+    return e.argument();
+  }
+  return "";
+}
+
 }  // namespace
+
+TEST_CASE("hidden and intermediate stay below 2^28, each named on its own", "[validate]") {
+  // One token, expert and slot: no other bound of the problem comes near.
+  const auto problem = [](int hidden, int intermediate) {
+    return MoeProblem{1, 1, hidden, intermediate, 1, DType::kBF16, Mode::kTraining};
+  };
+  constexpr int kBound = 1 << 28;
+  CHECK(rejected_argument(problem(kBound - 1, kBound - 1)).empty());
+  CHECK(rejected_argument(problem(kBound, 1)) == "hidden");
+  CHECK(rejected_argument(problem(1, kBound)) == "intermediate");
+  CHECK(rejected_argument(problem(1, kBound + 1)) == "intermediate");
+  CHECK(rejected_argument(problem(kBound + 1, kBound - 1)) == "hidden");
+}
 
 TEST_CASE("checking mode rejects the first token that names one expert twice", "[validate]") {
   const std::vector<std::int32_t> distinct = {0, 1, 2, 3, 2, 1, 7, 0, 5};
@@ -99,5 +123,43 @@ TEST_CASE("a backward whose outputs overlap another argument is rejected, naming
     CHECK_NOTHROW(validate_backward(adjacent, p, m, true));
     adjacent.dw2 = static_cast<char*>(adjacent.dw2) - 16;
     CHECK_THROWS_WITH(validate_backward(adjacent, p, m, true), Catch::Contains("overlaps dw2"));
+  }
+}
+
+TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved over an input", "[validate]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
+    const MemoryLayout l = memory_layout(p);
+    const MemoryPlan m = memory_plan(l);
+    BackwardArgs a;
+    a.d_out = gib(1);
+    a.x = gib(2);
+    a.w1 = gib(3);
+    a.w2 = gib(4);
+    a.topk_ids = static_cast<const std::int32_t*>(gib(5));
+    a.topk_weights = gib(6);
+    a.saved = gib(1);  // saved over dO
+    a.saved_bytes = l.saved_bytes;
+    a.dx = gib(12);
+    a.dw1 = gib(13);
+    a.dw2 = gib(14);
+    a.d_topk_weights = gib(15);
+    a.workspace = gib(16);
+    a.workspace_bytes = l.backward_bytes;
+    if (mode == Mode::kTraining) {
+      // Training's backward only reads saved: two inputs may share bytes.
+      CHECK_NOTHROW(validate_backward(a, p, m, true));
+      continue;
+    }
+    CHECK_THROWS_AS(validate_backward(a, p, m, true), InvalidArgument);
+    CHECK_THROWS_WITH(validate_backward(a, p, m, true), Catch::StartsWith("saved: overlaps d_out"));
+    BackwardArgs bad = a;
+    bad.saved = gib(2);
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("saved: overlaps x"));
+    bad.saved = static_cast<char*>(gib(3)) + 4096;  // inside W1
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("saved: overlaps w1"));
+    bad.saved = gib(8);
+    CHECK_NOTHROW(validate_backward(bad, p, m, true));
   }
 }
