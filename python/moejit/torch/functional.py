@@ -45,7 +45,10 @@ def _ids_int32(topk_ids, experts):
     device (no host sync), since the cast keeps the low 32 bits: 2**32 + 1 would become expert 1
     and be routed instead of dropped (or rejected with check_expert_ids)."""
     if topk_ids.dtype.itemsize > 4:
-        topk_ids = topk_ids.clamp(-1, experts) if topk_ids.dtype.is_signed else topk_ids.clamp(max=experts)
+        # uint64 is read as int64 (torch has no clamp for it): ids past 2**63 turn negative, and
+        # so stay out of range.
+        wide = topk_ids if topk_ids.dtype.is_signed else topk_ids.view(torch.int64)
+        topk_ids = wide.clamp(-1, experts)
     return topk_ids.to(torch.int32).contiguous()
 
 
