@@ -16,6 +16,26 @@ namespace {
 // Address n GiB: far enough apart that the problem's buffers below never touch.
 void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
 
+// A backward whose every buffer lies in a GiB of its own, sized for the layout.
+BackwardArgs separate_backward_args(const MemoryLayout& l) {
+  BackwardArgs a;
+  a.d_out = gib(1);
+  a.x = gib(2);
+  a.w1 = gib(3);
+  a.w2 = gib(4);
+  a.topk_ids = static_cast<const std::int32_t*>(gib(5));
+  a.topk_weights = gib(6);
+  a.saved = gib(8);
+  a.saved_bytes = l.saved_bytes;
+  a.dx = gib(12);
+  a.dw1 = gib(13);
+  a.dw2 = gib(14);
+  a.d_topk_weights = gib(15);
+  a.workspace = gib(16);
+  a.workspace_bytes = l.backward_bytes;
+  return a;
+}
+
 // What plan_memory reports for the problem's layout.
 MemoryPlan memory_plan(const MemoryLayout& l) { return {l.saved_bytes, l.forward_bytes, l.backward_bytes}; }
 
@@ -88,21 +108,7 @@ TEST_CASE("a backward whose outputs overlap another argument is rejected, naming
     const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
     const MemoryLayout l = memory_layout(p);
     const MemoryPlan m = memory_plan(l);
-    BackwardArgs a;
-    a.d_out = gib(1);
-    a.x = gib(2);
-    a.w1 = gib(3);
-    a.w2 = gib(4);
-    a.topk_ids = static_cast<const std::int32_t*>(gib(5));
-    a.topk_weights = gib(6);
-    a.saved = gib(8);
-    a.saved_bytes = l.saved_bytes;
-    a.dx = gib(12);
-    a.dw1 = gib(13);
-    a.dw2 = gib(14);
-    a.d_topk_weights = gib(15);
-    a.workspace = gib(16);
-    a.workspace_bytes = l.backward_bytes;
+    const BackwardArgs a = separate_backward_args(l);
     CHECK_NOTHROW(validate_backward(a, p, m, true));
 
     BackwardArgs bad = a;
@@ -132,21 +138,8 @@ TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved o
     const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
     const MemoryLayout l = memory_layout(p);
     const MemoryPlan m = memory_plan(l);
-    BackwardArgs a;
-    a.d_out = gib(1);
-    a.x = gib(2);
-    a.w1 = gib(3);
-    a.w2 = gib(4);
-    a.topk_ids = static_cast<const std::int32_t*>(gib(5));
-    a.topk_weights = gib(6);
+    BackwardArgs a = separate_backward_args(l);
     a.saved = gib(1);  // saved over dO
-    a.saved_bytes = l.saved_bytes;
-    a.dx = gib(12);
-    a.dw1 = gib(13);
-    a.dw2 = gib(14);
-    a.d_topk_weights = gib(15);
-    a.workspace = gib(16);
-    a.workspace_bytes = l.backward_bytes;
     if (mode == Mode::kTraining) {
       // Training's backward only reads saved: two inputs may share bytes.
       CHECK_NOTHROW(validate_backward(a, p, m, true));
