@@ -43,7 +43,7 @@ struct MoeProblem {
   int experts = 0;          // E in [1, 4096]
   int hidden = 0;           // H >= 1
   int intermediate = 0;     // I >= 1
-  int topk = 0;             // K in [1, E]; T*K < 2^31
+  int topk = 0;             // K in [1, E]; T*K <= 2^31 - 256
   DType dtype = DType::kBF16;
   Mode mode = Mode::kTraining;
 };

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <limits>
-
 #include "moe/kernel_params.hpp"
 #include "moejit/error.hpp"
 
@@ -23,10 +21,13 @@ RoutingLayout validate_routing_args(const RoutingArgs& a) {
   if (a.topk > a.experts) {
     throw InvalidArgument("topk", fmt::format("top-{} of {} experts", a.topk, a.experts));
   }
-  if (a.tokens > std::numeric_limits<std::int32_t>::max() / a.topk) {
-    throw InvalidArgument("tokens", fmt::format("tokens*topk = {}*{} exceeds 2^31-1", a.tokens, a.topk));
+  if (a.tokens > kMaxPairs / a.topk) {
+    throw InvalidArgument("tokens", fmt::format("tokens * topk = {} * {} must be at most 2^31 - {}", a.tokens, a.topk,
+                                                kMaxBlockM));
   }
-  if (a.block_m < 1) throw InvalidArgument("block_m", fmt::format("must be at least 1, got {}", a.block_m));
+  if (a.block_m < 1 || a.block_m > kMaxBlockM) {
+    throw InvalidArgument("block_m", fmt::format("must be in [1, {}], got {}", kMaxBlockM, a.block_m));
+  }
   if (a.topk_ids == 0) throw InvalidArgument("topk_ids", "null device pointer");
   if (a.topk_ids % 4 != 0) throw InvalidArgument("topk_ids", "must be 4-byte aligned");
   if (a.workspace == 0) throw InvalidArgument("workspace", "null device pointer");

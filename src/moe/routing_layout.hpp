@@ -11,6 +11,10 @@ namespace moejit {
 // for it so one workspace serves every routing config.
 inline constexpr long long kRoutingMinChunk = 512;
 inline constexpr int kMaxExperts = 4096;
+// Pairs (T·K) a problem may have: 2^31 less the widest tile edge, so the kernels' int32 row
+// indices stay in range with a tile's rows or k-steps (BLOCK_M, BLOCK_K ≤ kMaxBlockM) added.
+inline constexpr int kMaxBlockM = 256;
+inline constexpr long long kMaxPairs = (1LL << 31) - kMaxBlockM;
 
 // Host bound on the number of GEMM tiles: TK/BM + min(E, TK) (each non-empty expert adds at
 // most one partial tile). The real count stays on the device.

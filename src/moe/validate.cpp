@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <utility>
 #include <vector>
 
@@ -79,8 +78,9 @@ void validate_problem(const MoeProblem& p) {
   if (p.intermediate < 1) {
     throw InvalidArgument("intermediate", fmt::format("must be at least 1, got {}", p.intermediate));
   }
-  if (p.tokens > std::numeric_limits<std::int32_t>::max() / p.topk) {
-    throw InvalidArgument("tokens", fmt::format("tokens * topk = {} * {} must stay below 2^31", p.tokens, p.topk));
+  if (p.tokens > kMaxPairs / p.topk) {
+    throw InvalidArgument("tokens", fmt::format("tokens * topk = {} * {} must be at most 2^31 - {}", p.tokens, p.topk,
+                                                kMaxBlockM));
   }
   if (p.hidden >= (1 << 28)) throw InvalidArgument("hidden", fmt::format("must stay below 2^28, got {}", p.hidden));
   if (p.intermediate >= (1 << 28)) {

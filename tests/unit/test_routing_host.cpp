@@ -59,4 +59,15 @@ TEST_CASE("routing rejects bad arguments before launching", "[routing]") {
   bad.tokens = 1LL << 29;
   bad.topk = 8;
   CHECK_THROWS_WITH(validate_routing_args(bad), Catch::Contains("2^31"));
+  // T·K up to 2^31 - 256: a row index plus a tile's rows or k-steps stays in int32 on the device.
+  bad.tokens = (1LL << 31) - 255;
+  bad.topk = 1;
+  bad.experts = 1;
+  CHECK_THROWS_WITH(validate_routing_args(bad), Catch::StartsWith("tokens") && Catch::Contains("2^31 - 256"));
+  bad.tokens = (1LL << 31) - 256;
+  bad.workspace_bytes = routing_layout(bad.tokens, 1, 64).total_bytes;
+  CHECK_NOTHROW(validate_routing_args(bad));
+  bad = ok;
+  bad.block_m = 512;  // past the widest tile: its rows would overflow int32 near the pair limit
+  CHECK_THROWS_WITH(validate_routing_args(bad), Catch::StartsWith("block_m"));
 }

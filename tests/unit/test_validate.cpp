@@ -51,6 +51,15 @@ std::string rejected_argument(const MoeProblem& p) {
 
 }  // namespace
 
+TEST_CASE("T·K stays at most 2^31 - 256, so device row indices plus a tile stay in int32", "[validate]") {
+  MoeProblem p{(1LL << 31) - 256, 1, 8, 8, 1, DType::kBF16, Mode::kInference};
+  CHECK_NOTHROW(validate_problem(p));
+  p.tokens += 1;
+  CHECK_THROWS_WITH(validate_problem(p), Catch::StartsWith("tokens") && Catch::Contains("2^31 - 256"));
+  p = MoeProblem{(1LL << 31) / 8, 8, 8, 8, 8, DType::kBF16, Mode::kInference};  // T·K = 2^31 exactly
+  CHECK_THROWS_WITH(validate_problem(p), Catch::StartsWith("tokens"));
+}
+
 TEST_CASE("hidden and intermediate stay below 2^28, each named on its own", "[validate]") {
   // One token, expert and slot: no other bound of the problem comes near.
   const auto problem = [](int hidden, int intermediate) {
