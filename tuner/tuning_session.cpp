@@ -69,6 +69,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   sums_ = alloc(3 * sizeof(double));
   x_rows_ = alloc(TK * H * 2);
   d_out_rows_ = alloc(TK * H * 2);
+  weighted_act_ = alloc(TK * I * 2);
 
   utility_ = &jit::KernelCache::instance().load({Role::kUtility, TileConfig{}, problem.dtype, device.arch()});
   auto fill = [&](const cuda::DeviceBuffer& b, std::size_t count, float lo, float hi, unsigned long long seed) {
@@ -119,6 +120,12 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   // bwd_dw2's fused variant reads pre_act; otherwise they are training's kernels.
   if (memeff_recomputes_act(shape_, problem.mode)) {
     bwd_.bwd_down.weighted_act = nullptr;
+  }
+  if (bwd_.bwd_down.weighted_act != nullptr) {
+    bwd_.bwd_down.weighted_act = weighted_act_.as<void>();
+    bwd_.bwd_dw2.weighted_act = bwd_.bwd_down.weighted_act;
+    bwd_.bwd_down.wact_ld = bwd_.bwd_dw2.wact_ld = static_cast<std::int32_t>(I);
+    bwd_.bwd_down.weighted_act_rows = bwd_.bwd_dw2.weighted_act_rows = static_cast<std::int32_t>(TK);
   }
   fwd_.scatter_x.rows = bwd_.scatter_x.rows = x_rows_.as<void>();
   fwd_.fwd_up.x_rows = bwd_.bwd_dw1.x_rows = x_rows_.as<void>();

@@ -77,8 +77,9 @@ class TuningSession {
   cuda::DeviceBuffer x_, w1_, w2_, ids_, scores_, d_out_, out_, dx_, dw1_, dw2_, ds_;
   cuda::DeviceBuffer saved_, fwd_ws_, bwd_ws_, flush_, snapshot_, sums_;
   // x and dO in sorted order, apart from the workspaces a step reuses for them (y, dx_rows),
-  // which other roles write here.
-  cuda::DeviceBuffer x_rows_, d_out_rows_;
+  // which other roles write here; the weighted activation apart from dW1's buffer, which
+  // bwd_dw1's candidates overwrite.
+  cuda::DeviceBuffer x_rows_, d_out_rows_, weighted_act_;
   ForwardSteps fwd_{};
   BackwardSteps bwd_{};
   const jit::LoadedKernel* utility_ = nullptr;

@@ -67,11 +67,14 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
   if (mode != Mode::kInference) {
     l.ds_acc = place(l.backward_bytes, tk * sizeof(float));
     l.dx_rows = place(l.backward_bytes, tk * h * elt);
+    // The weighted activation lives in dW1's buffer wherever it fits (bwd_dw1 writes dW1 last):
+    // whole in training mode, in chunks where needed in memory-efficient mode.
+    const bool fits_dw1 = s.pairs() <= dw1_rows_of_inter(s);
     if (mode == Mode::kTraining) {
       l.d_pre_act = place(l.backward_bytes, tk * 2 * i * elt);
-      l.weighted_act = place(l.backward_bytes, tk * i * elt);
+      if (!fits_dw1) l.weighted_act = place(l.backward_bytes, tk * i * elt);
     }
-    l.weighted_act_in_dw1 = mode == Mode::kMemoryEfficient && !memeff_recomputes_act(s, mode);
+    l.weighted_act_in_dw1 = mode == Mode::kTraining ? fits_dw1 : !memeff_recomputes_act(s, mode);
     l.chunk_columns = memeff_recomputes_act(s, mode) ? static_cast<int>(i) : memeff_chunk_columns(s, mode);
     // Rows of chunk_columns elements: dW1's 2 E H rows of I hold 2 E H I / chunk_columns of them.
     const unsigned __int128 room_rows =

@@ -3,9 +3,10 @@
 //
 //   saved (training modes)  routing outputs | pre_act [TK, 2I]
 //   forward workspace        act [TK, I] | y [TK, H] | routing (inference only)
-//   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and
-//                            weighted_act [TK, I] (default mode; memory-efficient mode writes
-//                            d_pre_act over pre_act and keeps weighted_act in dW1's buffer,
+//   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and,
+//                            where TK > 2 E H, weighted_act [TK, I] (default mode: below that
+//                            it lives in dW1's buffer; memory-efficient mode writes d_pre_act
+//                            over pre_act and keeps weighted_act in dW1's buffer always,
 //                            some experts' at a time where all of it does not fit, one expert's
 //                            columns some at a time where not even one expert's may, or
 //                            recomputes it where not even 256 columns of one expert's fit:
@@ -34,9 +35,10 @@ struct MemoryLayout {
 
   std::size_t ds_acc = kNone, dx_rows = kNone, d_pre_act = kNone, weighted_act = kNone;
   std::size_t backward_bytes = 0;
-  // Memory-efficient mode: bwd_down writes weighted_act into the caller's dW1, which nothing
-  // reads and bwd_dw1 writes last, and bwd_dw2 reads it there (training's kernels, in
-  // training's order), chunk_experts experts at a time. False where bwd_dw2 recomputes it instead.
+  // bwd_down writes weighted_act into the caller's dW1, which nothing reads and bwd_dw1 writes
+  // last, and bwd_dw2 reads it there (training's kernels, in training's order), chunk_experts
+  // experts at a time. Training mode: where it fits whole (TK <= 2 E H). Memory-efficient mode:
+  // unless bwd_dw2 recomputes it.
   bool weighted_act_in_dw1 = false;
   std::size_t weighted_act_rows = 0;  // rows of chunk_columns elements where weighted_act lives (backward)
   int chunk_experts = 0;              // experts per bwd_down + bwd_dw2 launch pair (backward)

@@ -48,7 +48,7 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   const bool memeff = p.mode == Mode::kMemoryEfficient;
   void* pre_act = at(a.saved, l.pre_act);
   void* d_pre_act = memeff ? pre_act : at(a.workspace, l.d_pre_act);
-  void* weighted_act = !memeff ? at(a.workspace, l.weighted_act) : l.weighted_act_in_dw1 ? a.dw1 : nullptr;
+  void* weighted_act = l.weighted_act_in_dw1 ? a.dw1 : memeff ? nullptr : at(a.workspace, l.weighted_act);
   void* dx_rows = at(a.workspace, l.dx_rows);
   BackwardSteps s{};
   s.ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));

@@ -161,6 +161,34 @@ TEST_CASE("memory-efficient mode keeps the weighted activation in dW1's buffer w
   }
 }
 
+TEST_CASE("training keeps the weighted activation in dW1's buffer where it fits whole", "[steps]") {
+  // dW1's buffer holds 2 E H = 524288 rows of I at Qwen3-30B-A3B: T·K up to that fits.
+  for (const auto& [tokens, in_dw1] : {std::pair{4096LL, true}, std::pair{65536LL, true}, std::pair{65537LL, false}}) {
+    INFO("T=" << tokens);
+    const MoeProblem p{tokens, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+    const MemoryLayout l = memory_layout(p);
+    const std::size_t tk = static_cast<std::size_t>(tokens) * 8;
+    CHECK(l.weighted_act_in_dw1 == in_dw1);
+    CHECK((l.weighted_act == MemoryLayout::kNone) == in_dw1);
+    CHECK(l.chunk_experts == 128);
+    CHECK(l.chunk_columns == 768);
+    CHECK(l.weighted_act_rows == tk);
+    const BackwardArgs b = backward_args();
+    const BackwardSteps bs = backward_steps(b, p, l);
+    CHECK_FALSE(bs.dw2_first);
+    CHECK(bs.bwd_down.d_pre_act == at(b.workspace, l.d_pre_act));  // saved stays intact
+    void* const wact = in_dw1 ? b.dw1 : at(b.workspace, l.weighted_act);
+    CHECK(bs.bwd_down.weighted_act == wact);
+    CHECK(bs.bwd_dw2.weighted_act == wact);
+    CHECK(bs.bwd_down.wact_ld == 768);
+    // The workspace: ds_acc, dx_rows, d_pre_act, and the weighted activation only where it
+    // does not fit dW1's buffer.
+    const std::size_t round = 256, wact_bytes = tk * 768 * 2;
+    CHECK(l.backward_bytes == (tk * 4 + round - 1) / round * round + tk * 2048 * 2 + tk * 1536 * 2 +
+                                  (in_dw1 ? 0 : wact_bytes));
+  }
+}
+
 TEST_CASE("a memory-efficient chunk launches bwd_down and bwd_dw2 over its experts alone", "[steps]") {
   // T = 98304 at Qwen3-30B-A3B: five experts per chunk, the last of 26 chunks holds three.
   const MoeProblem p{98304, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient};
