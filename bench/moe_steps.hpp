@@ -24,7 +24,7 @@ struct Weights {
 struct Footprint {
   MemoryPlan plan;
   // A training step's peak beyond the resident tensors: saved + max(forward workspace + out,
-  // backward workspace + dx + dW1 + dW2 + d_topk_weights).
+  // backward workspace + out + dx + dW1 + dW2 + d_topk_weights).
   std::size_t full_step_bytes = 0;
 };
 
