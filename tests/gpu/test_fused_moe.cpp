@@ -89,7 +89,11 @@ Outputs run_case(const CaseData& data, Mode mode, const Options& options = {}, b
   o.by_pair["dx_rows"] = rows_by_pair(run.bwd_ws, l.dx_rows, H, s.dtype, o.routed_pairs, H);
   if (mode == Mode::kTraining) {
     o.by_pair["d_pre_act"] = rows_by_pair(run.bwd_ws, l.d_pre_act, 2 * I, s.dtype, o.routed_pairs, 2 * I);
-    o.by_pair["weighted_act"] = rows_by_pair(run.bwd_ws, l.weighted_act, I, s.dtype, o.routed_pairs, I);
+    // Where it fits, the weighted activation lives in dW1's buffer, which bwd_dw1 then writes:
+    // dW2 checks it there.
+    if (!l.weighted_act_in_dw1) {
+      o.by_pair["weighted_act"] = rows_by_pair(run.bwd_ws, l.weighted_act, I, s.dtype, o.routed_pairs, I);
+    }
   }
   return o;
 }
@@ -140,6 +144,7 @@ const std::vector<CaseSpec>& issue_shapes() {
       {7, 4, 64, 32, 2},    {512, 8, 256, 128, 2}, {512, 8, 97, 47, 2},  {512, 7, 128, 64, 3},
       {512, 8, 256, 64, 1}, {128, 8, 256, 64, 8},  {300, 16, 128, 64, 4, DType::kBF16, Routing::kOneExpert},
       {1, 8, 256, 128, 2},  {64, 8, 128, 64, 8},   {384, 16, 128, 96, 2, DType::kBF16, Routing::kEvenExpertsOnly},
+      {2053, 8, 128, 64, 4},  // T·K past 2·E·H: training keeps the weighted activation in its workspace
   };
   return shapes;
 }
