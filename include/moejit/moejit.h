@@ -62,9 +62,9 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
                              const int32_t* topk_ids, const void* topk_weights, void* out, void* saved,
                              size_t saved_bytes, void* workspace, size_t workspace_bytes, void* stream);
 
-/* dx, dw1, dw2 and d_topk_weights are written, never accumulated into. In memory-efficient mode
- * dw1 also holds an intermediate during the call (written over last), so like every output it
- * must not overlap another argument. */
+/* dx, dw1, dw2 and d_topk_weights are written, never accumulated into. dw1 also holds an
+ * intermediate during the call (written over last; in training mode where T*K <= 2*E*H), so like
+ * every output it must not overlap another argument. */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,

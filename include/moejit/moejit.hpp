@@ -81,8 +81,9 @@ struct BackwardArgs {
   void* saved = nullptr;
   std::size_t saved_bytes = 0;
   void* dx = nullptr;
-  // Written, never accumulated into. Memory-efficient mode also keeps an intermediate here
-  // during backward (written over last), so it must not overlap any other argument.
+  // Written, never accumulated into. backward() also keeps an intermediate here while it runs
+  // (written over last; training mode where T*K <= 2*E*H), so it must not overlap any other
+  // argument.
   void* dw1 = nullptr;
   void* dw2 = nullptr;
   void* d_topk_weights = nullptr;
