@@ -40,6 +40,9 @@ for side in "${builds[@]}"; do
   tag=$(basename "$build")
   [[ $source != db ]] && tag=$tag-$(basename "$source")
   ((${#forced[@]})) && tag=$tag-override$((${#tags[@]} + 1))
+  # Two sides of one name (an A/A run, or a/release against b/release) would share their tables,
+  # binaries and JSON files: the later one is numbered.
+  [[ " ${tags[*]} " == *" $tag "* ]] && tag=$tag-side$((${#tags[@]} + 1))
   hash=$("$build/tools/moejit/moejit" info | sed -n 's/.*templates.*hash \([0-9a-f]*\).*/\1/p')
   [[ -n $hash ]] || { echo "$build: moejit info printed no template hash" >&2; exit 1; }
   dir=/tmp/ab-steps-tables/$tag
