@@ -74,6 +74,8 @@ def test_no_tokens_gives_empty_output_and_zero_weight_grads():
     x, w1, w2, ids, weights = meta_inputs(0)
     out = mt.fused_moe(x, w1, w2, ids, weights)
     assert out.shape == (0, H)
+    out.float().sum().backward()
+    assert w1.grad.shape == w1.shape and w2.grad.shape == w2.shape and weights.grad.shape == weights.shape
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -124,9 +126,17 @@ def test_symbolic_token_count_keeps_the_saved_size_an_expression():
     for node in forwards:
         out, saved = node.meta["val"]
         assert not node.meta.get("unbacked_bindings") and not free_unbacked_symbols(saved.shape[0])
-        tokens = out.shape[0].node.require_hint()  # the traced call's T
-        assert saved.shape[0].node.require_hint() == _library.problem_memory(
+        tokens = _hint(out.shape[0])  # the traced call's T
+        assert _hint(saved.shape[0]) == _library.problem_memory(
             _library.make_problem(tokens, E, H, I, K)).saved_bytes
+
+
+def _hint(size):
+    """The concrete value behind a traced size (SymNode.require_hint before torch 2.15)."""
+    from torch.fx.experimental import symbolic_shapes
+    if hasattr(symbolic_shapes, "guarding_hint_or_throw"):
+        return symbolic_shapes.guarding_hint_or_throw(size)
+    return size.node.require_hint()
 
 
 def _boxed(gm, example_inputs):
@@ -137,6 +147,32 @@ def _boxed(gm, example_inputs):
 def _expect_invalid(match, *args, **kwargs):
     with pytest.raises(moejit.InvalidArgumentError, match=match):
         mt.fused_moe(*args, **kwargs)
+
+
+def test_a_second_memory_efficient_backward_names_the_rule():
+    x, w1, w2, ids, weights = meta_inputs(64)
+    loss = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=True).float().sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(moejit.StateError, match="one backward per forward"):
+        loss.backward()
+    # The default mode keeps its saved state: a second backward runs.
+    loss = mt.fused_moe(x, w1, w2, ids, weights).float().sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+
+
+def test_autocast_casts_float32_inputs_and_returns_float32_gradients(monkeypatch):
+    # CUDA autocast needs a CUDA build; what fused_moe asks of it is stood in for here.
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: True)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.bfloat16)
+    x, w1, w2, ids, weights = meta_inputs(64, dtype=torch.float32)
+    out = mt.fused_moe(x, w1, w2, ids, weights)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert w1.grad.dtype == torch.float32 and w2.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: False)
+    with pytest.raises(moejit.InvalidArgumentError, match="bfloat16 or float16"):
+        mt.fused_moe(*meta_inputs(64, dtype=torch.float32))
 
 
 def test_bad_inputs_raise_before_the_library():

@@ -23,13 +23,15 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
                         naming one expert twice (synchronises the stream once per forward, so
                         not inside CUDA graphs)
     """
+    x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
-    x = x.contiguous()
+    x = ops.aligned(x.contiguous())
     topk_ids = _ids_int32(topk_ids, gate_up_proj.shape[0])
     topk_weights = topk_weights.to(x.dtype).contiguous()
     if x.shape[0] == 0:
-        # No tokens (an expert-parallel rank may receive none): every gradient is zero.
-        return x * 0 + (gate_up_proj.sum() + down_proj.sum() + topk_weights.sum()) * 0
+        # No tokens (an expert-parallel rank may receive none): every gradient is zero. Empty
+        # slices keep the weights in the graph without reading them (1.2 GB a layer at Qwen3-30B).
+        return x * 0 + (gate_up_proj.flatten()[:0].sum() + down_proj.flatten()[:0].sum() + topk_weights.sum()) * 0
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, gate_up_proj, down_proj, topk_weights))
     if not needs_grad:
@@ -38,6 +40,18 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
         mode = ops.MEMEFF if memory_efficient else ops.TRAIN
     out, _ = ops.fused_moe_forward(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
     return out
+
+
+def _autocast(*tensors):
+    """Under torch.autocast (CUDA) the floating inputs in its dtype, as F.linear casts them: float32
+    master weights then train through the bf16 kernels, and autograd returns float32 gradients.
+    The weights are cast on every call; pass them in bf16 or fp16 to skip that copy."""
+    if not torch.is_autocast_enabled("cuda"):
+        return tensors
+    dtype = torch.get_autocast_dtype("cuda")
+    if dtype not in ops.DTYPES:
+        return tensors
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
 def _ids_int32(topk_ids, experts):

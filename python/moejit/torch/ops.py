@@ -25,6 +25,12 @@ def problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids):
                                  topk_ids.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
 
 
+def aligned(t):
+    """t, or a copy where its data is not 16-byte aligned (a view into a larger buffer): the
+    library's vector paths need it, and a gradient or input can arrive offset."""
+    return t.clone() if t.device.type == "cuda" and t.data_ptr() % 16 else t
+
+
 def _bytes(n, device):
     return torch.empty(n, dtype=torch.uint8, device=device)
 
@@ -108,12 +114,19 @@ def _autograd_backward(ctx, d_out, _d_saved):
     if ctx.mode == INFER:
         raise StateError("moejit: this forward ran in inference mode (no input required grad), it has no backward",
                          status="state")
+    # Asked before ctx.saved_tensors, whose version check would otherwise answer a second
+    # backward with autograd's generic in-place error.
+    if ctx.mode == MEMEFF and getattr(ctx, "consumed", False):
+        raise StateError("moejit: memory_efficient=True allows one backward per forward (it consumes the saved "
+                         "state); run the forward again, or use memory_efficient=False to backward twice",
+                         status="state")
     x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
     op = fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
-    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, ctx.mode,
-                          ctx.check_expert_ids)
+    dx, dw1, dw2, ds = op(aligned(d_out.contiguous()), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
+                          ctx.mode, ctx.check_expert_ids)
+    ctx.consumed = True
     needs = ctx.needs_input_grad
     return (dx if needs[0] else None, dw1 if needs[1] else None, dw2 if needs[2] else None, None,
             ds if needs[4] else None, None, None)
