@@ -24,8 +24,7 @@ _REPO_LIBRARY = _PACKAGE_DIR.parent.parent / "build" / "release" / "src" / "libm
 
 
 class Problem(ctypes.Structure):
-    """moejit_problem. A field set to a value outside its C type's range raises InvalidArgumentError
-    (ctypes would keep the low bits: 2**32 + 8 experts would be 8); the library checks the rest."""
+    """moejit_problem; build it with make_problem, which checks each value against its C type."""
 
     _fields_ = [
         ("tokens", ctypes.c_int64),
@@ -38,22 +37,12 @@ class Problem(ctypes.Structure):
         ("check_expert_ids", ctypes.c_int32),
     ]
 
-    def __setattr__(self, name, value):
-        ctype = _PROBLEM_FIELDS.get(name)
-        if ctype is not None:
-            value = operator.index(value)
-            bits = 8 * ctypes.sizeof(ctype) - 1
-            if not -(1 << bits) <= value < 1 << bits:
-                raise InvalidArgumentError(
-                    f"{name}: must be in [-2^{bits}, 2^{bits}) (int{bits + 1}_t in moejit_problem), got {value}",
-                    status="invalid_argument")
-        super().__setattr__(name, value)
-
     def key(self):
         return tuple(getattr(self, name) for name, _ in self._fields_)
 
 
-_PROBLEM_FIELDS = dict(Problem._fields_)
+# (name, value bits) of each field's signed C type, computed once: make_problem runs on every op call.
+_FIELD_BITS = tuple((name, 8 * ctypes.sizeof(ctype) - 1) for name, ctype in Problem._fields_)
 
 
 class MemoryPlan(ctypes.Structure):
@@ -65,17 +54,17 @@ class MemoryPlan(ctypes.Structure):
 
 
 def make_problem(tokens, experts, hidden, intermediate, topk, dtype="bf16", mode="train", check_expert_ids=False):
-    """A moejit_problem; dtype is "bf16"/"fp16", mode "train"/"infer"/"memeff" (or the C enums)."""
-    return Problem(
-        tokens,
-        experts,
-        hidden,
-        intermediate,
-        topk,
-        _enum(DTYPES, dtype, "dtype"),
-        _enum(MODES, mode, "mode"),
-        1 if check_expert_ids else 0,
-    )
+    """A moejit_problem; dtype is "bf16"/"fp16", mode "train"/"infer"/"memeff" (or the C enums).
+    A value outside its field's C type raises InvalidArgumentError, since ctypes would keep the low
+    bits (2**32 + 8 experts would be 8); the library checks the rest."""
+    values = (tokens, experts, hidden, intermediate, topk, _enum(DTYPES, dtype, "dtype"), _enum(MODES, mode, "mode"),
+              1 if check_expert_ids else 0)
+    for (name, bits), value in zip(_FIELD_BITS, values):
+        if not -(1 << bits) <= operator.index(value) < 1 << bits:
+            raise InvalidArgumentError(
+                f"{name}: must be in [-2^{bits}, 2^{bits}) (int{bits + 1}_t in moejit_problem), got {value}",
+                status="invalid_argument")
+    return Problem(*values)
 
 
 def _enum(table, value, what):
