@@ -74,24 +74,36 @@ def install_stand_in():
     sys.modules["pytest"] = stand_in
 
 
+_MISSING = object()
+
+
 class MonkeyPatch:
     def __init__(self):
         self._undo = []
 
     def setenv(self, name, value):
-        self._undo.append((name, os.environ.get(name)))
+        self._undo.append((os.environ, name, os.environ.get(name, _MISSING)))
         os.environ[name] = str(value)
 
     def delenv(self, name, raising=True):
-        self._undo.append((name, os.environ.get(name)))
+        self._undo.append((os.environ, name, os.environ.get(name, _MISSING)))
         os.environ.pop(name, None)
 
+    def setattr(self, target, name, value):
+        self._undo.append((target, name, getattr(target, name, _MISSING)))
+        setattr(target, name, value)
+
     def undo(self):
-        for name, value in reversed(self._undo):
-            if value is None:
-                os.environ.pop(name, None)
+        for target, name, value in reversed(self._undo):
+            if target is os.environ:
+                if value is _MISSING:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            elif value is _MISSING:
+                delattr(target, name)
             else:
-                os.environ[name] = value
+                setattr(target, name, value)
 
 
 class CapturedFd:

@@ -100,12 +100,25 @@ def test_expert_ids_out_of_range_are_dropped_or_rejected():
         mt.fused_moe(x, w1, w2, ids, weights, check_expert_ids=True)
 
 
+def shifted(t):
+    """A copy of t that starts one element past a 16-byte boundary (a view into a larger buffer)."""
+    out = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)
+    out.copy_(t)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+def test_misaligned_activations_and_gradients_are_copied():
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    got = run(mt.fused_moe, (shifted(x), w1, w2, ids, weights), shifted(d_out))
+    check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
+
+
 def test_library_errors_surface_with_its_message():
     x, w1, w2, ids, weights, _ = make_case(*CASES[1], dtype=torch.bfloat16)
-    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:].view(x.shape)
-    shifted.copy_(x)
-    with pytest.raises(moejit.InvalidArgumentError, match="^x: must be 16-byte aligned") as info:
-        mt.fused_moe(shifted, w1, w2, ids, weights)
+    # Weights are never copied (a layer's can be a gigabyte): the library names the argument.
+    with pytest.raises(moejit.InvalidArgumentError, match="^w2: must be 16-byte aligned") as info:
+        mt.fused_moe(x, w1, shifted(w2), ids, weights)
     assert info.value.function == "moejit_forward"
 
 

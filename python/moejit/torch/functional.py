@@ -25,7 +25,7 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
     """
     x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
     _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
-    x = ops.aligned(x.contiguous())
+    x = x.contiguous()
     topk_ids = _ids_int32(topk_ids, gate_up_proj.shape[0])
     topk_weights = topk_weights.to(x.dtype).contiguous()
     if x.shape[0] == 0:

@@ -25,10 +25,11 @@ def problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids):
                                  topk_ids.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
 
 
-def aligned(t):
+def _aligned(t):
     """t, or a copy where its data is not 16-byte aligned (a view into a larger buffer): the
-    library's vector paths need it, and a gradient or input can arrive offset."""
-    return t.clone() if t.device.type == "cuda" and t.data_ptr() % 16 else t
+    library's vector paths need it, and an activation or gradient can arrive offset. Inside the
+    op bodies only, where tensors are real: torch.compile cannot trace data_ptr()."""
+    return t.clone() if t.data_ptr() % 16 else t
 
 
 def _bytes(n, device):
@@ -44,6 +45,7 @@ def fused_moe_forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: to
                       topk_weights: torch.Tensor, plan_mode: int,
                       check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
     device = x.device
+    x = _aligned(x)
     with torch.cuda.device(device):
         plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
         m = plan.memory
@@ -75,6 +77,7 @@ def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, 
               topk_ids: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
               check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     device = x.device
+    d_out, x = _aligned(d_out), _aligned(x)
     with torch.cuda.device(device):
         plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
         m = plan.memory
@@ -124,7 +127,7 @@ def _autograd_backward(ctx, d_out, _d_saved):
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
     op = fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
-    dx, dw1, dw2, ds = op(aligned(d_out.contiguous()), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
+    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
                           ctx.mode, ctx.check_expert_ids)
     ctx.consumed = True
     needs = ctx.needs_input_grad
