@@ -43,7 +43,8 @@ const char* kUsage =
     "                           or Zipf with exponent S (default uniform)\n"
     "  --warmup N               untimed iterations before each round's timing of a step (default 5, at least 1)\n"
     "  --iters N                timed iterations per step, over all rounds (default 20)\n"
-    "  --rounds N               rounds that each time every mode and dense sequence in turn, so clock changes\n"
+    "  --rounds N               rounds that each time every mode and dense sequence in turn, each step beside\n"
+    "                           its dense sequence and the order rotated by one per round, so clock changes\n"
     "                           under load hit all of them alike (default 4, or --iters if fewer)\n"
     "  --json FILE              write every number, device, driver, date and command line to FILE\n"
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
@@ -223,25 +224,37 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
     for (StepResult& s : r.steps) s.dense_error = e.what();
   }
 
+  // What a round times, each step beside the dense sequence it is compared with (a dense
+  // sequence two steps share is listed once, beside the first).
+  struct Item {
+    std::size_t step;  // index into r.steps
+    bool dense;
+  };
+  std::vector<Item> items;
+  std::set<StepKind> listed;
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    items.push_back({i, false});
+    if (listed.insert(dense_kind(r.steps[i].kind)).second) items.push_back({i, true});
+  }
   std::vector<std::vector<Stats>> ours(r.steps.size());
   std::map<StepKind, std::vector<Stats>> dense_rounds;
   std::map<StepKind, std::string> dense_errors;
   for (int round = 0; round < args.rounds; ++round) {
     // Iterations split as evenly as the count allows: the first (iters % rounds) rounds take one more.
     const int iters = args.iters / args.rounds + (round < args.iters % args.rounds ? 1 : 0);
-    for (std::size_t i = 0; i < r.steps.size(); ++i) {
-      StepResult& s = r.steps[i];
-      if (!moe || !s.ours_error.empty()) continue;
-      try {
-        ours[i].push_back(moe->measure(s.kind, timer, args.warmup, iters));
-      } catch (const std::exception& e) {
-        s.ours_error = e.what();
+    for (std::size_t index : round_order(items.size(), round)) {
+      StepResult& s = r.steps[items[index].step];
+      if (!items[index].dense) {
+        if (!moe || !s.ours_error.empty()) continue;
+        try {
+          ours[items[index].step].push_back(moe->measure(s.kind, timer, args.warmup, iters));
+        } catch (const std::exception& e) {
+          s.ours_error = e.what();
+        }
+        continue;
       }
-    }
-    std::set<StepKind> timed_this_round;
-    for (const StepResult& s : r.steps) {
       const StepKind k = dense_kind(s.kind);
-      if (!dense || dense_errors.count(k) || !timed_this_round.insert(k).second) continue;
+      if (!dense || dense_errors.count(k)) continue;
       try {
         dense_rounds[k].push_back(dense->measure(k, timer, args.warmup, iters));
       } catch (const std::exception& e) {
@@ -257,6 +270,7 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
       s.dense_error = e->second;
     } else if (auto d = dense_rounds.find(k); d != dense_rounds.end()) {
       s.dense = merge(d->second);
+      if (s.ours) s.round_ratios = round_ratios(ours[i], d->second);
     }
   }
   return r;

@@ -125,9 +125,7 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
       host_bound |= (s.ours && s.ours->host_bound) || (s.dense && s.dense->host_bound);
       const std::string ours_tf = s.ours ? fmt::format("{:.1f}", tflops(s.flops, s.ours->median_ms)) : "-";
       const std::string dense_tf = s.dense ? fmt::format("{:.1f}", tflops(s.flops, s.dense->median_ms)) : "-";
-      const std::string ratio =
-          s.ours && s.dense && s.ours->median_ms > 0 ? fmt::format("{:.3f}", s.dense->median_ms / s.ours->median_ms)
-                                                     : "-";
+      const std::string ratio = s.round_ratios.empty() ? "-" : fmt::format("{:.3f}", median_of(s.round_ratios));
       const std::string weights_tbps =
           s.ours && s.ours->median_ms > 0 ? fmt::format("{:.2f}", s.weight_bytes / (s.ours->median_ms * 1e-3) / 1e12)
                                           : "-";
@@ -136,7 +134,8 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
                  ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio, weights_tbps);
     }
   }
-  fmt::print("ratio = dense_ms / ms (fraction of the dense cuBLAS ceiling reached); TFLOP/s from the median\n"
+  fmt::print("ratio = the median over rounds of dense_ms / ms in the round (the fraction of the dense cuBLAS\n"
+             "ceiling reached); ms, min, p90 and TFLOP/s over all rounds' samples\n"
              "wTB/s = the expert weights' unavoidable traffic per second (W1, W2 read per pass, dW1, dW2 written):\n"
              "the bound at small T, against the HBM's peak{}\n",
              host_bound ? "\n* host-bound: enqueuing outlasted the GPU's head start, so times may include launch gaps"
@@ -186,7 +185,11 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
       nlohmann::json e = {{"mode", step_name(s.kind)}, {"flops", s.flops}, {"weight_bytes", s.weight_bytes}};
       if (s.ours) e["ours"] = stats_json(*s.ours, s.flops);
       if (s.dense) e["dense"] = stats_json(*s.dense, s.flops);
-      if (s.ours && s.dense && s.ours->median_ms > 0) e["ratio"] = s.dense->median_ms / s.ours->median_ms;
+      if (!s.round_ratios.empty()) {
+        e["ratio"] = median_of(s.round_ratios);
+        e["round_ratios"] = s.round_ratios;
+      }
+      if (s.ours && s.dense && s.ours->median_ms > 0) e["ratio_pooled"] = s.dense->median_ms / s.ours->median_ms;
       if (!s.ours_error.empty()) e["ours_error"] = s.ours_error;
       if (!s.dense_error.empty()) e["dense_error"] = s.dense_error;
       steps.push_back(std::move(e));

@@ -22,6 +22,7 @@ struct StepResult {
   double flops = 0;
   double weight_bytes = 0;  // step_weight_bytes
   std::optional<Stats> ours, dense;    // empty when that side failed
+  std::vector<double> round_ratios;    // dense / ours per round (timing.hpp round_ratios)
   std::string ours_error, dense_error;
 };
 

@@ -44,6 +44,27 @@ Stats summarize(std::vector<float> samples_ms) {
   return s;
 }
 
+std::vector<std::size_t> round_order(std::size_t n, int round) {
+  std::vector<std::size_t> order(n);
+  for (std::size_t i = 0; i < n; ++i) order[i] = (i + static_cast<std::size_t>(round)) % n;
+  return order;
+}
+
+std::vector<double> round_ratios(const std::vector<Stats>& ours, const std::vector<Stats>& dense) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < std::min(ours.size(), dense.size()); ++r) {
+    if (ours[r].median_ms > 0) ratios.push_back(dense[r].median_ms / ours[r].median_ms);
+  }
+  return ratios;
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 Stats merge(const std::vector<Stats>& rounds) {
   std::vector<float> all;
   std::vector<std::array<double, 2>> spans;

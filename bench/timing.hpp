@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <array>
+#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -32,6 +33,18 @@ Stats summarize(std::vector<float> samples_ms);
 
 // One Stats over the samples (and spans) of several measure() calls of the same step (rounds).
 Stats merge(const std::vector<Stats>& rounds);
+
+// The order in which round `round` times n measured items (each step of ours and each dense
+// sequence, listed with every step beside its dense sequence): the list rotated by the round
+// index, so no item always follows the same one (a full step heats the card and lowers the clocks
+// of whatever runs next).
+std::vector<std::size_t> round_order(std::size_t n, int round);
+
+// dense / ours of each round's medians, for the rounds both sides timed (their first
+// min(size) rounds): a side whose clocks drifted between rounds is compared with the other side
+// under the same conditions. The reported ratio is the median of these (median_of).
+std::vector<double> round_ratios(const std::vector<Stats>& ours, const std::vector<Stats>& dense);
+double median_of(std::vector<double> values);  // 0 for none
 
 // Enqueues the work of iteration i on the timer's stream. i counts warm-up and timed iterations
 // together, so inputs keep rotating across the two.

@@ -1,10 +1,14 @@
 // The benchmark's statistics (bench/timing.cpp) without a GPU: the summary of a step's samples,
-// and rounds merged into one summary that keeps every sample and every span in order.
+// rounds merged into one summary that keeps every sample and every span in order, the order of
+// a round's items, and the per-round ratios the reported ratio is the median of.
 #include <catch2/catch.hpp>
 
 #include "timing.hpp"
 
+using moejit::bench::median_of;
 using moejit::bench::merge;
+using moejit::bench::round_order;
+using moejit::bench::round_ratios;
 using moejit::bench::Stats;
 using moejit::bench::summarize;
 
@@ -39,4 +43,42 @@ TEST_CASE("rounds merge into one summary with every sample and every round's spa
   REQUIRE(m.spans_unix_s.size() == 2);
   CHECK(m.spans_unix_s[0] == std::array<double, 2>{100.0, 100.5});
   CHECK(m.spans_unix_s[1] == std::array<double, 2>{101.0, 101.25});
+}
+
+TEST_CASE("each round rotates the order of its items by one", "[bench]") {
+  using Order = std::vector<std::size_t>;
+  CHECK(round_order(3, 0) == Order{0, 1, 2});
+  CHECK(round_order(3, 1) == Order{1, 2, 0});
+  CHECK(round_order(3, 2) == Order{2, 0, 1});
+  CHECK(round_order(3, 3) == Order{0, 1, 2});
+  CHECK(round_order(1, 5) == Order{0});
+  CHECK(round_order(0, 2).empty());
+  // Over n rounds every item takes every position once.
+  for (std::size_t item = 0; item < 5; ++item) {
+    std::vector<int> seen(5, 0);
+    for (int round = 0; round < 5; ++round) {
+      const Order o = round_order(5, round);
+      for (std::size_t pos = 0; pos < 5; ++pos) seen[pos] += o[pos] == item;
+    }
+    CHECK(seen == std::vector<int>(5, 1));
+  }
+}
+
+TEST_CASE("the ratio is the median of each round's dense / ours, not the ratio of pooled medians", "[bench]") {
+  // Clocks dropped after round 0 and both sides slowed: per round the ratios are 1, 1.1 and 0.9,
+  // but pooled, ours' slow rounds meet dense's spread and the ratio of the medians reads 0.9.
+  const std::vector<Stats> ours{summarize({1.f, 1.f}), summarize({2.f, 2.f}), summarize({2.f, 2.f})};
+  const std::vector<Stats> dense{summarize({1.f, 1.f}), summarize({2.2f, 2.2f}), summarize({1.8f, 1.8f})};
+  const std::vector<double> ratios = round_ratios(ours, dense);
+  REQUIRE(ratios.size() == 3);
+  CHECK(ratios[0] == Approx(1.0));
+  CHECK(ratios[1] == Approx(1.1));
+  CHECK(ratios[2] == Approx(0.9));
+  CHECK(median_of(ratios) == Approx(1.0));
+  CHECK(merge(dense).median_ms / merge(ours).median_ms == Approx(0.9));
+  // Only the rounds both sides timed count; a zero median (nothing timed) is skipped.
+  CHECK(round_ratios(ours, {summarize({3.f})}) == std::vector<double>{3.0});
+  CHECK(round_ratios({summarize({})}, {summarize({1.f})}).empty());
+  CHECK(median_of({4.0, 1.0, 3.0, 2.0}) == 2.5);
+  CHECK(median_of({}) == 0.0);
 }
