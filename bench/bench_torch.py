@@ -1,23 +1,33 @@
 #!/usr/bin/env python3
-"""moejit from PyTorch next to two PyTorch MoE expert blocks, in one process on one GPU.
+"""moejit from PyTorch next to other MoE expert blocks, in one process on one GPU.
 
   python3 bench/bench_torch.py OUT.json [--markdown OUT.md] [--tokens 1024,8192,32768]
                                [--shape 128,2048,768,8] [--dtype bf16] [--impls ...] [--modes ...]
+                               [--rounds 3]
 
 Implementations (same math and layouts, DESIGN.md):
   moejit         moejit.torch.fused_moe (training mode when timing forward: it saves for backward)
   moejit_memeff  the same with memory_efficient=True
+  liger          Liger-Kernel's Triton fused MoE (LigerFusedMoEFunction), where liger_kernel
+                 imports (tools/liger-wheel.sh fetches it for the GPU machine); its Triton
+                 autotuning runs in its first step at each T (liger_forget_tuning)
   grouped_mm     sort pairs by expert, torch._grouped_mm for W1 and W2, SwiGLU, weighted index_add
   loop           a per-expert loop of matmuls (one host sync for the counts), weighted index_add
-Modes: forward, backward (an untimed forward before each), full (forward + backward). The
-gradients are dx, dW1, dW2 and d topk_weights, taken with torch.autograd.grad.
+Modes: forward, backward (an untimed forward before each), full (forward + backward), inference
+(forward under torch.no_grad). The gradients are dx, dW1, dW2 and d topk_weights, taken with
+torch.autograd.grad.
 
-Each (impl, T, mode) is timed with CUDA events around every iteration after warm-up, on input
-sets rotated so their total outgrows the L2 cache, with random non-zero data and uniform random
-routing; it reports the median ms, TFLOP/s (FLOP model: forward 6·T·K·H·I, backward 12·, full
-18·) and the peak of torch.cuda.max_memory_allocated over the memory allocated before the
-iteration (the weights, inputs and rotation sets are resident and not counted). Host time
-between launches counts: the loop baseline syncs and is host-bound by design.
+Per T, each implementation's first full step is timed alone (first_call_s: plans, compiles,
+autotuning). Then --rounds rounds each time every (impl, mode) in turn, the order rotated by one
+per round so none always follows a hotter one; each timing is CUDA events around every
+iteration after warm-up, on input sets rotated so their total outgrows the L2 cache, with random
+non-zero data and uniform random routing. Reported: the median ms over all rounds' samples,
+TFLOP/s (FLOP model: forward and inference 6·T·K·H·I, backward 12·, full 18·), the peak of
+torch.cuda.max_memory_allocated over the memory allocated before the iteration (the weights,
+inputs and rotation sets are resident and not counted), and x_first: the median over rounds of
+this row's ms over the first implementation's in the same round and mode (how many times the
+first is faster). Host time between launches counts: the loop baseline syncs and is host-bound
+by design.
 """
 
 import argparse
@@ -36,7 +46,8 @@ import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 
 L2_BYTES = 60 << 20  # the H200's; rotation sets total at least twice this
-FLOPS_PER_PAIR = {"forward": 6, "backward": 12, "full": 18}  # times H·I
+MAX_SETS = 128  # at T=128 a set is about 1 MiB
+FLOPS_PER_PAIR = {"forward": 6, "inference": 6, "backward": 12, "full": 18}  # times H·I
 
 
 def grouped_mm_moe(x, w1, w2, topk_ids, topk_weights):
@@ -71,9 +82,30 @@ def loop_moe(x, w1, w2, topk_ids, topk_weights):
     return torch.zeros_like(x).index_add(0, token, y)
 
 
+def liger_moe(x, w1, w2, topk_ids, topk_weights):
+    # Imported at the first call, so the other implementations run where Liger is not installed.
+    from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+    return LigerFusedMoEFunction.apply(x, w1, w2, topk_ids.to(torch.int32), topk_weights)
+
+
+def liger_forget_tuning():
+    """Liger's Triton autotuners key on H and I, not T: in one process every T after the first
+    would run the configs tuned for the first. Clearing their caches before each T's first step
+    tunes each T for itself (its compiled kernels stay), as DESIGN.md's anchors were measured."""
+    import triton
+    from liger_kernel.ops import fused_moe_kernels
+    for value in vars(fused_moe_kernels).values():
+        if isinstance(value, triton.runtime.Autotuner):
+            value.cache.clear()
+
+
+# Runs before an implementation's first step at each T.
+BEFORE_FIRST_STEP = {"liger": liger_forget_tuning}
+
 IMPLS = {
     "moejit": mt.fused_moe,
     "moejit_memeff": lambda *a: mt.fused_moe(*a, memory_efficient=True),
+    "liger": liger_moe,
     "grouped_mm": grouped_mm_moe,
     "loop": loop_moe,
 }
@@ -105,8 +137,9 @@ def make_sets(t, e, h, k, dtype, count, generator, routing="uniform"):
     return sets
 
 
-def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds):
-    """Median ms per iteration and peak extra MiB of one (impl, mode)."""
+def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds, with_peak):
+    """The ms of each timed iteration of one (impl, mode), and its peak extra MiB (None unless
+    with_peak)."""
 
     def forward(s):
         return fn(s[0], w1, w2, s[1], s[2])
@@ -120,6 +153,10 @@ def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds):
             out = forward(s)
             start.record()
             backward(s, out)
+        elif mode == "inference":
+            with torch.no_grad():
+                start.record()
+                forward(s)
         else:
             start.record()
             out = forward(s)
@@ -131,11 +168,13 @@ def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds):
     for i in range(3):  # warm-up: plans, cuBLAS heuristics, the caching allocator's pools
         iteration(i, *events[0])
     torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    iteration(0, *events[0])
-    torch.cuda.synchronize()
-    peak_mib = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    peak_mib = None
+    if with_peak:
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        iteration(0, *events[0])
+        torch.cuda.synchronize()
+        peak_mib = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
     samples, began = [], time.perf_counter()
     while len(samples) < min_iters or time.perf_counter() - began < min_seconds:
@@ -145,15 +184,65 @@ def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds):
         samples.append(start.elapsed_time(end))
         if len(samples) >= 1000:
             break
-    return statistics.median(samples), peak_mib, len(samples)
+    return samples, peak_mib
 
 
-def first_call_seconds(fn, w1, w2, s):
+def first_step_seconds(fn, w1, w2, s):
+    """Wall time of the first full step: whatever the implementation compiles, tunes or plans."""
     torch.cuda.synchronize()
     began = time.perf_counter()
-    fn(s[0], w1, w2, s[1], s[2])
+    out = fn(s[0], w1, w2, s[1], s[2])
+    torch.autograd.grad(out, (s[0], w1, w2, s[2]), s[3])
     torch.cuda.synchronize()
     return time.perf_counter() - began
+
+
+def run_tokens(t, impls, modes, w1, w2, sets, args):
+    """The result rows of one token count: every (impl, mode) timed in each of args.rounds rounds."""
+    k, h, i = sets[0][1].shape[1], w2.shape[1], w2.shape[2]
+    rows, failed = {}, {}
+    for impl in impls:
+        try:
+            BEFORE_FIRST_STEP.get(impl, lambda: None)()
+            rows[impl] = {"impl": impl, "tokens": t, "first_call_s": first_step_seconds(IMPLS[impl], w1, w2, sets[0])}
+        except Exception as error:  # one failing baseline should not lose the others' numbers
+            failed[impl] = f"{type(error).__name__}: {error}".splitlines()[0]
+    items = [(impl, mode) for impl in impls if impl in rows for mode in modes]
+    samples = {item: [] for item in items}
+    round_ms = {item: [] for item in items}
+    peaks = {}
+    for r in range(args.rounds):
+        for index in range(len(items)):
+            impl, mode = items[(index + r) % len(items)]
+            if impl in failed:
+                continue
+            try:
+                got, peak = time_mode(IMPLS[impl], mode, w1, w2, sets, max(1, args.min_iters // args.rounds),
+                                      args.min_seconds / args.rounds, with_peak=(r == 0))
+            except Exception as error:
+                failed[impl] = f"{type(error).__name__}: {error}".splitlines()[0]
+                continue
+            samples[(impl, mode)] += got
+            round_ms[(impl, mode)].append(statistics.median(got))
+            if peak is not None:
+                peaks[(impl, mode)] = peak
+    results = []
+    for impl in impls:
+        if impl in failed:
+            results.append({"impl": impl, "tokens": t, "error": failed[impl]})
+            print(f"T={t:<6} {impl:<14} FAILED {failed[impl]}", flush=True)
+            continue
+        for mode in modes:
+            ms = statistics.median(samples[(impl, mode)])
+            tflops = FLOPS_PER_PAIR[mode] * t * k * h * i / (ms * 1e-3) / 1e12
+            first = round_ms[(impls[0], mode)] if impls[0] not in failed else []
+            x_first = statistics.median(a / b for a, b in zip(round_ms[(impl, mode)], first)) if first else None
+            row = dict(rows[impl], mode=mode, ms=ms, tflops=tflops, peak_mib=peaks[(impl, mode)],
+                       iters=len(samples[(impl, mode)]), round_ms=round_ms[(impl, mode)], x_first=x_first)
+            results.append(row)
+            print(f"T={t:<6} {impl:<14} {mode:<9} {ms:9.3f} ms {tflops:7.1f} TFLOP/s peak +{row['peak_mib']:8.1f} MiB"
+                  f" first step {row['first_call_s']:7.2f} s" + (f"  x{x_first:.3f}" if x_first else ""), flush=True)
+    return results
 
 
 def main():
@@ -164,9 +253,11 @@ def main():
     parser.add_argument("--tokens", default="1024,8192,32768")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--impls", default=",".join(IMPLS))
-    parser.add_argument("--modes", default="forward,backward,full")
+    parser.add_argument("--modes", default="forward,backward,full,inference")
     parser.add_argument("--min-iters", type=int, default=10)
-    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--min-seconds", type=float, default=1.0,
+                        help="timed seconds per (impl, mode), over all rounds (so is --min-iters)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
@@ -192,31 +283,15 @@ def main():
     }
     for t in (int(v) for v in args.tokens.split(",")):
         set_bytes = 2 * t * h * dtype.itemsize + t * k * (8 + dtype.itemsize)
-        sets = make_sets(t, e, h, k, dtype, max(2, min(16, math.ceil(2 * L2_BYTES / set_bytes))), generator)
-        for impl in impls:
-            fn = IMPLS[impl]
-            row_base = {"impl": impl, "tokens": t}
-            try:
-                if impl.startswith("moejit"):
-                    row_base["first_call_s"] = first_call_seconds(fn, w1, w2, sets[0])
-                for mode in modes:
-                    ms, peak_mib, iters = time_mode(fn, mode, w1, w2, sets, args.min_iters, args.min_seconds)
-                    tflops = FLOPS_PER_PAIR[mode] * t * k * h * i / (ms * 1e-3) / 1e12
-                    row = dict(row_base, mode=mode, ms=ms, tflops=tflops, peak_mib=peak_mib, iters=iters)
-                    report["results"].append(row)
-                    print(f"T={t:<6} {impl:<14} {mode:<8} {ms:9.3f} ms {tflops:7.1f} TFLOP/s "
-                          f"peak +{peak_mib:8.1f} MiB", flush=True)
-            except Exception as error:  # one failing baseline should not lose the others' numbers
-                report["results"].append(dict(row_base, error=f"{type(error).__name__}: {error}".splitlines()[0]))
-                print(f"T={t:<6} {impl:<14} FAILED {type(error).__name__}: {error}", flush=True)
-            torch.cuda.empty_cache()
+        sets = make_sets(t, e, h, k, dtype, max(2, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes))), generator)
+        report["results"] += run_tokens(t, impls, modes, w1, w2, sets, args)
         del sets
         torch.cuda.empty_cache()
-
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.markdown:
-        args.markdown.write_text(markdown(report))
+        # Written after every token count, so a run stopped by a time limit keeps what it measured.
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        if args.markdown:
+            args.markdown.write_text(markdown(report))
     return 1 if any("error" in r for r in report["results"]) else 0
 
 
@@ -224,13 +299,14 @@ def markdown(report):
     s = report["shape"]
     lines = [f"{report['device']}, torch {report['torch']}, moejit {report['moejit']}, {report['date']}: "
              f"E={s['E']} H={s['H']} I={s['I']} K={s['K']} {s['dtype']}. Median ms (TFLOP/s), peak MiB over resident.",
-             "", "| T | impl | mode | ms | TFLOP/s | peak MiB |", "|---|---|---|---|---|---|"]
+             "", "| T | impl | mode | ms | TFLOP/s | peak MiB | first step s | x first |", "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['tokens']} | {r['impl']} | — | failed: {r['error']} | | |")
+            lines.append(f"| {r['tokens']} | {r['impl']} | — | failed: {r['error']} | | | | |")
         else:
+            x_first = f"{r['x_first']:.3f}" if r["x_first"] else "—"
             lines.append(f"| {r['tokens']} | {r['impl']} | {r['mode']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
-                         f"{r['peak_mib']:.0f} |")
+                         f"{r['peak_mib']:.0f} | {r['first_call_s']:.2f} | {x_first} |")
     return "\n".join(lines) + "\n"
 
 
