@@ -38,6 +38,8 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
         mode = ops.INFER
     else:
         mode = ops.MEMEFF if memory_efficient else ops.TRAIN
+    if type(x) is torch.Tensor and x.is_cuda and not torch.compiler.is_compiling():
+        return ops.EagerFusedMoe.apply(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
     out, _ = ops.fused_moe_forward(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
     return out
 

@@ -5,6 +5,8 @@
   moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
       overwrites `saved` (declared as a mutation so the compiler never reuses it).
 
+EagerFusedMoe runs the same bodies without the custom-op dispatch, for eager calls on CUDA tensors.
+
 `saved` is the library's forward state for backward, a uint8 tensor of the plan's saved_bytes;
 every buffer comes from PyTorch's caching allocator and every launch goes to the current stream.
 Inputs must already be checked and converted (functional.fused_moe does that).
@@ -40,10 +42,8 @@ def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
-@torch.library.custom_op("moejit::fused_moe_forward", mutates_args=(), device_types="cuda")
-def fused_moe_forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor,
-                      topk_weights: torch.Tensor, plan_mode: int,
-                      check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor,
+             topk_weights: torch.Tensor, plan_mode: int, check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
     device = x.device
     x = _aligned(x)
     with torch.cuda.device(device):
@@ -56,6 +56,10 @@ def fused_moe_forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: to
                      topk_weights.data_ptr(), out.data_ptr(), saved.data_ptr(), m.saved_bytes, workspace.data_ptr(),
                      m.forward_workspace_bytes, _stream(device))
     return out, saved
+
+
+fused_moe_forward = torch.library.custom_op("moejit::fused_moe_forward", _forward, mutates_args=(),
+                                            device_types="cuda")
 
 
 @fused_moe_forward.register_fake
@@ -113,7 +117,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, gate_up_proj, down_proj, topk_ids, topk_weights, output[1])
 
 
-def _autograd_backward(ctx, d_out, _d_saved):
+def _autograd_backward(ctx, d_out, _d_saved, eager=False):
     if ctx.mode == INFER:
         raise StateError("moejit: this forward ran in inference mode (no input required grad), it has no backward",
                          status="state")
@@ -126,7 +130,7 @@ def _autograd_backward(ctx, d_out, _d_saved):
     x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
-    op = fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
+    op = _backward if eager else fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
     dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
                           ctx.mode, ctx.check_expert_ids)
     ctx.consumed = True
@@ -136,3 +140,22 @@ def _autograd_backward(ctx, d_out, _d_saved):
 
 
 fused_moe_forward.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class EagerFusedMoe(torch.autograd.Function):
+    """The op bodies under a plain autograd.Function, for eager calls on CUDA tensors: the custom
+    ops' dispatch and autograd registration cost the host about 0.5 ms per forward + backward on
+    the H200 machine (bench/host_overhead.py; performance log, session 31). torch.compile, meta
+    and fake tensors take the custom ops, which it cannot trace into."""
+
+    @staticmethod
+    def forward(ctx, x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids):
+        inputs = (x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids)
+        out, saved = _forward(*inputs)
+        _setup_context(ctx, inputs, (out, saved))
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        return _autograd_backward(ctx, d_out, None, eager=True)
+
