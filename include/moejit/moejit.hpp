@@ -125,6 +125,10 @@ class FusedMoe {
   // Throws InvalidArgument (naming the argument) before enqueuing anything.
   void forward(const ForwardArgs& args);
   // Throws InvalidArgument, or StateError for a second backward over memory-efficient state.
+  // That check is the host's record of forward() and backward() calls on each `saved` address:
+  // it cannot see CUDA graph replays. So after replaying a graph that holds only the forward,
+  // run the backward from a graph too (as torch.cuda.make_graphed_callables does); a direct
+  // backward() call would take the replay for no forward.
   void backward(const BackwardArgs& args);
 
   struct Impl;
