@@ -6,6 +6,10 @@
 #                                       FIRST-th case on (default 1: a second call resumes)
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
+#   tools/gpu-round.sh python           the Python tests (python/tests/run_tests.py) on this build
+#   tools/gpu-round.sh torch ARGS...    bench/bench_torch.py $OUT/torch.json --markdown $OUT/torch.md ARGS,
+#                                       with Liger-Kernel importable when the call carries build/wheels
+#                                       (tools/liger-wheel.sh)
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
 #   tools/gpu-round.sh retune [--timing sustained] SHAPE...
 #                                       tune the shipped-table grid (8 token counts x train, infer,
@@ -65,6 +69,18 @@ case "${1:-}" in
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
   bench) shift; env "${bench_env[@]}" build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
+  python) env "${bench_env[@]}" MOEJIT_LIBRARY=$PWD/build/release/src/libmoejit.so python3 python/tests/run_tests.py \
+      > "$out/python-tests.log" 2>&1
+    rc=$?
+    grep -E "^FAILED|passed," "$out/python-tests.log"
+    exit $rc ;;
+  torch)
+    shift
+    if ls build/wheels/liger_kernel-*.whl > /dev/null 2>&1; then
+      tools/liger-wheel.sh install /tmp/liger-kernel && export PYTHONPATH=/tmp/liger-kernel${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    env "${bench_env[@]}" MOEJIT_LIBRARY=$PWD/build/release/src/libmoejit.so python3 bench/bench_torch.py \
+      "$out/torch.json" --markdown "$out/torch.md" "$@" 2>&1 | grep -v Warning | tail -40 ;;
   sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
   retune)
     shift
