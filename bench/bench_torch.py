@@ -91,7 +91,8 @@ def liger_moe(x, w1, w2, topk_ids, topk_weights):
 def liger_forget_tuning():
     """Liger's Triton autotuners key on H and I, not T: in one process every T after the first
     would run the configs tuned for the first. Clearing their caches before each T's first step
-    tunes each T for itself (its compiled kernels stay), as DESIGN.md's anchors were measured."""
+    tunes each T for itself (its compiled kernels stay), as a user who tuned at their own T
+    would run it."""
     import triton
     from liger_kernel.ops import fused_moe_kernels
     for value in vars(fused_moe_kernels).values():
