@@ -13,6 +13,7 @@
 #include "jit/kernel_cache.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
+#include "support/differences.hpp"
 #include "support/gpu.hpp"
 #include "support/moe_case.hpp"
 #include "tuner/config_space.hpp"
@@ -484,8 +485,8 @@ TEST_CASE("fwd_up's epilogue handoff: blocks that hand over several tiles give t
       INFO(d.config.name());
       Options with;
       with.config_overrides["fwd_up"] = d.config.name();
-      CHECK(run_case(data, Mode::kTraining, with).out == plain.out);
-      CHECK(run_case(data, Mode::kInference, with).out == plain.out);
+      CHECK(test::differences(run_case(data, Mode::kTraining, with).out, plain.out) == "none");
+      CHECK(test::differences(run_case(data, Mode::kInference, with).out, plain.out) == "none");
     }
   }
 }
@@ -512,7 +513,7 @@ TEST_CASE("inference output equals the training output bit for bit", "[gpu][moe]
     const CaseData data = make_case(spec);
     const Outputs train = run_case(data, Mode::kTraining);
     const Outputs infer = run_case(data, Mode::kInference);
-    CHECK(train.out == infer.out);
+    CHECK(test::differences(train.out, infer.out) == "none");
   }
 }
 
@@ -540,10 +541,10 @@ TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
     same_dw2.config_overrides["bwd_dw2"] = default_config(Role::kBwdDw2, shape, gpu->info).name();
     const Outputs def = run_case(data, Mode::kTraining, same_dw2);
     const Outputs eff = run_case(data, Mode::kMemoryEfficient, same_dw2);
-    CHECK(def.out == eff.out);
-    CHECK(def.dx == eff.dx);
-    CHECK(def.dw1 == eff.dw1);
-    CHECK(def.dw2 == eff.dw2);
+    CHECK(test::differences(def.out, eff.out) == "none");
+    CHECK(test::differences(def.dx, eff.dx) == "none");
+    CHECK(test::differences(def.dw1, eff.dw1) == "none");
+    CHECK(test::differences(def.dw2, eff.dw2) == "none");
     // ds sums fp32 atomics whose order may differ between runs.
     CHECK(rel_l2(eff.ds, def.ds) <= 1e-2);
   }
@@ -580,8 +581,8 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", 
   const auto replay_out = download(run.out, spec.dtype, n);
   const auto replay_dw1 = download(run.dw1, spec.dtype, std::size_t(8) * 2 * 128 * 256);
   const Outputs eager = run_case(second, Mode::kTraining);
-  CHECK(replay_out == eager.out);
-  CHECK(replay_dw1 == eager.dw1);
+  CHECK(test::differences(replay_out, eager.out) == "none");
+  CHECK(test::differences(replay_dw1, eager.dw1) == "none");
   check_outputs(eager, reference_of(second));
 }
 

@@ -7,6 +7,7 @@
 #include "jit/kernel_cache.hpp"
 #include "moe/reference/routing_reference.hpp"
 #include "moe/routing.hpp"
+#include "support/differences.hpp"
 #include "support/gpu.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
@@ -50,13 +51,13 @@ void check_against_reference(const test::Gpu& gpu, const std::vector<std::int32_
   INFO("T=" << tokens << " K=" << topk << " E=" << experts << " BM=" << block_m << " config " << config.name());
   const auto want = reference::routing_reference(ids, experts, block_m);
   const auto got = run_routing(gpu, ids, tokens, topk, experts, block_m, config);
-  CHECK(got.expert_counts == want.expert_counts);
-  CHECK(got.expert_offsets == want.expert_offsets);
-  CHECK(got.expert_tile_offsets == want.expert_tile_offsets);
-  CHECK(got.tile_expert == want.tile_expert);
-  CHECK(got.tile_row_begin == want.tile_row_begin);
-  CHECK(got.sorted_pairs == want.sorted_pairs);
-  CHECK(got.pair_rows == want.pair_rows);
+  CHECK(test::differences(got.expert_counts, want.expert_counts) == "none");
+  CHECK(test::differences(got.expert_offsets, want.expert_offsets) == "none");
+  CHECK(test::differences(got.expert_tile_offsets, want.expert_tile_offsets) == "none");
+  CHECK(test::differences(got.tile_expert, want.tile_expert) == "none");
+  CHECK(test::differences(got.tile_row_begin, want.tile_row_begin) == "none");
+  CHECK(test::differences(got.sorted_pairs, want.sorted_pairs) == "none");
+  CHECK(test::differences(got.pair_rows, want.pair_rows) == "none");
 }
 
 // Distinct experts per token, uniformly at random (what a router's top-k produces).
