@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         // or out.
         const bool chunk_in[2] = {w.n0 + 4 * lane < p.n_end, w.n0 + 4 * (32 + lane) < p.n_end};
         T* const wact = wact_of(w);
-        mbarrier_wait(act_full, tiles_done & 1);
+        mbarrier_wait_or_trap(act_full, tiles_done & 1);
         // Rows in flight per warp: their g and u loads are all issued before any row is finished.
         // With two, each tile took 16 round trips to memory per warp, longer than the next tile's
         // main loop (session 16).

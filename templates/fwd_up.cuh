@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS>::kThreads, GemmLaunch<WS
               [&](int r) -> T* { return w.store && r < w.tile.rows ? base + r * stride : nullptr; }, p.inter - w.n0,
               t);
         };
-        mbarrier_wait(act_full, tiles_done & 1);
+        mbarrier_wait_or_trap(act_full, tiles_done & 1);
         if (pre != nullptr) {
           if (whole) {
             if (t == 0) {

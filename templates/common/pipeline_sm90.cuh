@@ -73,11 +73,13 @@ __device__ __forceinline__ void mbarrier_wait(uint64* bar, uint32 parity) {
 // release that never comes), never a slow kernel: every wait covers microseconds of work.
 constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
 
-// mbarrier_wait for the producer warps, which have registers to spare: after kBarrierTimeoutNs
-// the thread traps, so the launch fails with an error (the host throws CudaError) instead of
-// hanging the process. Inline and silent on purpose: a call or a printf in a kernel makes ptxas
-// serialize every wgmma and ignore setmaxnreg (C7510, C7507). The clock is read only once a
-// try_wait (which itself suspends a while in hardware) has failed.
+// mbarrier_wait for the producer warps and an epilogue group's warps, which have registers to
+// spare: after kBarrierTimeoutNs the thread traps, so the launch fails with an error (the host
+// throws CudaError) instead of hanging the process. The epilogue group's wait for a tile's
+// handoff still pends after the producer's last wait, so a handoff lost at a block's last tile
+// traps too (session 32's branch hung there). Inline and silent on purpose: a call or a printf
+// in a kernel makes ptxas serialize every wgmma and ignore setmaxnreg (C7510, C7507). The clock
+// is read only once a try_wait (which itself suspends a while in hardware) has failed.
 __device__ __forceinline__ void mbarrier_wait_or_trap(uint64* bar, uint32 parity) {
   if (mbarrier_try_wait(bar, parity)) return;
   const uint64 start = global_timer_ns();
