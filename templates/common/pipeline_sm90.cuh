@@ -77,9 +77,9 @@ constexpr uint64 kBarrierTimeoutNs = 10ull * 1000 * 1000 * 1000;
 // spare: after kBarrierTimeoutNs the thread traps, so the launch fails with an error (the host
 // throws CudaError) instead of hanging the process. The epilogue group's wait for a tile's
 // handoff still pends after the producer's last wait, so a handoff lost at a block's last tile
-// traps too (session 32's branch hung there). Inline and silent on purpose: a call or a printf
-// in a kernel makes ptxas serialize every wgmma and ignore setmaxnreg (C7510, C7507). The clock
-// is read only once a try_wait (which itself suspends a while in hardware) has failed.
+// traps too. Inline and silent on purpose: a call or a printf in a kernel makes ptxas serialize
+// every wgmma and ignore setmaxnreg (C7510, C7507). The clock is read only once a try_wait (which
+// itself suspends a while in hardware) has failed.
 __device__ __forceinline__ void mbarrier_wait_or_trap(uint64* bar, uint32 parity) {
   if (mbarrier_try_wait(bar, parity)) return;
   const uint64 start = global_timer_ns();
