@@ -22,7 +22,12 @@
 #include <random>
 #include <vector>
 
+#include "event_timing.cuh"
+
 namespace {
+
+using bench_tool::check;
+using bench_tool::median_ms;
 
 constexpr int kE = 128, kH = 2048, kK = 8;
 constexpr int kRowBytes = kH * 2;
@@ -32,13 +37,6 @@ constexpr int kRowsPerPass = kVectorThreads / kChunksPerRow;         // 4
 constexpr int kRowsInFlight = 4;                                     // per thread: 16 rows per block
 constexpr int kBulkHalfRows = 24;                                    // 2 x 24 x 4 KB = 192 KB
 constexpr int kBulkSmem = 2 * kBulkHalfRows * kRowBytes + 64;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 // Rows [S*16*i + 16*b, ...) of block b in pass i: the blocks sweep the sorted rows in order.
 __global__ void __launch_bounds__(kVectorThreads) copy_vector(const uint4* x, const int* token, uint4* rows, int n_rows) {
@@ -106,29 +104,6 @@ __global__ void copy_bulk(const unsigned char* x, const int* token, unsigned cha
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   }
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-
-template <typename Launch>
-float median_ms(Launch launch, int reps) {
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(a), "record");
-    launch();
-    check(cudaEventRecord(b), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  check(cudaGetLastError(), "launch");
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms[ms.size() / 2];
 }
 
 void run(int tokens) {
@@ -199,10 +174,4 @@ void run(int tokens) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::vector<int> tokens;
-  for (int i = 1; i < argc; ++i) tokens.push_back(std::atoi(argv[i]));
-  if (tokens.empty()) tokens = {8192, 32768};
-  for (int t : tokens) run(t);
-  return 0;
-}
+int main(int argc, char** argv) { return bench_tool::run_token_counts(argc, argv, run); }

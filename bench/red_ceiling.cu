@@ -24,17 +24,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "event_timing.cuh"
+
 namespace {
+
+using bench_tool::check;
+using bench_tool::median_ms;
 
 constexpr int kE = 128, kH = 2048, kK = 8;
 constexpr int kThreads = kH / 8;  // one 16-byte chunk of a row per thread
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
 
 __device__ __forceinline__ void red_v4_f32(float* p, float a, float b, float c, float d) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
@@ -114,29 +112,6 @@ __global__ void f32_to_bf16(const float* in, __nv_bfloat16* out, size_t n8) {
     const float4 a = reinterpret_cast<const float4*>(in)[2 * i], b = reinterpret_cast<const float4*>(in)[2 * i + 1];
     reinterpret_cast<uint4*>(out)[i] = uint4{pack2(a.x, a.y), pack2(a.z, a.w), pack2(b.x, b.y), pack2(b.z, b.w)};
   }
-}
-
-template <typename F>
-float median_ms(F&& launch, int reps = 20) {
-  cudaEvent_t a, b;
-  check(cudaEventCreate(&a), "event");
-  check(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(a), "record");
-    launch();
-    check(cudaEventRecord(b), "record");
-    check(cudaEventSynchronize(b), "sync");
-    float m = 0;
-    check(cudaEventElapsedTime(&m, a, b), "elapsed");
-    ms.push_back(m);
-  }
-  check(cudaGetLastError(), "launch");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 void run(int tokens) {
@@ -222,10 +197,4 @@ void run(int tokens) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::vector<int> tokens;
-  for (int i = 1; i < argc; ++i) tokens.push_back(std::atoi(argv[i]));
-  if (tokens.empty()) tokens = {8192, 32768};
-  for (int t : tokens) run(t);
-  return 0;
-}
+int main(int argc, char** argv) { return bench_tool::run_token_counts(argc, argv, run); }
