@@ -159,4 +159,3 @@ class EagerFusedMoe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         return _autograd_backward(ctx, d_out, None, eager=True)
-
