@@ -15,6 +15,7 @@
 #include "moe/routing.hpp"
 #include "support/differences.hpp"
 #include "support/gpu.hpp"
+#include "support/kernel_paths.hpp"
 #include "support/moe_case.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
@@ -148,39 +149,6 @@ const std::vector<CaseSpec>& issue_shapes() {
       {2053, 8, 128, 64, 4},  // T·K past 2·E·H: training keeps the weighted activation in its workspace
   };
   return shapes;
-}
-
-// The kernel paths a device runs: its own heuristic defaults (on an H200 the wgmma configs
-// wherever tiles are 64 rows or more), and, on a Hopper GPU, the portable mma.sync path forced
-// through overrides with the defaults of an sm_80 device.
-std::vector<std::pair<std::string, Options>> kernel_paths(const CaseSpec& s, const cuda::DeviceInfo& device) {
-  std::vector<std::pair<std::string, Options>> paths = {{"device defaults", Options{}}};
-  if (!device.is_hopper()) return paths;
-  cuda::DeviceInfo portable = device;
-  portable.cc_major = 8;
-  portable.cc_minor = 0;
-  const MoeShape shape{s.tokens, s.experts, s.hidden, s.intermediate, s.topk, s.dtype};
-  Options opt, other_pipeline;
-  for (Role r : kAllRoles) {
-    const RoleKind kind = role_kind(r);
-    if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
-      opt.config_overrides[role_name(r)] = default_config(r, shape, portable).name();
-      // The first legal config of the wgmma pipeline the default does not use (multistage <->
-      // warp-specialized).
-      const TileConfig d = default_config(r, shape, device);
-      if (d.arch_tag != ArchTag::kHopper) continue;
-      for (const TileConfig& c : config_space(r, shape)) {
-        if (c.arch_tag == ArchTag::kHopper && c.warp_specialized != d.warp_specialized &&
-            !prune_reason(r, c, shape, device)) {
-          other_pipeline.config_overrides[role_name(r)] = c.name();
-          break;
-        }
-      }
-    }
-  }
-  paths.push_back({"portable mma.sync", opt});
-  if (!other_pipeline.config_overrides.empty()) paths.push_back({"the other wgmma pipeline", other_pipeline});
-  return paths;
 }
 
 }  // namespace

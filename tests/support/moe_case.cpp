@@ -50,12 +50,18 @@ CaseData make_case(const CaseSpec& s) {
   return d;
 }
 
+StoredInputs stored_inputs(const CaseData& d) {
+  const DType dt = d.spec.dtype;
+  return {to_storage(dt, d.tensors.x),           to_storage(dt, d.tensors.w1), to_storage(dt, d.tensors.w2),
+          to_storage(dt, d.tensors.topk_weights), to_storage(dt, d.d_out),      d.tensors.topk_ids};
+}
+
 namespace {
 
-cuda::DeviceBuffer upload(DType dtype, const std::vector<double>& v) {
-  auto bits = to_storage(dtype, v);
-  cuda::DeviceBuffer b(std::max<std::size_t>(bits.size() * 2, 2));
-  b.upload(bits.data(), bits.size() * 2);
+template <typename V>
+cuda::DeviceBuffer upload(const std::vector<V>& v) {
+  cuda::DeviceBuffer b(std::max<std::size_t>(v.size() * sizeof(V), 2));
+  b.upload(v.data(), v.size() * sizeof(V));
   return b;
 }
 
@@ -63,21 +69,20 @@ cuda::DeviceBuffer alloc(std::size_t bytes) { return cuda::DeviceBuffer(std::max
 
 }  // namespace
 
-DeviceRun::DeviceRun(const CaseData& d, const MemoryPlan& m) {
-  const auto& t = d.tensors;
-  const DType dt = d.spec.dtype;
-  x = upload(dt, t.x);
-  w1 = upload(dt, t.w1);
-  w2 = upload(dt, t.w2);
-  weights = upload(dt, t.topk_weights);
-  d_out = upload(dt, d.d_out);
-  ids = cuda::DeviceBuffer(t.topk_ids.size() * 4);
-  ids.upload(t.topk_ids.data(), t.topk_ids.size() * 4);
-  out = alloc(t.x.size() * 2);
-  dx = alloc(t.x.size() * 2);
-  dw1 = alloc(t.w1.size() * 2);
-  dw2 = alloc(t.w2.size() * 2);
-  d_weights = alloc(t.topk_weights.size() * 2);
+DeviceRun::DeviceRun(const CaseData& d, const MemoryPlan& m) : DeviceRun(stored_inputs(d), m) {}
+
+DeviceRun::DeviceRun(const StoredInputs& in, const MemoryPlan& m) {
+  x = upload(in.x);
+  w1 = upload(in.w1);
+  w2 = upload(in.w2);
+  weights = upload(in.topk_weights);
+  d_out = upload(in.d_out);
+  ids = upload(in.topk_ids);
+  out = alloc(in.x.size() * 2);
+  dx = alloc(in.x.size() * 2);
+  dw1 = alloc(in.w1.size() * 2);
+  dw2 = alloc(in.w2.size() * 2);
+  d_weights = alloc(in.topk_weights.size() * 2);
   saved = alloc(m.saved_bytes);
   fwd_ws = alloc(m.forward_workspace_bytes);
   bwd_ws = alloc(m.backward_workspace_bytes);
@@ -85,16 +90,13 @@ DeviceRun::DeviceRun(const CaseData& d, const MemoryPlan& m) {
 }
 
 void DeviceRun::upload_inputs(const CaseData& d) {
-  auto put = [&](cuda::DeviceBuffer& b, const std::vector<double>& v) {
-    auto bits = to_storage(d.spec.dtype, v);
-    b.upload(bits.data(), bits.size() * 2);
-  };
-  put(x, d.tensors.x);
-  put(w1, d.tensors.w1);
-  put(w2, d.tensors.w2);
-  put(weights, d.tensors.topk_weights);
-  put(d_out, d.d_out);
-  ids.upload(d.tensors.topk_ids.data(), d.tensors.topk_ids.size() * 4);
+  const StoredInputs in = stored_inputs(d);
+  x.upload(in.x.data(), in.x.size() * 2);
+  w1.upload(in.w1.data(), in.w1.size() * 2);
+  w2.upload(in.w2.data(), in.w2.size() * 2);
+  weights.upload(in.topk_weights.data(), in.topk_weights.size() * 2);
+  d_out.upload(in.d_out.data(), in.d_out.size() * 2);
+  ids.upload(in.topk_ids.data(), in.topk_ids.size() * 4);
 }
 
 void DeviceRun::poison() {

@@ -36,6 +36,15 @@ struct CaseData {
 
 CaseData make_case(const CaseSpec& spec);
 
+// A case's inputs as the device stores them: 16-bit values and int32 expert ids. Cases too large
+// for double host copies build these directly.
+struct StoredInputs {
+  std::vector<std::uint16_t> x, w1, w2, topk_weights, d_out;
+  std::vector<std::int32_t> topk_ids;
+};
+
+StoredInputs stored_inputs(const CaseData& data);
+
 // Device copies and outputs of one case for one plan.
 struct DeviceRun {
   cuda::DeviceBuffer x, w1, w2, ids, weights, d_out;
@@ -43,6 +52,7 @@ struct DeviceRun {
   cuda::DeviceBuffer saved, fwd_ws, bwd_ws;
 
   DeviceRun(const CaseData& data, const MemoryPlan& memory);
+  DeviceRun(const StoredInputs& inputs, const MemoryPlan& memory);
   // Writes new input values (same shapes), e.g. before replaying a captured graph.
   void upload_inputs(const CaseData& data);
   // Fills outputs and workspaces with 0xff bytes (NaN in bf16 and fp16).
