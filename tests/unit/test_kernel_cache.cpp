@@ -1,9 +1,18 @@
-// The kernel cache: memory and disk hits, corrupt files rebuilt instead of loaded, and several
-// processes filling one cache directory at once.
-#include <catch2/catch.hpp>
+// The kernel cache: memory and disk hits, corrupt files rebuilt instead of loaded, several
+// processes filling one cache directory at once, and writers killed mid-store.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
 #include <fstream>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "core/fs.hpp"
 #include "jit/disk_cache.hpp"
@@ -156,4 +165,72 @@ TEST_CASE("several processes filling one cache directory lose nothing", "[cache]
   for (const auto& c : config_space(Role::kRouting, MoeShape{8192, 64, 2048, 768, 4, DType::kBF16})) expected += c.threads() * c.items <= 8192;
   CHECK(cubins == expected);
   for (const auto& p : files_in(dir.path())) CHECK(p.filename().string().find(".tmp.") == std::string::npos);
+}
+
+namespace {
+
+// A kernel with a cubin of `bytes` bytes that spell its number, so a file holding another's bytes
+// or a part of them shows.
+CompiledKernel numbered_kernel(int child, int n, std::size_t bytes) {
+  CompiledKernel k = fake_kernel(fmt::format("routing.killed{}_{}", child, n));
+  k.cubin.assign(bytes, static_cast<char>('a' + (child * 7 + n) % 26));
+  return k;
+}
+
+// Stores kernels until killed; after each store appends its number to `log` with one write().
+[[noreturn]] void store_until_killed(const std::filesystem::path& dir, const std::filesystem::path& log,
+                                     int child) noexcept {
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  const DiskCache cache(dir);
+  for (int n = 0;; ++n) {
+    cache.store(numbered_kernel(child, n, std::size_t{1} << 18));
+    const std::string line = std::to_string(n) + "\n";
+    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(2);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][multiprocess]") {
+  TempDir dir("killed");
+  constexpr int kChildren = 4;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) store_until_killed(dir.path(), dir / fmt::format("log{}", c), c);
+    children.push_back(pid);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t pid : children) ::kill(pid, SIGKILL);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status));
+  }
+
+  const DiskCache cache(dir.path());
+  int logged = 0, files = 0;
+  for (int c = 0; c < kChildren; ++c) {
+    std::istringstream log(fs::read_all(dir / fmt::format("log{}", c)).value_or(""));
+    for (int n; log >> n; ++logged) {
+      const CompiledKernel want = numbered_kernel(c, n, std::size_t{1} << 18);
+      CompiledKernel got;
+      REQUIRE(cache.load(want.key, got) == DiskLookup::kHit);
+      CHECK(got.cubin == want.cubin);
+    }
+  }
+  CHECK(logged >= kChildren);
+  // Every file under a final name, logged or not, is whole; the rest are temporary files, which
+  // the next process sweeps once they are old.
+  for (const auto& p : files_in(dir.path())) {
+    if (p.extension() != ".cubin") continue;
+    ++files;
+    const std::string stem = p.stem().string();
+    const auto dot = stem.rfind('.');
+    CompiledKernel k;
+    INFO(p);
+    CHECK(cache.load({stem.substr(0, dot), stem.substr(dot + 1)}, k) == DiskLookup::kHit);
+  }
+  CHECK(files >= logged);
 }

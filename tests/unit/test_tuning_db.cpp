@@ -1,5 +1,7 @@
 // The tuning database: keys, SQLite storage, JSON export/import, merging, the lookup chain,
 // and several processes writing one file at once. No GPU needed.
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,10 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -684,6 +690,92 @@ TEST_CASE("eight processes writing one database lose no rows and leave it intact
     CHECK(std::count(names.begin(), names.end(), config(16 * (c + 1)).name()) == 1);
   }
   CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA integrity_check") == "ok");
+}
+
+namespace {
+
+constexpr int kKilledCandidates = 40;
+
+// A row whose every candidate carries its key's number, so a row read back mixes nothing.
+TuningRow numbered_row(int child, int n) {
+  TuningKey k = key_at(64, 3000 + child);
+  k.intermediate = 1 + n;
+  TuningRow r = row_for(k, 64, 0.5);
+  r.candidates.clear();
+  for (int c = 0; c < kKilledCandidates; ++c) r.candidates.push_back(timed(config(8 * (c + 1), 2 + c % 5), n + c / 100.0));
+  r.winner = r.candidates[0].config;
+  r.median_ms = r.candidates[0].median_ms;
+  return r;
+}
+
+// Records rows until killed; after each commit appends its number to `log` with one write(), so
+// the parent learns a subset of what was committed. Never returns normally.
+[[noreturn]] void write_until_killed(const std::filesystem::path& path, const std::filesystem::path& log,
+                                     int child) noexcept {
+  try {
+    TuningDb db(path);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    for (int n = 0;; ++n) {
+      db.record(numbered_row(child, n));
+      const std::string line = std::to_string(n) + "\n";
+      if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(2);
+    }
+  } catch (...) {
+    ::_exit(1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("writers killed mid-transaction lose no committed row and leave the database whole and writable", "[db]") {
+  TempDir dir("killed");
+  const auto path = dir / "tuning.sqlite";
+  constexpr int kChildren = 4;
+  std::mt19937 rng(1234);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<pid_t> children;
+    for (int c = 0; c < kChildren; ++c) {
+      const int child = round * kChildren + c;
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) write_until_killed(path, dir / fmt::format("log{}", child), child);
+      children.push_back(pid);
+    }
+    // Long enough for each to commit rows, short enough that most die inside one.
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(150, 400)(rng)));
+    for (pid_t pid : children) ::kill(pid, SIGKILL);
+    for (pid_t pid : children) {
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      CHECK(WIFSIGNALED(status));  // an exit instead would mean a child failed to write
+    }
+  }
+
+  CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA integrity_check") == "ok");
+  TuningDb db(path);
+  std::map<std::string, TuningRow> stored;
+  for (TuningRow& r : db.rows()) stored[r.key.id()] = std::move(r);
+  int committed = 0;
+  for (int child = 0; child < 3 * kChildren; ++child) {
+    std::istringstream log(fs::read_all(dir / fmt::format("log{}", child)).value_or(""));
+    for (int n; log >> n; ++committed) {
+      const TuningRow want = numbered_row(child, n);
+      INFO("child " << child << ", row " << n);
+      const auto it = stored.find(want.key.id());
+      REQUIRE(it != stored.end());
+      CHECK(as_json(it->second) == as_json(sorted(want)));
+    }
+  }
+  CHECK(committed >= 3 * kChildren);
+  // Rows the parent was not told about (killed between commit and log) are whole too.
+  for (const auto& [id, row] : stored) {
+    INFO(id);
+    CHECK(row.candidates.size() == kKilledCandidates);
+  }
+  const TuningRow after = row_for(key_at(32, 4096), 128, 0.25);
+  db.record(after);
+  REQUIRE(db.lookup(after.key));
+  CHECK(as_json(*db.lookup(after.key)) == as_json(sorted(after)));
 }
 
 TEST_CASE("moejit db lists, exports, imports and merges", "[db][cli]") {
