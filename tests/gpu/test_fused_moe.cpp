@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "core/env.hpp"
 #include "core/float16.hpp"
@@ -552,6 +553,43 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", 
   CHECK(test::differences(replay_out, eager.out) == "none");
   CHECK(test::differences(replay_dw1, eager.dw1) == "none");
   check_outputs(eager, reference_of(second));
+}
+
+TEST_CASE("plans built and run from eight threads at once give the reference's answers", "[gpu][moe][threads]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // Three shapes, so threads race for the same kernels, modules and routing workspaces, and the
+  // in-memory kernel cache emptied, so they race to load or compile them too.
+  const std::vector<CaseSpec> specs = {{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 81},
+                                       {300, 16, 128, 64, 4, DType::kBF16, Routing::kRandom, 82},
+                                       {1100, 4, 264, 200, 1, DType::kBF16, Routing::kOneExpert, 83}};
+  std::vector<CaseData> data;
+  std::vector<Reference> refs;
+  for (const CaseSpec& s : specs) {
+    data.push_back(make_case(s));
+    refs.push_back(reference_of(data.back()));
+  }
+  const Mode modes[] = {Mode::kTraining, Mode::kInference, Mode::kMemoryEfficient};
+  constexpr int kThreads = 8;
+  std::vector<Outputs> got(kThreads);
+  std::vector<std::string> errors(kThreads);
+  jit::KernelCache::instance().forget_compiled();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        const cuda::PrimaryContext context(0);  // current on this thread
+        got[i] = run_case(data[i % specs.size()], modes[i / specs.size()]);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    INFO("thread " << i << ": " << describe(specs[i % specs.size()]) << ", " << mode_name(modes[i / specs.size()]));
+    REQUIRE(errors[i].empty());
+    check_outputs(got[i], refs[i % specs.size()], modes[i / specs.size()] != Mode::kInference);
+  }
 }
 
 TEST_CASE("expert ids outside [0, E) are dropped, or rejected in checking mode", "[gpu][moe]") {
