@@ -41,6 +41,21 @@ std::vector<std::filesystem::path> files_in(const std::filesystem::path& dir) {
   return out;
 }
 
+// The cache's files under final names, and the key each one's name spells.
+std::vector<std::filesystem::path> cubin_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& p : files_in(dir)) {
+    if (p.extension() == ".cubin") out.push_back(p);
+  }
+  return out;
+}
+
+KernelKey key_of_file(const std::filesystem::path& p) {
+  const std::string stem = p.stem().string();
+  const auto dot = stem.rfind('.');
+  return {stem.substr(0, dot), stem.substr(dot + 1)};
+}
+
 // A kernel with a fake cubin, as the disk cache's encode and decode see it.
 CompiledKernel fake_kernel(const std::string& module) {
   CompiledKernel k;
@@ -151,19 +166,15 @@ TEST_CASE("several processes filling one cache directory lose nothing", "[cache]
   REQUIRE(test::run_command(all).exit_code == 0);
   auto codes = *fs::read_all(dir / "codes");
   CHECK(codes == "0\n0\n0\n0\n");
-  int cubins = 0;
-  for (const auto& p : files_in(dir.path())) {
-    if (p.extension() != ".cubin") continue;
-    ++cubins;
-    const std::string stem = p.stem().string();
-    const auto dot = stem.rfind('.');
+  const auto cubins = cubin_files(dir.path());
+  for (const auto& p : cubins) {
     CompiledKernel k;
-    CHECK(DiskCache(dir.path()).load({stem.substr(0, dot), stem.substr(dot + 1)}, k) == DiskLookup::kHit);
+    CHECK(DiskCache(dir.path()).load(key_of_file(p), k) == DiskLookup::kHit);
   }
   // TK = 8192: every config with a chunk <= 8192 pairs survives pruning.
   int expected = 0;
   for (const auto& c : config_space(Role::kRouting, MoeShape{8192, 64, 2048, 768, 4, DType::kBF16})) expected += c.threads() * c.items <= 8192;
-  CHECK(cubins == expected);
+  CHECK(cubins.size() == static_cast<std::size_t>(expected));
   for (const auto& p : files_in(dir.path())) CHECK(p.filename().string().find(".tmp.") == std::string::npos);
 }
 
@@ -210,7 +221,7 @@ TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][mult
   }
 
   const DiskCache cache(dir.path());
-  int logged = 0, files = 0;
+  int logged = 0;
   for (int c = 0; c < kChildren; ++c) {
     std::istringstream log(fs::read_all(dir / fmt::format("log{}", c)).value_or(""));
     for (int n; log >> n; ++logged) {
@@ -223,14 +234,11 @@ TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][mult
   CHECK(logged >= kChildren);
   // Every file under a final name, logged or not, is whole; the rest are temporary files, which
   // the next process sweeps once they are old.
-  for (const auto& p : files_in(dir.path())) {
-    if (p.extension() != ".cubin") continue;
-    ++files;
-    const std::string stem = p.stem().string();
-    const auto dot = stem.rfind('.');
+  const auto files = cubin_files(dir.path());
+  for (const auto& p : files) {
     CompiledKernel k;
     INFO(p);
-    CHECK(cache.load({stem.substr(0, dot), stem.substr(dot + 1)}, k) == DiskLookup::kHit);
+    CHECK(cache.load(key_of_file(p), k) == DiskLookup::kHit);
   }
-  CHECK(files >= logged);
+  CHECK(files.size() >= static_cast<std::size_t>(logged));
 }
