@@ -120,9 +120,11 @@ TEST_CASE("offsets past 2^32 elements: T = 2^24 + 3, K = 2, sampled tokens again
   in.topk_ids.resize(T * K);
   parallel_for(T, workers(), [&](std::size_t t) {
     const std::uint64_t h = mix(t ^ 0x5eed);
-    const int first = static_cast<int>(h % (E - 1));
+    const int bulk = static_cast<int>(E - 1);  // experts 0 .. E - 2
+    const int first = static_cast<int>(h % bulk);
+    const int second = (first + 1 + static_cast<int>((h >> 32) % (bulk - 1))) % bulk;  // distinct from first
     in.topk_ids[t * K] = first;
-    in.topk_ids[t * K + 1] = to_last(t) ? static_cast<int>(E - 1) : (first + 1 + static_cast<int>((h >> 32) % 2)) % 3;
+    in.topk_ids[t * K + 1] = to_last(t) ? bulk : second;
   });
 
   // Every token of the last expert, and a spread of bulk tokens; those past 2^31 / H sit where
