@@ -89,6 +89,38 @@ TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") 
   CHECK(k3->resources.size() == k1->resources.size());
 }
 
+TEST_CASE("threads asking for the same kernels at once compile each once and share it", "[cache]") {
+  TempDir dir("threads");
+  ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
+  auto& cache = KernelCache::instance();
+  cache.forget_compiled();
+  const KernelSpec specs[] = {spec(4, 8), spec(4, 16), spec(8, 8)};
+  constexpr int kThreads = 8, kSpecs = 3;
+  std::shared_ptr<const CompiledKernel> got[kThreads][kSpecs];
+  Origin origin[kThreads][kSpecs];
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      for (int j = 0; j < kSpecs; ++j) {
+        const int s = (i + j) % kSpecs;  // each thread starts with another kernel
+        got[i][s] = cache.get(specs[s], &origin[i][s]);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < kSpecs; ++s) {
+    INFO(specs[s].readable_name());
+    int compiled = 0;
+    for (int i = 0; i < kThreads; ++i) {
+      REQUIRE(got[i][s]);
+      CHECK(got[i][s] == got[0][s]);
+      compiled += origin[i][s] == Origin::kCompiled;
+    }
+    CHECK(compiled == 1);
+  }
+  CHECK(cubin_files(dir.path()).size() == kSpecs);
+}
+
 TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[cache]") {
   TempDir dir("corrupt");
   ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
