@@ -3,7 +3,9 @@
 #   tools/gpu-round.sh tests [SECONDS [FIRST]]
 #                                       every [gpu] test case in its own process, one line each,
 #                                       each stopped after SECONDS (default 500), from the
-#                                       FIRST-th case on (default 1: a second call resumes)
+#                                       FIRST-th case on (default 1: a second call resumes), from
+#                                       $BUILD (default build/release; build/asan-slim from
+#                                       tools/asan-slim.sh runs them under the sanitizers)
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh python           the Python tests (python/tests/run_tests.py) on this build
@@ -43,7 +45,10 @@ out=${OUT:-/tmp}
 bench_env=(MOEJIT_SHIPPED_DB_DIR="${MOEJIT_SHIPPED_DB_DIR:-$PWD/db}" MOEJIT_AUTOTUNE="${MOEJIT_AUTOTUNE:-0}")
 case "${1:-}" in
   tests)
-    bin=build/release/tests/moejit_gpu_tests
+    bin=${BUILD:-build/release}/tests/moejit_gpu_tests
+    # A sanitizer build: the driver maps memory where AddressSanitizer's shadow gap would be.
+    [[ $bin == *asan* ]] && export ASAN_OPTIONS=${ASAN_OPTIONS:-protect_shadow_gap=0:detect_leaks=0} \
+      UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     limit=${2:-500}
     first=${3:-1}
     fails=0
@@ -61,7 +66,7 @@ case "${1:-}" in
       if ((rc != 0)); then
         fails=$((fails + 1))
         # A barrier watchdog's trap (templates/common/pipeline_sm90.cuh) shows as a launch failure.
-        grep -a -m3 "launch failure\|illegal instruction\|CUDA_ERROR" /tmp/one.log
+        grep -a -m3 "launch failure\|illegal instruction\|CUDA_ERROR\|Sanitizer\|runtime error" /tmp/one.log
         grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
       fi
     done < <("$bin" --list-test-names-only)
