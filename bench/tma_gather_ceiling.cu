@@ -1,15 +1,16 @@
 // Whether Hopper's copy engine can gather token rows into shared memory fast enough for a token
 // GEMM to read x directly, with no scatter (docs/issue5-bounds.md). Session 12's row gather issued
-// 128 one-row tensor boxes of 128 bytes per stage from one thread and ran fwd_up 4.5x slower; this
+// 128 one-row tensor boxes of 128 bytes per stage from one warp and ran fwd_up 4.5x slower; this
 // tool separates the request size and the number of issuing threads from everything else.
 // Every SM runs one block that keeps 4 stages of 48 KB in flight, each filled by requests of
 // W bytes at random rows of x ([T, 2048] bf16), and only waits for them to land:
 //   tensor-row  one-row boxes of 64 columns through a 2-D tensor map, 128-byte swizzle (W = 128)
 //   bulk-W      1-D bulk copies of W contiguous bytes of a row (W = 128 ... 4096)
 //   tensor-tile the form fwd_up uses now: 128-row boxes of sorted, contiguous rows (for scale)
-// issued by 1 to 384 threads (all lanes of up to 12 warps, or one lane of each). It prints the bytes landed per second, in all and per SM, and the
-// requests per SM per microsecond. fwd_up at T=32768 (128-column tiles) takes its A tiles at about
-// 39 GB/s per SM, its W1 tiles at as much again.
+// issued by 1 to 384 threads (all lanes of up to 12 warps, or one lane of each). It prints the
+// bytes landed per second, in all and per SM, and the requests per SM per microsecond. fwd_up at
+// T=32768 (128-column tiles) takes its A tiles at about 39 GB/s per SM, its W1 tiles at as much
+// again.
 // A standalone tool (the project compiles its kernels with NVRTC; this one needs nvcc):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o build/copytool/tma_gather_ceiling bench/tma_gather_ceiling.cu
 //   build/copytool/tma_gather_ceiling [T ...]      (default 4096, whose x stays in L2, and 65536)
