@@ -38,28 +38,20 @@ struct Sizes {
   std::size_t pairs, tokens_h, w1, w2;
 };
 
-// A device buffer an argument names: [begin, begin + bytes).
-struct Region {
-  const char* name;
-  const void* begin;
-  std::size_t bytes;
-};
-
 // Each written region must overlap no other region: a kernel would read what another wrote
 // over it, or two would write the same bytes.
-void require_disjoint(const std::vector<Region>& written, const std::vector<Region>& read) {
-  const auto overlap = [](const Region& a, const Region& b) {
+void require_disjoint(const std::vector<TensorRegion>& regions) {
+  const auto overlap = [](const TensorRegion& a, const TensorRegion& b) {
     const auto a0 = reinterpret_cast<std::uintptr_t>(a.begin), b0 = reinterpret_cast<std::uintptr_t>(b.begin);
     return a.bytes > 0 && b.bytes > 0 && a0 < b0 + b.bytes && b0 < a0 + a.bytes;
   };
-  for (std::size_t i = 0; i < written.size(); ++i) {
-    for (std::size_t j = i + 1; j < written.size(); ++j) {
-      if (overlap(written[i], written[j])) {
-        throw InvalidArgument(written[i].name, fmt::format("overlaps {}", written[j].name));
+  // Pairs in list order, the written one named first, as a caller reads "dx: overlaps x".
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    for (std::size_t j = 0; j < regions.size(); ++j) {
+      const bool pair = regions[i].written && (regions[j].written ? j > i : true);
+      if (pair && overlap(regions[i], regions[j])) {
+        throw InvalidArgument(regions[i].name, fmt::format("overlaps {}", regions[j].name));
       }
-    }
-    for (const Region& r : read) {
-      if (overlap(written[i], r)) throw InvalidArgument(written[i].name, fmt::format("overlaps {}", r.name));
     }
   }
 }
@@ -92,6 +84,38 @@ void validate_problem(const MoeProblem& p) {
   }
 }
 
+std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m) {
+  const Sizes z(p);
+  return {{"out", a.out, z.tokens_h, true},
+          {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes, true},
+          {"workspace", a.workspace, m.forward_workspace_bytes, true},
+          {"x", a.x, z.tokens_h, false},
+          {"w1", a.w1, z.w1, false},
+          {"w2", a.w2, z.w2, false},
+          {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), false},
+          {"topk_weights", a.topk_weights, z.pairs * z.elt, false}};
+}
+
+std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m) {
+  const Sizes z(p);
+  // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
+  // it may overlap no input either; otherwise it is only read.
+  const bool memeff = p.mode == Mode::kMemoryEfficient;
+  std::vector<TensorRegion> t = {{"dx", a.dx, z.tokens_h, true},
+                                 {"dw1", a.dw1, z.w1, true},
+                                 {"dw2", a.dw2, z.w2, true},
+                                 {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt, true},
+                                 {"workspace", a.workspace, m.backward_workspace_bytes, true},
+                                 {"d_out", a.d_out, z.tokens_h, false},
+                                 {"x", a.x, z.tokens_h, false},
+                                 {"w1", a.w1, z.w1, false},
+                                 {"w2", a.w2, z.w2, false},
+                                 {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), false},
+                                 {"topk_weights", a.topk_weights, z.pairs * z.elt, false}};
+  t.insert(memeff ? t.begin() + 5 : t.end(), {"saved", a.saved, m.saved_bytes, memeff});
+  return t;
+}
+
 void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
   const std::size_t tensor = vector_aligned ? 16 : 2;
   require_pointer(a.x, "x", tensor);
@@ -102,15 +126,7 @@ void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPla
   require_pointer(a.out, "out", tensor);
   if (p.mode != Mode::kInference) require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
   require_buffer(a.workspace, a.workspace_bytes, m.forward_workspace_bytes, "workspace", "workspace_bytes");
-  const Sizes z(p);
-  require_disjoint({{"out", a.out, z.tokens_h},
-                    {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes},
-                    {"workspace", a.workspace, m.forward_workspace_bytes}},
-                   {{"x", a.x, z.tokens_h},
-                    {"w1", a.w1, z.w1},
-                    {"w2", a.w2, z.w2},
-                    {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
-                    {"topk_weights", a.topk_weights, z.pairs * z.elt}});
+  require_disjoint(forward_tensors(a, p, m));
 }
 
 void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
@@ -128,22 +144,37 @@ void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryP
   require_pointer(a.d_topk_weights, "d_topk_weights", 2);
   require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
   require_buffer(a.workspace, a.workspace_bytes, m.backward_workspace_bytes, "workspace", "workspace_bytes");
-  const Sizes z(p);
-  // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
-  // it may overlap no input either; otherwise it is only read.
-  std::vector<Region> written = {{"dx", a.dx, z.tokens_h},
-                                 {"dw1", a.dw1, z.w1},
-                                 {"dw2", a.dw2, z.w2},
-                                 {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt},
-                                 {"workspace", a.workspace, m.backward_workspace_bytes}};
-  std::vector<Region> read = {{"d_out", a.d_out, z.tokens_h},
-                              {"x", a.x, z.tokens_h},
-                              {"w1", a.w1, z.w1},
-                              {"w2", a.w2, z.w2},
-                              {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t)},
-                              {"topk_weights", a.topk_weights, z.pairs * z.elt}};
-  (p.mode == Mode::kMemoryEfficient ? written : read).push_back({"saved", a.saved, m.saved_bytes});
-  require_disjoint(written, read);
+  require_disjoint(backward_tensors(a, p, m));
+}
+
+void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
+                           const std::function<cuda::PointerInfo(const void*)>& query) {
+  for (const TensorRegion& t : tensors) {
+    if (t.bytes == 0) continue;
+    const char* last = static_cast<const char*>(t.begin) + (t.bytes - 1);
+    for (const void* at : {t.begin, static_cast<const void*>(last)}) {
+      const cuda::PointerInfo info = query(at);
+      const bool first = at == t.begin;
+      switch (info.kind) {
+        case cuda::MemoryKind::kManaged: break;
+        case cuda::MemoryKind::kDevice:
+          if (info.device != device) {
+            throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
+                                                      first ? "is" : "ends in", info.device, device));
+          }
+          break;
+        case cuda::MemoryKind::kHost:
+          throw InvalidArgument(t.name, fmt::format("{} page-locked host memory; pass device memory",
+                                                    first ? "is" : "ends in"));
+        case cuda::MemoryKind::kUnknown:
+          throw InvalidArgument(t.name, first ? fmt::format("address {} is not CUDA memory (host memory from malloc "
+                                                            "or new?); pass device memory", t.begin)
+                                              : fmt::format("its {} bytes from {} run past the memory allocated "
+                                                            "there: is the buffer smaller than the problem's shape?",
+                                                            t.bytes, t.begin));
+      }
+    }
+  }
 }
 
 void check_distinct_experts(const std::int32_t* ids, long long tokens, int topk) {

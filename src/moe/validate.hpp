@@ -2,9 +2,26 @@
 // naming the offending argument, before anything is enqueued.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "cuda/pointer.hpp"
 #include "moejit/moejit.hpp"
 
 namespace moejit {
+
+// One tensor of a call, as the problem and the plan size it: [begin, begin + bytes).
+struct TensorRegion {
+  const char* name;
+  const void* begin;
+  std::size_t bytes;
+  bool written;
+};
+
+// Every tensor a forward() or backward() call touches, written ones first.
+std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m);
+std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m);
 
 void validate_problem(const MoeProblem& p);
 
@@ -12,6 +29,13 @@ void validate_problem(const MoeProblem& p);
 // aligned (otherwise 2 bytes suffice).
 void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
 void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
+
+// Each tensor's first and last byte must be device memory of `device` (or managed memory): a
+// host or another GPU's address, or a tensor running past the memory the driver knows, would
+// fault inside a kernel. `query` is cuda::query_pointer outside the unit tests. Throws
+// InvalidArgument naming the tensor.
+void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
+                           const std::function<cuda::PointerInfo(const void*)>& query);
 
 // Checking mode (Options::check_expert_ids), on ids read back from the device: throws
 // InvalidArgument("topk_ids") for the first token that names one expert in two of its `topk`

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <thread>
 
 #include "core/env.hpp"
 #include "core/float16.hpp"
+#include "cuda/pointer.hpp"
 #include "jit/kernel_cache.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
@@ -688,4 +690,50 @@ TEST_CASE("bad inputs are rejected with the argument named", "[gpu][moe]") {
   CHECK_THROWS_WITH(FusedMoe(problem_of(spec, Mode::kTraining), bad_override), Catch::StartsWith("config_overrides"));
   FusedMoe infer(problem_of(spec, Mode::kInference));
   CHECK_THROWS_AS(infer.backward(run.backward_args(stream.get())), StateError);
+}
+
+TEST_CASE("tensors in host memory or past their buffer are rejected before anything is enqueued", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  FusedMoe plan(problem_of(spec, Mode::kTraining));
+  DeviceRun run(make_case(spec), plan.memory());
+  run.poison();
+  cuda::Stream stream;
+  const ForwardArgs fwd = run.forward_args(stream.get());
+  const BackwardArgs bwd = run.backward_args(stream.get());
+  const std::size_t x_elements = 64 * 128, w1_elements = 8 * 2 * 64 * 128;
+
+  // Host memory from the C++ heap (16-byte aligned, so only where it lives is wrong).
+  std::vector<std::uint16_t> host_x(x_elements, 0x3f80), host_dw1(w1_elements);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(host_x.data()) % 16 == 0);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(host_dw1.data()) % 16 == 0);
+  ForwardArgs a = fwd;
+  a.x = host_x.data();
+  CHECK_THROWS_WITH(plan.forward(a), Catch::StartsWith("x: address") && Catch::Contains("is not CUDA memory"));
+  BackwardArgs b = bwd;
+  b.dw1 = host_dw1.data();
+  CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith("dw1: address") && Catch::Contains("is not CUDA memory"));
+
+  // x starting 256 bytes before the end of a buffer allocated last: its 16 KiB run past it,
+  // into addresses the driver maps to nothing (checked, since another allocation could follow).
+  cuda::DeviceBuffer tail(std::size_t{1} << 21);
+  a = fwd;
+  a.x = tail.as<char>() + tail.bytes() - 256;
+  const char* x_last = static_cast<const char*>(a.x) + x_elements * 2 - 1;
+  if (cuda::query_pointer(x_last).kind == cuda::MemoryKind::kUnknown) {
+    CHECK_THROWS_WITH(plan.forward(a), Catch::StartsWith("x: its 16384 bytes") && Catch::Contains("run past"));
+  } else {
+    WARN("the addresses past the last buffer are mapped here, so x's overrun is not checked");
+  }
+
+  // Nothing ran: out and dx still hold the poison. The valid calls then run as before.
+  const std::vector<double> out = download(run.out, spec.dtype, x_elements);
+  const std::vector<double> dx = download(run.dx, spec.dtype, x_elements);
+  CHECK(std::all_of(out.begin(), out.end(), [](double v) { return std::isnan(v); }));
+  CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+  plan.forward(fwd);
+  plan.backward(bwd);
+  stream.synchronize();
+  const std::vector<double> out_after = download(run.out, spec.dtype, x_elements);
+  CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
 }

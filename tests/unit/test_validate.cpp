@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moe/memory_layout.hpp"
+#include "cuda/pointer.hpp"
 #include "moe/validate.hpp"
 
 using namespace moejit;
@@ -164,4 +165,67 @@ TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved o
     bad.saved = gib(8);
     CHECK_NOTHROW(validate_backward(bad, p, m, true));
   }
+}
+
+namespace {
+
+// A fake driver's view: GiBs 1-15 are device 0's memory, 16 (the workspace) device 1's, and the
+// memory of each GiB stops 64 MiB before its end; past that the driver knows nothing.
+cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t n = a >> 30;
+  if (n < 1 || n > 16 || (a & ((1u << 30) - 1)) >= (960u << 20)) return {};
+  if (n == 6) return {gib6_kind, 0};
+  return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0};
+}
+
+}  // namespace
+
+TEST_CASE("tensors outside this device's memory are rejected, each named", "[validate]") {
+  const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
+  const MemoryLayout l = memory_layout(p);
+  const MemoryPlan m = memory_plan(l);
+  BackwardArgs a = separate_backward_args(l);
+  const auto device = [](cuda::MemoryKind k) { return [k](const void* at) { return fake_query(at, k); }; };
+  const auto device0 = device(cuda::MemoryKind::kDevice);
+  const auto rejected = [&](const BackwardArgs& args, int on, cuda::MemoryKind gib6) {
+    try {
+      require_device_memory(backward_tensors(args, p, m), on, device(gib6));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Every tensor but the workspace is device 0's: so the workspace is named, on device 0.
+  CHECK_THAT(rejected(a, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("workspace: is memory of device 1; this plan runs on device 0"));
+  a.workspace = gib(11);
+  CHECK(rejected(a, 0, cuda::MemoryKind::kDevice).empty());
+  CHECK_NOTHROW(require_device_memory(backward_tensors(a, p, m), 0, device0));
+  // Device 1's plan finds device 0's memory first in its list: dx.
+  CHECK_THAT(rejected(a, 1, cuda::MemoryKind::kDevice), Catch::StartsWith("dx: is memory of device 0"));
+  // topk_weights lives in GiB 6: managed memory is accepted wherever it was allocated, page-locked
+  // host memory is not.
+  CHECK(rejected(a, 0, cuda::MemoryKind::kManaged).empty());
+  CHECK_THAT(rejected(a, 0, cuda::MemoryKind::kHost), Catch::StartsWith("topk_weights: is page-locked host memory"));
+  CHECK_THAT(rejected(a, 0, cuda::MemoryKind::kUnknown), Catch::StartsWith("topk_weights: address") &&
+                                                              Catch::Contains("is not CUDA memory"));
+  // A tensor whose last byte lies past the known memory: its first byte alone passes.
+  BackwardArgs late = a;
+  late.x = static_cast<char*>(gib(2)) + (950u << 20);  // x is 16 MiB: it ends at 966 MiB
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the memory"));
+  late.x = static_cast<char*>(gib(2)) + (944u << 20);  // ends at 960 MiB exactly
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
+  ForwardArgs f;
+  f.x = gib(1);
+  f.w1 = gib(3);
+  f.w2 = gib(4);
+  f.topk_ids = static_cast<const std::int32_t*>(gib(5));
+  f.topk_weights = gib(7);
+  f.out = gib(9);
+  f.workspace = gib(10);
+  const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
+  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(memory_layout(infer))), 0, device0));
 }

@@ -1,0 +1,32 @@
+#include "cuda/pointer.hpp"
+
+#include "cuda/driver.hpp"
+
+namespace moejit::cuda {
+
+PointerInfo query_pointer(const void* p) {
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  unsigned int type = 0;
+  // The driver writes a boolean here; a zeroed 8-byte word reads true whatever width it writes.
+  unsigned long long managed = 0;
+  int ordinal = -1;
+  void* data[] = {&type, &managed, &ordinal};
+  // cuPointerGetAttributes leaves an address it does not know at the defaults (type 0) and
+  // succeeds; the two errors are the same answer as its documentation also lists them.
+  const CUresult r = driver().cuPointerGetAttributes(3, attributes, data, reinterpret_cast<CUdeviceptr>(p));
+  if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_CONTEXT) return {};
+  check(r, "cuPointerGetAttributes");
+  PointerInfo info;
+  info.device = ordinal;
+  if (managed != 0) {
+    info.kind = MemoryKind::kManaged;
+  } else if (type == CU_MEMORYTYPE_DEVICE) {
+    info.kind = MemoryKind::kDevice;
+  } else if (type == CU_MEMORYTYPE_HOST) {
+    info.kind = MemoryKind::kHost;
+  }
+  return info;
+}
+
+}  // namespace moejit::cuda

@@ -1,0 +1,22 @@
+// What the driver knows of an address. A caller's tensor in host memory, or on another GPU, would
+// fault inside a kernel and take the context down with it: checked before anything is enqueued.
+#pragma once
+
+namespace moejit::cuda {
+
+enum class MemoryKind {
+  kUnknown,  // no CUDA allocation, mapping or registration holds the address (plain malloc)
+  kDevice,
+  kHost,     // page-locked host memory (cuMemHostAlloc, cuMemHostRegister)
+  kManaged,
+};
+
+struct PointerInfo {
+  MemoryKind kind = MemoryKind::kUnknown;
+  int device = -1;  // the ordinal the memory was allocated on or registered with
+};
+
+// Throws CudaError only for a driver failure; an unknown address is kUnknown.
+PointerInfo query_pointer(const void* p);
+
+}  // namespace moejit::cuda
