@@ -13,6 +13,8 @@
 // count and the ids, so it is off by default).
 //
 // The caller allocates everything (device memory, 256-byte aligned): memory() says how much.
+// Each call checks that every tensor begins and ends in device memory of the plan's GPU (or in
+// managed memory), and throws InvalidArgument naming the first that does not.
 // forward() and backward() only enqueue work on the caller's stream: no allocation, no
 // host-device synchronisation, so both can be captured in a CUDA graph.
 #pragma once
