@@ -594,6 +594,69 @@ TEST_CASE("plans built and run from eight threads at once give the reference's a
   }
 }
 
+TEST_CASE("two GPUs: plans on each from threads of their own, and the other GPU's tensors rejected",
+          "[gpu][moe][multigpu]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const cuda::Driver& d = cuda::driver();
+  int count = 0;
+  MOEJIT_CU(d.cuDeviceGetCount(&count));
+  if (count < 2) {
+    WARN("SKIPPED (one GPU visible): this case needs two");
+    return;
+  }
+  // Two threads per GPU, two shapes: each context loads its own modules of the same kernels.
+  const std::vector<CaseSpec> specs = {{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 91},
+                                       {300, 16, 128, 64, 4, DType::kBF16, Routing::kRandom, 92}};
+  std::vector<CaseData> data;
+  std::vector<Reference> refs;
+  for (const CaseSpec& s : specs) {
+    data.push_back(make_case(s));
+    refs.push_back(reference_of(data.back()));
+  }
+  constexpr int kThreads = 4;
+  std::vector<Outputs> got(kThreads);
+  std::vector<std::string> errors(kThreads);
+  jit::KernelCache::instance().forget_compiled();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        const cuda::PrimaryContext context(i % 2);
+        got[i] = run_case(data[i / 2], Mode::kTraining);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) {
+    INFO("thread " << i << " on GPU " << i % 2 << ": " << describe(specs[i / 2]));
+    REQUIRE(errors[i].empty());
+    check_outputs(got[i], refs[i / 2]);
+  }
+
+  // A plan on GPU 1 given GPU 0's x, or called while GPU 0's context is current, refuses.
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  cuda::DeviceBuffer x0(std::size_t{64} * 128 * 2);  // GPU 0's: gpu's context is current
+  {
+    const cuda::PrimaryContext gpu1(1);
+    FusedMoe plan(problem_of(spec, Mode::kTraining));
+    DeviceRun run(make_case(spec), plan.memory());
+    cuda::Stream stream;
+    const ForwardArgs fwd = run.forward_args(stream.get());
+    ForwardArgs a = fwd;
+    a.x = x0.as<void>();
+    CHECK_THROWS_WITH(plan.forward(a), Catch::StartsWith("x: is memory of device 0; this plan runs on device 1"));
+    MOEJIT_CU(d.cuCtxSetCurrent(gpu->context.get()));
+    CHECK_THROWS_AS(plan.forward(fwd), StateError);
+    MOEJIT_CU(d.cuCtxSetCurrent(gpu1.get()));
+    plan.forward(fwd);
+    plan.backward(run.backward_args(stream.get()));
+    stream.synchronize();
+  }
+  MOEJIT_CU(d.cuCtxSetCurrent(gpu->context.get()));
+}
+
 TEST_CASE("expert ids outside [0, E) are dropped, or rejected in checking mode", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{200, 8, 128, 64, 2, DType::kBF16, Routing::kRandom, 5};
