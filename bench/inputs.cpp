@@ -50,20 +50,22 @@ constexpr std::size_t kSlicesPerUpload = 64;          // bounds the host staging
 RoutingSpec parse_routing(const std::string& text) {
   if (text == "uniform") return {};
   if (text == "balanced") return {false, true, 0.0};
-  if (text.rfind("zipf:", 0) == 0) {
-    const std::string value = text.substr(5);
+  for (const std::string prefix : {"zipf:", "zipf-shuffled:"}) {
+    if (text.rfind(prefix, 0) != 0) continue;
+    const std::string value = text.substr(prefix.size());
     char* end = nullptr;
     const double s = std::strtod(value.c_str(), &end);
-    if (!value.empty() && *end == '\0' && s > 0 && std::isfinite(s)) return {true, false, s};
+    if (!value.empty() && *end == '\0' && s > 0 && std::isfinite(s)) return {true, false, s, prefix != "zipf:"};
   }
-  throw InvalidArgument("--routing", "expected 'uniform', 'balanced' or 'zipf:S' with S > 0, got '" + text + "'");
+  throw InvalidArgument("--routing",
+                        "expected 'uniform', 'balanced', 'zipf:S' or 'zipf-shuffled:S' with S > 0, got '" + text + "'");
 }
 
 std::string routing_name(const RoutingSpec& r) {
   if (r.balanced) return "balanced";
   if (!r.zipf) return "uniform";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "zipf:%g", r.exponent);
+  std::snprintf(buf, sizeof buf, "%s:%g", r.shuffled ? "zipf-shuffled" : "zipf", r.exponent);
   return buf;
 }
 
@@ -89,7 +91,14 @@ std::vector<std::int32_t> routing_ids(long long tokens, int experts, int topk, c
                                       std::uint64_t seed) {
   std::vector<double> log_weight(experts, 0.0);
   if (routing.zipf) {
-    for (int e = 0; e < experts; ++e) log_weight[e] = -routing.exponent * std::log(e + 1.0);
+    // Popularity rank r (0 the most popular) goes to expert rank_expert[r].
+    std::vector<int> rank_expert(experts);
+    std::iota(rank_expert.begin(), rank_expert.end(), 0);
+    if (routing.shuffled) {
+      Rng rng(seed, ~0ULL);
+      for (int r = experts - 1; r > 0; --r) std::swap(rank_expert[r], rank_expert[rng.next() % (r + 1)]);
+    }
+    for (int r = 0; r < experts; ++r) log_weight[rank_expert[r]] = -routing.exponent * std::log(r + 1.0);
   }
   std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens) * topk);
   if (routing.balanced) {

@@ -19,9 +19,11 @@ struct RoutingSpec {
   bool zipf = false;
   bool balanced = false;
   double exponent = 0.0;
+  bool shuffled = false;  // zipf: the popularity ranks fall on experts in a random order, not 0, 1, ...
 };
 
-// "uniform", "balanced" or "zipf:S" (S > 0); throws InvalidArgument naming --routing.
+// "uniform", "balanced", "zipf:S" or "zipf-shuffled:S" (S > 0); throws InvalidArgument naming
+// --routing.
 RoutingSpec parse_routing(const std::string& text);
 std::string routing_name(const RoutingSpec& r);
 

@@ -41,12 +41,16 @@ std::vector<long long> expert_loads(const std::vector<std::int32_t>& ids, long l
 }  // namespace
 
 TEST_CASE("--routing parses uniform, balanced and zipf:S and names them back", "[bench]") {
-  for (const char* text : {"uniform", "balanced", "zipf:1.5"}) CHECK(routing_name(parse_routing(text)) == text);
+  for (const char* text : {"uniform", "balanced", "zipf:1.5", "zipf-shuffled:1.5"}) {
+    CHECK(routing_name(parse_routing(text)) == text);
+  }
+  CHECK(parse_routing("zipf-shuffled:1.5").shuffled);
+  CHECK_FALSE(parse_routing("zipf:1.5").shuffled);
   CHECK(parse_routing("balanced").balanced);
   CHECK_FALSE(parse_routing("balanced").zipf);
   CHECK(parse_routing("zipf:1.5").exponent == 1.5);
   CHECK_FALSE(parse_routing("zipf:1.5").balanced);
-  for (const char* bad : {"", "Balanced", "zipf:", "zipf:0", "zipf:-1", "zipf:1x"}) {
+  for (const char* bad : {"", "Balanced", "zipf:", "zipf:0", "zipf:-1", "zipf:1x", "zipf-shuffled:", "zipf-shuffled"}) {
     CHECK_THROWS_AS(parse_routing(bad), InvalidArgument);
   }
 }
