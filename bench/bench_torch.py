@@ -121,14 +121,30 @@ def balanced_ids(t, e, k, generator):
     return ids
 
 
+def zipf_log_weights(routing, e, generator):
+    """Per-expert log weights of "zipf:S" (expert 0 the most popular) or "zipf-shuffled:S" (the
+    popularity ranks on the experts in a random order), as moejit_bench draws them."""
+    kind, exponent = routing.split(":")
+    rank = torch.arange(e, device="cuda", dtype=torch.float32)
+    if kind == "zipf-shuffled":
+        rank = rank[torch.randperm(e, device="cuda", generator=generator)]
+    return -float(exponent) * torch.log(rank + 1)
+
+
 def make_sets(t, e, h, k, dtype, count, generator, routing="uniform"):
-    """`count` input sets; routing "uniform" (top-k of uniform scores) or "balanced"."""
+    """`count` input sets; routing "uniform" (top-k of uniform scores), "balanced", or Zipf
+    ("zipf:S", "zipf-shuffled:S": K experts without replacement, Gumbel top-k)."""
+    log_w = zipf_log_weights(routing, e, generator) if routing.startswith("zipf") else None
     sets = []
     for _ in range(count):
         x = (torch.rand(t, h, device="cuda", generator=generator, dtype=torch.float32) * 2 - 1).add_(1e-3).to(dtype)
         scores = torch.rand(t, e, device="cuda", generator=generator)
         if routing == "balanced":
             ids = balanced_ids(t, e, k, generator)
+            weights = scores.gather(1, ids)
+        elif log_w is not None:
+            uniform = torch.rand(t, e, device="cuda", generator=generator).clamp_(min=1e-12)
+            ids = (log_w - torch.log(-torch.log(uniform))).topk(k, dim=-1).indices
             weights = scores.gather(1, ids)
         else:
             weights, ids = scores.topk(k, dim=-1)

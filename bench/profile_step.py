@@ -3,7 +3,7 @@
 tuner): torch.profiler's CUDA activity trace over a few steps after warm-up.
 
   python3 bench/profile_step.py [--tokens 32768] [--shape 128,2048,768,8]
-                                [--mode full|forward|inference] [--routing uniform|balanced]
+                                [--mode full|forward|inference] [--routing uniform|balanced|zipf:S|zipf-shuffled:S]
                                 [--steps 5] [--json OUT.json]
 
 Prints, per kernel (moejit's by role, the rest by name), launches per step, mean µs per launch,
@@ -37,6 +37,18 @@ def kernel_label(name):
     return m.group(1) if m else name[:60]
 
 
+def routing_name(text):
+    kind, _, exponent = text.partition(":")
+    if text in ("uniform", "balanced"):
+        return text
+    try:
+        if kind in ("zipf", "zipf-shuffled") and float(exponent) > 0:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected uniform, balanced, zipf:S or zipf-shuffled:S, got {text!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=32768)
@@ -44,8 +56,9 @@ def main():
     # inference: no input needs grad, so the op runs the inference plan (nothing saved).
     ap.add_argument("--mode", choices=("full", "forward", "inference"), default="full")
     # balanced: every expert gets T*K/E pairs; against uniform it shows which kernels pay for the
-    # spread of pairs per expert (tiles that spill a few rows).
-    ap.add_argument("--routing", choices=("uniform", "balanced"), default="uniform")
+    # spread of pairs per expert (tiles that spill a few rows). zipf:S and zipf-shuffled:S: skewed
+    # routing as moejit_bench draws it.
+    ap.add_argument("--routing", type=routing_name, default="uniform")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args()

@@ -9,11 +9,13 @@
 //                   bucket's total and its count in earlier chunks), so no single-block scan
 //                   launch sits between count and scatter; then expert and tile offsets by block
 //                   scans, block 0 writes the per-expert outputs, all blocks share the tile table
-//                   (tile -> expert, first sorted row), and each block scatters its chunk, stable
+//                   (tile -> expert, first sorted row), block 0 also ranks the experts by pairs
+//                   for the expert-major (dW) grids where asked, and each block scatters its chunk, stable
 //                   in the flat index. With one chunk the block counts its pairs itself.
 // A chunk is THREADS * ITEMS consecutive pairs, walked in ITEMS sub-tiles of THREADS.
-// Dynamic shared memory per phase (ints): count E+1, place 2(E+1) + max(W(E+1), E+1+W+1) with
-// W = THREADS/32; src/moe/routing_layout.cpp computes the same sizes for the launch.
+// Dynamic shared memory per phase (ints): count E+1, place 2(E+1) + max(W(E+1), E+1+W+1, 2P) with
+// W = THREADS/32 and P = E rounded up to a power of two; src/moe/routing_layout.cpp computes the
+// same sizes for the launch.
 #pragma once
 
 #include "common/block_scan.cuh"
@@ -39,6 +41,8 @@ struct RoutingParams {
   int32* tile_row_begin;     // [max_tiles]: first sorted row of each tile, -1 past the tile count
   int32* sorted_pairs;       // [T*K]: sorted row -> flat pair index
   int32* pair_rows;          // [T*K]: flat pair index -> sorted row (>= expert_offsets[E]: dropped)
+  int4* ranked_experts;      // [E] or null (not asked for): (expert, first row, end row, 0) by pairs,
+                             // most first, ties by id
 };
 
 __device__ __forceinline__ int32 routing_bucket(const RoutingParams& p, int32 pair) {
@@ -127,6 +131,48 @@ __device__ void routing_scatter(const RoutingParams& p, int32* next_row, int32* 
   }
 }
 
+// ranked_experts from the first sorted rows (offsets, scanned: an expert's pairs are the next
+// offset less its own), by a bitonic sort of (pairs descending, id) keys in `keys`, P = E rounded
+// up to a power of two of them. Hot experts' dW tiles run longest: taken first, a persistent grid
+// can even out its blocks' shares (templates/common/expert_gemm.cuh). Each entry carries the
+// expert's rows too, so a dW block finds them with one load. Leaves the block synchronized.
+template <int THREADS>
+__device__ void routing_rank_experts(const RoutingParams& p, const int32* offsets, uint64* keys) {
+  const int32 E = p.num_experts;
+  int32 n = 1;
+  while (n < E) n *= 2;
+  for (int32 i = threadIdx.x; i < n; i += THREADS) {
+    const uint32 fewer = i < E ? static_cast<uint32>(0x7fffffff - (offsets[i + 1] - offsets[i])) : 0xffffffffu;
+    keys[i] = static_cast<uint64>(fewer) << 32 | static_cast<uint32>(i);
+  }
+  __syncthreads();
+  for (int32 size = 2; size <= n; size *= 2) {
+    for (int32 stride = size / 2; stride > 0; stride /= 2) {
+      for (int32 i = threadIdx.x; i < n; i += THREADS) {
+        const int32 j = i ^ stride;
+        if (j > i) {
+          const uint64 a = keys[i], b = keys[j];
+          if ((a > b) == ((i & size) == 0)) {
+            keys[i] = b;
+            keys[j] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int32 i = threadIdx.x; i < E; i += THREADS) {
+    const int32 e = static_cast<int32>(keys[i] & 0xffffffffu);
+    // Four scalar stores: one make_int4 store here made ptxas spill 12-24 bytes.
+    int32* entry = reinterpret_cast<int32*>(p.ranked_experts + i);
+    entry[0] = e;
+    entry[1] = offsets[e];
+    entry[2] = offsets[e + 1];
+    entry[3] = 0;
+  }
+  __syncthreads();
+}
+
 template <int THREADS, int ITEMS>
 __device__ void routing_place(const RoutingParams& p, int32* smem) {
   constexpr int kWarps = THREADS / 32;
@@ -180,7 +226,10 @@ __device__ void routing_place(const RoutingParams& p, int32* smem) {
     p.tile_expert[tile] = expert;
     p.tile_row_begin[tile] = row;
   }
-  __syncthreads();  // the tile offsets and scratch make way for the per-warp counts
+  __syncthreads();  // the tile offsets and scratch make way for the expert order's keys
+  if (first && p.ranked_experts != nullptr) {
+    routing_rank_experts<THREADS>(p, offsets, reinterpret_cast<uint64*>(warp_counts));
+  }
   for (int32 i = threadIdx.x; i < kWarps * buckets; i += THREADS) warp_counts[i] = 0;
   __syncthreads();
   routing_scatter<THREADS, ITEMS>(p, next_row, warp_counts);

@@ -65,7 +65,7 @@ def test_backward_materializes_no_gradient_for_the_saved_state():
 def test_fake_saved_state_has_the_library_size():
     x, w1, w2, ids, weights = meta_inputs(64)
     out, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 0, False)
-    assert saved.dtype == torch.uint8 and saved.numel() == 6 * 256 + 2 * 512 + 128 * 128 * 2
+    assert saved.dtype == torch.uint8 and saved.numel() == 7 * 256 + 2 * 512 + 128 * 128 * 2
     _, nothing = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 1, False)
     assert nothing.numel() == 0
 

@@ -28,6 +28,7 @@ struct Routing {  // templates/routing.cuh RoutingParams
   std::int32_t* tile_row_begin;
   std::int32_t* sorted_pairs;
   std::int32_t* pair_rows;
+  std::int32_t* ranked_experts;  // int4 entries
 };
 
 struct RoutingView {  // templates/common/moe_tiles.cuh
@@ -36,6 +37,7 @@ struct RoutingView {  // templates/common/moe_tiles.cuh
   const std::int32_t* expert_tile_offsets;
   const std::int32_t* tile_expert;
   const std::int32_t* tile_row_begin;
+  const std::int32_t* ranked_experts;  // int4 entries
   std::int32_t experts;
   std::int32_t topk;
   std::int32_t max_tiles;

@@ -9,7 +9,8 @@ namespace moejit {
 RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
   auto at = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(ws + off); };
   return {at(l.chunk_counts), at(l.expert_counts),  at(l.expert_offsets), at(l.expert_tile_offsets),
-          at(l.tile_expert),  at(l.tile_row_begin), at(l.sorted_pairs),   at(l.pair_rows)};
+          at(l.tile_expert),  at(l.tile_row_begin), at(l.sorted_pairs),   at(l.pair_rows),
+          at(l.ranked_experts)};
 }
 
 RoutingLayout validate_routing_args(const RoutingArgs& a) {
@@ -63,6 +64,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   p.tile_row_begin = b.tile_row_begin;
   p.sorted_pairs = b.sorted_pairs;
   p.pair_rows = b.pair_rows;
+  p.ranked_experts = a.rank_experts ? b.ranked_experts : nullptr;
   void* args[] = {&p};
   const unsigned threads = static_cast<unsigned>(config.threads());
   const unsigned chunks = static_cast<unsigned>(p.num_chunks);

@@ -21,6 +21,7 @@ struct RoutingArgs {
   CUdeviceptr workspace = 0;
   std::size_t workspace_bytes = 0;  // at least routing_layout(...).total_bytes
   CUstream stream = nullptr;
+  bool rank_experts = false;  // write ranked_experts, which the dW roles' grids read (training)
 };
 
 // Device pointers of the routing outputs inside a workspace.
@@ -33,6 +34,7 @@ struct RoutingBuffers {
   std::int32_t* tile_row_begin;
   std::int32_t* sorted_pairs;
   std::int32_t* pair_rows;
+  std::int32_t* ranked_experts;  // [E] x 4
 };
 
 RoutingBuffers routing_buffers(CUdeviceptr workspace, const RoutingLayout& layout);

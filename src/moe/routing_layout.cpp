@@ -12,9 +12,11 @@ long long routing_smem_bytes(int phase, int threads, int experts) {
   const long long buckets = experts + 1;
   const long long warps = threads / 32;
   if (phase == 0) return 4 * buckets;
+  long long pow2 = 1;
+  while (pow2 < experts) pow2 *= 2;
   // Next rows and offsets, then the per-warp counts, whose space first holds the tile offsets
-  // and the scan scratch.
-  return 4 * (2 * buckets + std::max(warps * buckets, buckets + warps + 1));
+  // and the scan scratch, then block 0's sort keys (8 bytes per expert, E rounded up to a power of two).
+  return 4 * (2 * buckets + std::max({warps * buckets, buckets + warps + 1, 2 * pow2}));
 }
 
 RoutingLayout routing_layout(long long pairs, int experts, int block_m) {
@@ -34,6 +36,7 @@ RoutingLayout routing_layout(long long pairs, int experts, int block_m) {
   place(l.tile_row_begin, l.max_tiles);
   place(l.sorted_pairs, std::max<long long>(pairs, 1));
   place(l.pair_rows, std::max<long long>(pairs, 1));
+  place(l.ranked_experts, 4LL * experts);
   l.total_bytes = at;
   return l;
 }

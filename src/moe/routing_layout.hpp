@@ -30,7 +30,7 @@ long long routing_smem_bytes(int phase, int threads, int experts);
 struct RoutingLayout {
   // Byte offsets into the workspace (each 256-byte aligned) and element counts.
   std::size_t chunk_counts = 0, expert_counts = 0, expert_offsets = 0, expert_tile_offsets = 0, tile_expert = 0,
-              tile_row_begin = 0, sorted_pairs = 0, pair_rows = 0;
+              tile_row_begin = 0, sorted_pairs = 0, pair_rows = 0, ranked_experts = 0;
   long long max_tiles = 0;
   long long max_chunks = 0;
   std::size_t total_bytes = 0;

@@ -15,8 +15,9 @@ params::GatherSum scatter(const void* tokens, void* rows, const RoutingBuffers& 
 }
 
 params::RoutingView routing_view(const RoutingBuffers& b, const MoeProblem& p, const MemoryLayout& l) {
-  return {b.sorted_pairs, b.expert_offsets,    b.expert_tile_offsets, b.tile_expert, b.tile_row_begin,
-          p.experts,      p.topk,              static_cast<std::int32_t>(l.routing.max_tiles)};
+  return {b.sorted_pairs,   b.expert_offsets, b.expert_tile_offsets, b.tile_expert,
+          b.tile_row_begin, b.ranked_experts,   p.experts,             p.topk,
+          static_cast<std::int32_t>(l.routing.max_tiles)};
 }
 
 }  // namespace
@@ -32,7 +33,7 @@ ForwardSteps forward_steps(const ForwardArgs& a, const MoeProblem& p, const Memo
   ForwardSteps s{};
   s.routing = {reinterpret_cast<CUdeviceptr>(a.topk_ids), p.tokens, p.topk, p.experts, block_m,
                reinterpret_cast<CUdeviceptr>(routing_base), l.routing.total_bytes,
-               reinterpret_cast<CUstream>(a.stream)};
+               reinterpret_cast<CUstream>(a.stream), p.mode != Mode::kInference};
   s.dropped_count = rb.expert_counts + p.experts;
   s.scatter_x = scatter(a.x, y, rb, p);
   s.fwd_up = {a.x, y, a.w1, act, pre_act, view, h, i};
@@ -81,6 +82,7 @@ ExpertChunk expert_chunk(const BackwardSteps& s, int first, int n_begin) {
   c.bwd_down.routing.experts = end;
   c.bwd_dw2.routing.experts = end - first;
   c.bwd_dw2.routing.expert_offsets += first;
+  if (end - first < s.bwd_dw2.routing.experts) c.bwd_dw2.routing.ranked_experts = nullptr;  // ranks all E experts
   constexpr std::size_t kElem = 2;  // bf16 and fp16
   c.bwd_dw2.dw2 = static_cast<char*>(c.bwd_dw2.dw2) +
                   static_cast<std::size_t>(first) * s.bwd_dw2.hidden * s.bwd_dw2.inter * kElem;

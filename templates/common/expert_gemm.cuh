@@ -69,10 +69,13 @@ __device__ __forceinline__ void run_expert_gemm(const RoutingView& r, int m_exte
   if constexpr (PERSISTENT) {
     // The second warpgroup's lag: as long as the producer keeps two stages ahead of the first.
     constexpr int kLag = STAGES > 3 ? STAGES - 2 : 1;
+    // The experts come dearest first (routing's ranked_experts): snaking over them evens out the
+    // blocks' shares when a few experts hold most rows (performance log, session 35).
+    const SnakeOrder snake(grid.tiles, gridDim.x);
     persistent_main_loop<1, STAGES, TMA_BYTES, ExpertBlock, kLag>(
         mma, sm.a, sm.b, sm.barriers, grid.tiles,
         [&](int64 item, ExpertBlock& b) {
-          b = grid.block(item);
+          b = grid.block(snake.item(static_cast<uint32>(item)));
           return true;
         },
         k_tiles, load, NoStep{}, landed, [&](const ExpertBlock& b) {

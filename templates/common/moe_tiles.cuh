@@ -16,6 +16,8 @@ struct RoutingView {
   const int32* expert_tile_offsets;  // [E+1]; [E] = number of token tiles
   const int32* tile_expert;          // [max_tiles]
   const int32* tile_row_begin;       // [max_tiles]
+  const int4* ranked_experts;        // [E] (expert, first row, end row, 0) by pairs, most first;
+                                     // null: the experts in id order
   int32 experts;
   int32 topk;
   int32 max_tiles;                   // host bound on token tiles: the grid's m extent
@@ -180,18 +182,25 @@ struct ExpertGrid {
         order(static_cast<uint32>(ceil_div(m_extent, BM)), static_cast<uint32>(ceil_div(n_extent, BN))),
         first_col(col) {}
 
-  // Tile `id` (below `tiles`).
+  // Tile `id` (below `tiles`): the experts' tiles in routing's ranking, where given.
   __device__ __forceinline__ ExpertBlock block(int64 id) const {
     const uint32 i = static_cast<uint32>(id);
-    const uint32 expert = per_expert.div(i);
+    const uint32 rank = per_expert.div(i);
     uint32 m, n;
-    order.tile(per_expert.mod(i, expert), m, n);
+    order.tile(per_expert.mod(i, rank), m, n);
     ExpertBlock b;
-    b.expert = static_cast<int32>(expert);
+    if (routing.ranked_experts != nullptr) {
+      const int4 ranked = routing.ranked_experts[rank];
+      b.expert = ranked.x;
+      b.r_begin = ranked.y;
+      b.r_end = ranked.z;
+    } else {
+      b.expert = static_cast<int32>(rank);
+      b.r_begin = routing.expert_offsets[b.expert];
+      b.r_end = routing.expert_offsets[b.expert + 1];
+    }
     b.m0 = static_cast<int>(m) * BM;
     b.n0 = first_col + static_cast<int>(n) * BN;
-    b.r_begin = routing.expert_offsets[b.expert];
-    b.r_end = routing.expert_offsets[b.expert + 1];
     return b;
   }
 };

@@ -59,4 +59,25 @@ struct GroupedOrder {
   }
 };
 
+// A persistent grid's strided shares over P blocks with every other round walked backwards:
+// block b runs positions b, P + b, 2P + b, ... and they name items b, 2P - 1 - b, 2P + b, ...
+// Over items ordered by cost, dearest first, a backward round hands the cheapest of its items to
+// the blocks that the round before gave the dearest, so the shares even out; plain strides give
+// block 0 the dearest item of every round. A last backward round of fewer than P items reverses
+// within itself, so every item below `items` is named once.
+struct SnakeOrder {
+  uint32 items;
+  FastDiv blocks;
+
+  __device__ __forceinline__ SnakeOrder(uint32 items_, uint32 blocks_) : items(items_), blocks(blocks_) {}
+
+  // The item at position `i` < items.
+  __device__ __forceinline__ uint32 item(uint32 i) const {
+    const uint32 round = blocks.div(i);
+    if ((round & 1u) == 0) return i;
+    const uint32 first = round * blocks.divisor;
+    return first + min_of(items - first, blocks.divisor) - 1u - blocks.mod(i, round);
+  }
+};
+
 }  // namespace moejit

@@ -2,6 +2,7 @@
 // table, for the routings that break MoE kernels. Outputs are poisoned before every run.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 
 #include "jit/kernel_cache.hpp"
@@ -17,7 +18,8 @@ using namespace moejit;
 namespace {
 
 reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<std::int32_t>& ids, long long tokens,
-                                        int topk, int experts, int block_m, const TileConfig& config) {
+                                        int topk, int experts, int block_m, const TileConfig& config,
+                                        bool rank_experts = true) {
   const RoutingLayout l = routing_layout(tokens * topk, experts, block_m);
   cuda::DeviceBuffer d_ids(ids.size() * 4);
   d_ids.upload(ids.data(), ids.size() * 4);
@@ -25,7 +27,7 @@ reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<
   ws.fill_bytes(0xab);  // poison: any element the kernels fail to write shows up as 0xabababab
   const auto& kernel = jit::KernelCache::instance().load({Role::kRouting, config, DType::kBF16, gpu.info.arch()});
   cuda::Stream stream;
-  RoutingArgs args{d_ids.get(), tokens, topk, experts, block_m, ws.get(), ws.bytes(), stream.get()};
+  RoutingArgs args{d_ids.get(), tokens, topk, experts, block_m, ws.get(), ws.bytes(), stream.get(), rank_experts};
   launch_routing(kernel, config, args);
   stream.synchronize();
 
@@ -43,6 +45,7 @@ reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<
   r.tile_row_begin = read(l.tile_row_begin, l.max_tiles);
   r.sorted_pairs = read(l.sorted_pairs, pairs);
   r.pair_rows = read(l.pair_rows, pairs);
+  r.ranked_experts = read(l.ranked_experts, 4 * static_cast<std::size_t>(experts));
   return r;
 }
 
@@ -58,6 +61,7 @@ void check_against_reference(const test::Gpu& gpu, const std::vector<std::int32_
   CHECK(test::differences(got.tile_row_begin, want.tile_row_begin) == "none");
   CHECK(test::differences(got.sorted_pairs, want.sorted_pairs) == "none");
   CHECK(test::differences(got.pair_rows, want.pair_rows) == "none");
+  CHECK(test::differences(got.ranked_experts, want.ranked_experts) == "none");
 }
 
 // Distinct experts per token, uniformly at random (what a router's top-k produces).
@@ -85,7 +89,9 @@ TileConfig default_routing(const test::Gpu& gpu, long long tokens, int topk, int
 TEST_CASE("routing matches the reference on random top-k routings", "[gpu][routing]") {
   MOEJIT_REQUIRE_GPU(gpu);
   for (auto [tokens, topk, experts, block_m] :
-       {std::tuple{4096LL, 8, 128, 64}, {1000LL, 2, 8, 128}, {777LL, 6, 64, 16}, {8192LL, 8, 256, 128}}) {
+       {std::tuple{4096LL, 8, 128, 64}, {1000LL, 2, 8, 128}, {777LL, 6, 64, 16}, {8192LL, 8, 256, 128},
+        // The expert order's sort: E not a power of two, and E = 4096 with most experts empty.
+        std::tuple{3000LL, 3, 129, 32}, {2000LL, 4, 4096, 64}}) {
     auto ids = random_topk(tokens, topk, experts, static_cast<std::uint32_t>(tokens * 31 + experts));
     check_against_reference(*gpu, ids, tokens, topk, experts, block_m, default_routing(*gpu, tokens, topk, experts));
   }
@@ -115,6 +121,13 @@ TEST_CASE("routing edge cases: empty experts, one expert, T=1, K=E", "[gpu][rout
   SECTION("E = 1") {
     std::vector<std::int32_t> ids(300, 0);
     check_against_reference(*gpu, ids, 300, 1, 1, 128, default_routing(*gpu, 300, 1, 1));
+  }
+  SECTION("an inference plan's routing leaves the experts unranked") {
+    auto ids = random_topk(2048, 4, 64, 8);
+    const auto got = run_routing(*gpu, ids, 2048, 4, 64, 64, default_routing(*gpu, 2048, 4, 64), false);
+    CHECK(std::all_of(got.ranked_experts.begin(), got.ranked_experts.end(),
+                      [](std::int32_t v) { return v == static_cast<std::int32_t>(0xabababab); }));
+    CHECK(test::differences(got.sorted_pairs, reference::routing_reference(ids, 64, 64).sorted_pairs) == "none");
   }
 }
 

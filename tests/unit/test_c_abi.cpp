@@ -52,12 +52,12 @@ TEST_CASE("a valid problem without a usable context fails cleanly", "[capi]") {
 
 TEST_CASE("problem memory is known on the host and matches the layout a plan uses", "[capi]") {
   // T=64 K=2: 128 pairs, 16 per expert, so 16-row token tiles and at most 128/16 + 8 tiles.
-  // Routing: six 256-byte int arrays (E+1 counts, offsets, tile offsets, 2 x 16 tile entries)
-  // plus two arrays of 128 ints; then pre_act [128, 2*64] bf16.
+  // Routing: seven 256-byte int arrays (E+1 counts, offsets, tile offsets, 2 x 16 tile entries,
+  // the E experts' order) plus two arrays of 128 ints; then pre_act [128, 2*64] bf16.
   moejit_problem p{64, 8, 128, 64, 2, MOEJIT_DTYPE_BF16, MOEJIT_MODE_TRAINING, 0};
   moejit_memory_plan train{};
   REQUIRE(moejit_problem_memory(&p, &train) == MOEJIT_OK);
-  CHECK(train.saved_bytes == 6 * 256 + 2 * 512 + 128 * 128 * 2);
+  CHECK(train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2);
   CHECK(train.forward_workspace_bytes == 128 * 64 * 2 + 128 * 128 * 2);
   // ds_acc, dx_rows and d_pre_act; the weighted activation [128, 64] lives in dW1's buffer.
   CHECK(train.backward_workspace_bytes == 512 + 2 * 128 * 128 * 2);
@@ -73,7 +73,7 @@ TEST_CASE("problem memory is known on the host and matches the layout a plan use
   REQUIRE(moejit_problem_memory(&p, &infer) == MOEJIT_OK);
   CHECK(infer.saved_bytes == 0);
   CHECK(infer.backward_workspace_bytes == 0);
-  CHECK(infer.forward_workspace_bytes == train.forward_workspace_bytes + 6 * 256 + 2 * 512);
+  CHECK(infer.forward_workspace_bytes == train.forward_workspace_bytes + 7 * 256 + 2 * 512);
 
   p.topk = 9;
   CHECK(moejit_problem_memory(&p, &infer) == MOEJIT_ERROR_INVALID_ARGUMENT);

@@ -25,10 +25,11 @@ TEST_CASE("routing workspace layout is aligned and sized at the host bound", "[r
   CHECK(l.max_tiles == 65536 / 64 + 128);
   CHECK(l.max_chunks == 65536 / kRoutingMinChunk);
   for (std::size_t off : {l.chunk_counts, l.expert_counts, l.expert_offsets, l.expert_tile_offsets, l.tile_expert,
-                          l.tile_row_begin, l.sorted_pairs, l.pair_rows}) {
+                          l.tile_row_begin, l.sorted_pairs, l.pair_rows, l.ranked_experts}) {
     CHECK(off % 256 == 0);
   }
-  CHECK(l.pair_rows + 65536 * 4 <= l.total_bytes);
+  CHECK(l.pair_rows + 65536 * 4 <= l.ranked_experts);
+  CHECK(l.ranked_experts + 128 * 16 <= l.total_bytes);
   CHECK(routing_max_tiles(3, 128, 64) == 3);
 }
 
@@ -36,8 +37,10 @@ TEST_CASE("routing shared memory per phase", "[routing]") {
   CHECK(routing_smem_bytes(0, 256, 127) == 4 * 128);
   // Next rows and offsets, then 8 warps' counts.
   CHECK(routing_smem_bytes(1, 256, 127) == 4 * (2 * 128 + 8 * 128));
-  // One warp: the tile offsets and the scan scratch outgrow the per-warp counts they share.
-  CHECK(routing_smem_bytes(1, 32, 7) == 4 * (2 * 8 + 8 + 2));
+  // One warp: the expert order's 8 sort keys of 8 bytes outgrow the per-warp counts, the tile
+  // offsets and the scan scratch that share their space.
+  CHECK(routing_smem_bytes(1, 32, 7) == 4 * (2 * 8 + 2 * 8));
+  CHECK(routing_smem_bytes(1, 64, 129) == 4 * (2 * 130 + 2 * 256));
 }
 
 TEST_CASE("routing rejects bad arguments before launching", "[routing]") {

@@ -3,6 +3,7 @@
 // definitions below. Checked exactly against the division it replaces.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -89,6 +90,27 @@ TEST_CASE("GroupedOrder visits every tile once, GROUP_M m tiles at a time, a sho
         ++seen[m * n_tiles + n];
       }
       for (int s : seen) REQUIRE(s == 1);
+    }
+  }
+}
+
+TEST_CASE("snake shares name every item once and reverse every other round", "[tile_order]") {
+  for (std::uint32_t blocks : {1u, 2u, 7u, 132u, 264u}) {
+    for (std::uint32_t items : {1u, blocks - 1 > 0 ? blocks - 1 : 1u, blocks, blocks + 1, 2 * blocks, 2 * blocks + 5,
+                                3 * blocks + 1, 3 * blocks + blocks / 2 + 1, 4 * blocks, 9 * blocks + 3}) {
+      INFO("blocks " << blocks << ", items " << items);
+      const moejit::SnakeOrder snake(items, blocks);
+      std::vector<int> named(items, 0);
+      for (std::uint32_t i = 0; i < items; ++i) {
+        const std::uint32_t item = snake.item(i);
+        REQUIRE(item < items);
+        ++named[item];
+        const std::uint32_t round = i / blocks, b = i % blocks, first = round * blocks;
+        // Forward rounds keep their positions; a backward round reverses, within itself when short.
+        const std::uint32_t width = std::min(blocks, items - first);
+        CHECK(item == (round % 2 == 0 ? i : first + width - 1 - b));
+      }
+      CHECK(std::count(named.begin(), named.end(), 1) == static_cast<long>(items));
     }
   }
 }

@@ -15,6 +15,8 @@ struct RoutingReference {
   std::vector<std::int32_t> tile_row_begin;       // [max_tiles], -1 past the tile count
   std::vector<std::int32_t> sorted_pairs;         // [T*K]
   std::vector<std::int32_t> pair_rows;            // [T*K]
+  std::vector<std::int32_t> ranked_experts;       // [E][4]: (expert, first row, end row, 0) by pairs,
+                                                  // most first, ties by id
 };
 
 RoutingReference routing_reference(const std::vector<std::int32_t>& topk_ids, int experts, int block_m);
