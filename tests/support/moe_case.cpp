@@ -1,14 +1,17 @@
 #include "support/moe_case.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
 namespace moejit::test {
 
 std::string describe(const CaseSpec& c) {
-  static const char* routings[] = {"random", "one-expert", "even-experts"};
+  static const char* routings[] = {"random", "one-expert", "even-experts", "skewed"};
   return fmt::format("T={} E={} H={} I={} K={} {} {}", c.tokens, c.experts, c.hidden, c.intermediate, c.topk,
                      dtype_name(c.dtype), routings[static_cast<int>(c.routing)]);
 }
@@ -37,6 +40,20 @@ CaseData make_case(const CaseSpec& s) {
   t.topk_ids.resize(T * K);
   std::vector<int> perm(E);
   for (std::size_t e = 0; e < E; ++e) perm[e] = static_cast<int>(e);
+  if (s.routing == Routing::kSkewed) {
+    std::shuffle(perm.begin(), perm.end(), rng);  // perm[e]: expert e's popularity rank
+    std::uniform_real_distribution<double> open(1e-300, 1.0);
+    std::vector<std::pair<double, int>> key(E);
+    for (std::size_t tok = 0; tok < T; ++tok) {
+      // Gumbel top-k: the K largest log-weights plus Gumbel noise, a draw without replacement.
+      for (std::size_t e = 0; e < E; ++e) {
+        key[e] = {-1.5 * std::log(perm[e] + 1.0) - std::log(-std::log(open(rng))), static_cast<int>(e)};
+      }
+      std::partial_sort(key.begin(), key.begin() + K, key.end(), std::greater<>());
+      for (std::size_t k = 0; k < K; ++k) t.topk_ids[tok * K + k] = key[k].second;
+    }
+    return d;
+  }
   for (std::size_t tok = 0; tok < T; ++tok) {
     for (std::size_t k = 0; k < K; ++k) {
       std::uniform_int_distribution<std::size_t> pick(k, E - 1);

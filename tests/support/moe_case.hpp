@@ -15,7 +15,9 @@
 
 namespace moejit::test {
 
-enum class Routing { kRandom, kOneExpert, kEvenExpertsOnly };
+// kSkewed: K distinct experts per token, expert of popularity rank r drawn with weight
+// (r + 1)^-1.5 (Zipf, as moejit_bench's zipf-shuffled:1.5), the ranks on the experts in a random order.
+enum class Routing { kRandom, kOneExpert, kEvenExpertsOnly, kSkewed };
 
 struct CaseSpec {
   long long tokens;
