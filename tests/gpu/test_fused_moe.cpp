@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -125,6 +126,45 @@ void check_outputs(const Outputs& o, const Reference& ref, bool backward = true)
   CHECK(rel_l2(o.dw1, ref.bwd.dw1) <= kTolerance);
   CHECK(rel_l2(o.dw2, ref.bwd.dw2) <= kTolerance);
   CHECK(rel_l2(o.ds, ref.bwd.d_topk_weights) <= kTolerance);
+}
+
+// Cases made and their references computed, in the order of `specs`.
+struct Cases {
+  std::vector<CaseData> data;
+  std::vector<Reference> refs;
+};
+
+Cases cases_of(const std::vector<CaseSpec>& specs) {
+  Cases c;
+  for (const CaseSpec& s : specs) {
+    c.data.push_back(make_case(s));
+    c.refs.push_back(reference_of(c.data.back()));
+  }
+  return c;
+}
+
+// run(i) on `threads` threads at once, with the in-memory kernel cache emptied first, so the
+// threads race to load or compile their kernels too. Each thread's outputs, or its error.
+struct ThreadRuns {
+  std::vector<Outputs> got;
+  std::vector<std::string> errors;
+};
+
+ThreadRuns run_on_threads(int threads, const std::function<Outputs(int)>& run) {
+  ThreadRuns r{std::vector<Outputs>(threads), std::vector<std::string>(threads)};
+  jit::KernelCache::instance().forget_compiled();
+  std::vector<std::thread> pool;
+  for (int i = 0; i < threads; ++i) {
+    pool.emplace_back([&, i] {
+      try {
+        r.got[i] = run(i);
+      } catch (const std::exception& e) {
+        r.errors[i] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  return r;
 }
 
 void check_intermediates(const Outputs& o, const Reference& ref, const CaseSpec& s) {
@@ -577,33 +617,17 @@ TEST_CASE("plans built and run from eight threads at once give the reference's a
   const std::vector<CaseSpec> specs = {{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 81},
                                        {300, 16, 128, 64, 4, DType::kBF16, Routing::kRandom, 82},
                                        {1100, 4, 264, 200, 1, DType::kBF16, Routing::kOneExpert, 83}};
-  std::vector<CaseData> data;
-  std::vector<Reference> refs;
-  for (const CaseSpec& s : specs) {
-    data.push_back(make_case(s));
-    refs.push_back(reference_of(data.back()));
-  }
+  const Cases cases = cases_of(specs);
   const Mode modes[] = {Mode::kTraining, Mode::kInference, Mode::kMemoryEfficient};
   constexpr int kThreads = 8;
-  std::vector<Outputs> got(kThreads);
-  std::vector<std::string> errors(kThreads);
-  jit::KernelCache::instance().forget_compiled();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        const cuda::PrimaryContext context(0);  // current on this thread
-        got[i] = run_case(data[i % specs.size()], modes[i / specs.size()]);
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const ThreadRuns runs = run_on_threads(kThreads, [&](int i) {
+    const cuda::PrimaryContext context(0);  // current on this thread
+    return run_case(cases.data[i % specs.size()], modes[i / specs.size()]);
+  });
   for (int i = 0; i < kThreads; ++i) {
     INFO("thread " << i << ": " << describe(specs[i % specs.size()]) << ", " << mode_name(modes[i / specs.size()]));
-    REQUIRE(errors[i].empty());
-    check_outputs(got[i], refs[i % specs.size()], modes[i / specs.size()] != Mode::kInference);
+    REQUIRE(runs.errors[i].empty());
+    check_outputs(runs.got[i], cases.refs[i % specs.size()], modes[i / specs.size()] != Mode::kInference);
   }
 }
 
@@ -620,32 +644,16 @@ TEST_CASE("two GPUs: plans on each from threads of their own, and the other GPU'
   // Two threads per GPU, two shapes: each context loads its own modules of the same kernels.
   const std::vector<CaseSpec> specs = {{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 91},
                                        {300, 16, 128, 64, 4, DType::kBF16, Routing::kRandom, 92}};
-  std::vector<CaseData> data;
-  std::vector<Reference> refs;
-  for (const CaseSpec& s : specs) {
-    data.push_back(make_case(s));
-    refs.push_back(reference_of(data.back()));
-  }
+  const Cases cases = cases_of(specs);
   constexpr int kThreads = 4;
-  std::vector<Outputs> got(kThreads);
-  std::vector<std::string> errors(kThreads);
-  jit::KernelCache::instance().forget_compiled();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        const cuda::PrimaryContext context(i % 2);
-        got[i] = run_case(data[i / 2], Mode::kTraining);
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const ThreadRuns runs = run_on_threads(kThreads, [&](int i) {
+    const cuda::PrimaryContext context(i % 2);
+    return run_case(cases.data[i / 2], Mode::kTraining);
+  });
   for (int i = 0; i < kThreads; ++i) {
     INFO("thread " << i << " on GPU " << i % 2 << ": " << describe(specs[i / 2]));
-    REQUIRE(errors[i].empty());
-    check_outputs(got[i], refs[i / 2]);
+    REQUIRE(runs.errors[i].empty());
+    check_outputs(runs.got[i], cases.refs[i / 2]);
   }
 
   // A plan on GPU 1 given GPU 0's x, or called while GPU 0's context is current, refuses.

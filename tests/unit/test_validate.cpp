@@ -17,6 +17,22 @@ namespace {
 // Address n GiB: far enough apart that the problem's buffers below never touch.
 void* gib(std::uintptr_t n) { return reinterpret_cast<void*>(n << 30); }
 
+// A forward whose every buffer lies in a GiB of its own, sized for the layout.
+ForwardArgs separate_forward_args(const MemoryLayout& l) {
+  ForwardArgs a;
+  a.x = gib(1);
+  a.w1 = gib(3);
+  a.w2 = gib(4);
+  a.topk_ids = static_cast<const std::int32_t*>(gib(5));
+  a.topk_weights = gib(6);
+  a.out = gib(7);
+  a.saved = gib(8);
+  a.saved_bytes = l.saved_bytes;
+  a.workspace = gib(16);
+  a.workspace_bytes = l.forward_bytes;
+  return a;
+}
+
 // A backward whose every buffer lies in a GiB of its own, sized for the layout.
 BackwardArgs separate_backward_args(const MemoryLayout& l) {
   BackwardArgs a;
@@ -95,17 +111,7 @@ TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") 
   const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
   const MemoryLayout l = memory_layout(p);
   const MemoryPlan m = memory_plan(l);
-  ForwardArgs a;
-  a.x = gib(1);
-  a.w1 = gib(3);
-  a.w2 = gib(4);
-  a.topk_ids = static_cast<const std::int32_t*>(gib(5));
-  a.topk_weights = gib(6);
-  a.out = gib(7);
-  a.saved = gib(8);
-  a.saved_bytes = l.saved_bytes;
-  a.workspace = gib(16);
-  a.workspace_bytes = l.forward_bytes;
+  const ForwardArgs a = separate_forward_args(l);
   CHECK_NOTHROW(validate_forward(a, p, m, true));
   ForwardArgs bad = a;
   bad.out = gib(1);  // the output over x
@@ -218,14 +224,10 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   late.x = static_cast<char*>(gib(2)) + (944u << 20);  // ends at 960 MiB exactly
   CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
   // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
-  ForwardArgs f;
-  f.x = gib(1);
-  f.w1 = gib(3);
-  f.w2 = gib(4);
-  f.topk_ids = static_cast<const std::int32_t*>(gib(5));
-  f.topk_weights = gib(7);
-  f.out = gib(9);
-  f.workspace = gib(10);
   const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
-  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(memory_layout(infer))), 0, device0));
+  const MemoryLayout li = memory_layout(infer);
+  ForwardArgs f = separate_forward_args(li);
+  f.saved = nullptr;
+  f.workspace = gib(10);  // device 0's
+  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(li)), 0, device0));
 }
