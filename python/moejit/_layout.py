@@ -29,7 +29,7 @@ def routing_bytes(pairs, experts):
     max_tiles = max(1, pairs // token_block_m(pairs, experts) + min(experts, pairs))
     max_chunks = max(1, (pairs + _ROUTING_MIN_CHUNK - 1) // _ROUTING_MIN_CHUNK)
     int32_arrays = ((experts + 1) * max_chunks, experts + 1, experts + 2, experts + 1, max_tiles, max_tiles,
-                    max(pairs, 1), max(pairs, 1))
+                    max(pairs, 1), max(pairs, 1), 4 * experts)
     return sum(_aligned(4 * n) for n in int32_arrays)
 
 
