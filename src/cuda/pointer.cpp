@@ -13,7 +13,7 @@ PointerInfo query_pointer(const void* p) {
   int ordinal = -1;
   void* data[] = {&type, &managed, &ordinal};
   // cuPointerGetAttributes leaves an address it does not know at the defaults (type 0) and
-  // succeeds; the two errors are the same answer as its documentation also lists them.
+  // succeeds; its documentation also lists these two errors for such an address.
   const CUresult r = driver().cuPointerGetAttributes(3, attributes, data, reinterpret_cast<CUdeviceptr>(p));
   if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_CONTEXT) return {};
   check(r, "cuPointerGetAttributes");

@@ -82,7 +82,8 @@ ExpertChunk expert_chunk(const BackwardSteps& s, int first, int n_begin) {
   c.bwd_down.routing.experts = end;
   c.bwd_dw2.routing.experts = end - first;
   c.bwd_dw2.routing.expert_offsets += first;
-  if (end - first < s.bwd_dw2.routing.experts) c.bwd_dw2.routing.ranked_experts = nullptr;  // ranks all E experts
+  // The ranking covers all E experts, not a chunk's: a chunk takes its experts in id order.
+  if (end - first < s.bwd_dw2.routing.experts) c.bwd_dw2.routing.ranked_experts = nullptr;
   constexpr std::size_t kElem = 2;  // bf16 and fp16
   c.bwd_dw2.dw2 = static_cast<char*>(c.bwd_dw2.dw2) +
                   static_cast<std::size_t>(first) * s.bwd_dw2.hidden * s.bwd_dw2.inter * kElem;

@@ -40,7 +40,9 @@ RoutingReference routing_reference(const std::vector<std::int32_t>& ids, int exp
   std::iota(by_pairs.begin(), by_pairs.end(), 0);
   std::stable_sort(by_pairs.begin(), by_pairs.end(),
                    [&](std::int32_t a, std::int32_t b) { return r.expert_counts[a] > r.expert_counts[b]; });
-  for (std::int32_t e : by_pairs) r.ranked_experts.insert(r.ranked_experts.end(), {e, r.expert_offsets[e], r.expert_offsets[e + 1], 0});
+  for (std::int32_t e : by_pairs) {
+    r.ranked_experts.insert(r.ranked_experts.end(), {e, r.expert_offsets[e], r.expert_offsets[e + 1], 0});
+  }
   return r;
 }
 
