@@ -61,6 +61,7 @@ DeviceInfo query_device(int ordinal) {
   MOEJIT_CU(d.cuDeviceTotalMem(&total, dev));
   info.total_memory = static_cast<long long>(total);
   info.driver_version = d.version;
+  info.ordinal = ordinal;
   return info;
 }
 

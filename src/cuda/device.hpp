@@ -19,6 +19,7 @@ struct DeviceInfo {
   long long l2_bytes = 0;
   long long total_memory = 0;
   int driver_version = 0;      // 0 when fabricated
+  int ordinal = -1;            // the visible device's index; -1 when fabricated
 
   // NVRTC target: "sm_90a" for the architecture-specific features of sm_90/100/103/110/120/121,
   // "sm_80" style otherwise.

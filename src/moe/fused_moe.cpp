@@ -41,7 +41,6 @@ struct FusedMoe::Impl {
   MemoryLayout layout;
   cuda::DeviceInfo device;
   unsigned long long context = 0;  // cuda::current_context_id() of the context kernels are loaded in
-  int ordinal = 0;                 // that context's device
   int block_m = 0;
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   std::map<Role, RoleKernel> kernels;
@@ -64,7 +63,7 @@ struct FusedMoe::Impl {
   // After check_context: the driver answers for the current context. Two queries per tensor cost
   // about 2 µs per call (0.06-0.09 µs each on the H200's host, session 35).
   void require_device_memory(const std::vector<TensorRegion>& tensors) const {
-    moejit::require_device_memory(tensors, ordinal, cuda::query_pointer);
+    moejit::require_device_memory(tensors, device.ordinal, cuda::query_pointer);
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -114,9 +113,6 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.shape = shape_of(problem);
   s.context = cuda::current_context_id();
   s.device = cuda::query_current_device();
-  CUdevice dev = 0;
-  MOEJIT_CU(cuda::driver().cuCtxGetDevice(&dev));
-  s.ordinal = static_cast<int>(dev);  // a CUdevice handle is its ordinal
   s.block_m = token_block_m(s.shape);
   s.aligned = vector_aligned(problem);
   s.layout = memory_layout(problem);
@@ -162,9 +158,9 @@ std::map<std::string, std::string> FusedMoe::config_sources() const {
 
 void FusedMoe::forward(const ForwardArgs& a) {
   Impl& s = *impl_;
-  validate_forward(a, s.problem, s.memory, s.aligned);
+  const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
   s.check_context();
-  s.require_device_memory(forward_tensors(a, s.problem, s.memory));
+  s.require_device_memory(tensors);
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   if (s.options.check_expert_ids) s.require_uncaptured(stream);
@@ -178,12 +174,12 @@ void FusedMoe::forward(const ForwardArgs& a) {
 
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = *impl_;
-  validate_backward(a, s.problem, s.memory, s.aligned);
+  const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
   if (s.problem.mode == Mode::kMemoryEfficient && s.consumed.count(a.saved)) {
     throw StateError("memory-efficient backward already consumed this saved state; run forward() again first");
   }
   s.check_context();
-  s.require_device_memory(backward_tensors(a, s.problem, s.memory));
+  s.require_device_memory(tensors);
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));

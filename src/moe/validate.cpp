@@ -19,9 +19,7 @@ void require_pointer(const void* p, const char* name, std::size_t alignment) {
   }
 }
 
-void require_buffer(const void* p, std::size_t given, std::size_t needed, const char* name, const char* size_name) {
-  if (needed == 0) return;
-  require_pointer(p, name, 256);
+void require_size(std::size_t given, std::size_t needed, const char* size_name) {
   if (given < needed) {
     throw InvalidArgument(size_name, fmt::format("{} bytes given, {} needed (see FusedMoe::memory())", given, needed));
   }
@@ -56,6 +54,26 @@ void require_disjoint(const std::vector<TensorRegion>& regions) {
   }
 }
 
+constexpr std::size_t kBuffer = 256;  // saved state and workspaces
+
+// The inputs forward() and backward() share, read only.
+template <typename Args>
+void append_inputs(std::vector<TensorRegion>& t, const Args& a, const Sizes& z, std::size_t tensor) {
+  t.push_back({"x", a.x, z.tokens_h, tensor, false});
+  t.push_back({"w1", a.w1, z.w1, tensor, false});
+  t.push_back({"w2", a.w2, z.w2, tensor, false});
+  t.push_back({"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), 4, false});
+  t.push_back({"topk_weights", a.topk_weights, z.pairs * z.elt, 2, false});
+}
+
+// Every tensor the plan needs bytes of is non-null and aligned, and no written one overlaps another.
+void require_tensors(const std::vector<TensorRegion>& tensors) {
+  for (const TensorRegion& t : tensors) {
+    if (t.bytes > 0) require_pointer(t.begin, t.name, t.alignment);
+  }
+  require_disjoint(tensors);
+}
+
 }  // namespace
 
 void validate_problem(const MoeProblem& p) {
@@ -84,67 +102,53 @@ void validate_problem(const MoeProblem& p) {
   }
 }
 
-std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m) {
+std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                          bool vector_aligned) {
   const Sizes z(p);
-  return {{"out", a.out, z.tokens_h, true},
-          {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes, true},
-          {"workspace", a.workspace, m.forward_workspace_bytes, true},
-          {"x", a.x, z.tokens_h, false},
-          {"w1", a.w1, z.w1, false},
-          {"w2", a.w2, z.w2, false},
-          {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), false},
-          {"topk_weights", a.topk_weights, z.pairs * z.elt, false}};
-}
-
-std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m) {
-  const Sizes z(p);
-  // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
-  // it may overlap no input either; otherwise it is only read.
-  const bool memeff = p.mode == Mode::kMemoryEfficient;
-  std::vector<TensorRegion> t = {{"dx", a.dx, z.tokens_h, true},
-                                 {"dw1", a.dw1, z.w1, true},
-                                 {"dw2", a.dw2, z.w2, true},
-                                 {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt, true},
-                                 {"workspace", a.workspace, m.backward_workspace_bytes, true},
-                                 {"d_out", a.d_out, z.tokens_h, false},
-                                 {"x", a.x, z.tokens_h, false},
-                                 {"w1", a.w1, z.w1, false},
-                                 {"w2", a.w2, z.w2, false},
-                                 {"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), false},
-                                 {"topk_weights", a.topk_weights, z.pairs * z.elt, false}};
-  t.insert(memeff ? t.begin() + 5 : t.end(), {"saved", a.saved, m.saved_bytes, memeff});
+  const std::size_t tensor = vector_aligned ? 16 : 2;
+  std::vector<TensorRegion> t = {{"out", a.out, z.tokens_h, tensor, true},
+                                 {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes, kBuffer, true},
+                                 {"workspace", a.workspace, m.forward_workspace_bytes, kBuffer, true}};
+  append_inputs(t, a, z, tensor);
   return t;
 }
 
-void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
+std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                           bool vector_aligned) {
+  const Sizes z(p);
   const std::size_t tensor = vector_aligned ? 16 : 2;
-  require_pointer(a.x, "x", tensor);
-  require_pointer(a.w1, "w1", tensor);
-  require_pointer(a.w2, "w2", tensor);
-  require_pointer(a.topk_ids, "topk_ids", 4);
-  require_pointer(a.topk_weights, "topk_weights", 2);
-  require_pointer(a.out, "out", tensor);
-  if (p.mode != Mode::kInference) require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
-  require_buffer(a.workspace, a.workspace_bytes, m.forward_workspace_bytes, "workspace", "workspace_bytes");
-  require_disjoint(forward_tensors(a, p, m));
+  // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
+  // it may overlap no input either; otherwise it is only read.
+  const bool memeff = p.mode == Mode::kMemoryEfficient;
+  std::vector<TensorRegion> t = {{"dx", a.dx, z.tokens_h, tensor, true},
+                                 {"dw1", a.dw1, z.w1, tensor, true},
+                                 {"dw2", a.dw2, z.w2, tensor, true},
+                                 {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt, 2, true},
+                                 {"workspace", a.workspace, m.backward_workspace_bytes, kBuffer, true}};
+  if (memeff) t.push_back({"saved", a.saved, m.saved_bytes, kBuffer, true});
+  t.push_back({"d_out", a.d_out, z.tokens_h, tensor, false});
+  append_inputs(t, a, z, tensor);
+  if (!memeff) t.push_back({"saved", a.saved, m.saved_bytes, kBuffer, false});
+  return t;
 }
 
-void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned) {
+std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                           bool vector_aligned) {
+  std::vector<TensorRegion> tensors = forward_tensors(a, p, m, vector_aligned);
+  if (p.mode != Mode::kInference) require_size(a.saved_bytes, m.saved_bytes, "saved_bytes");
+  require_size(a.workspace_bytes, m.forward_workspace_bytes, "workspace_bytes");
+  require_tensors(tensors);
+  return tensors;
+}
+
+std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                            bool vector_aligned) {
   if (p.mode == Mode::kInference) throw StateError("an inference plan has no backward; build it with a training mode");
-  const std::size_t tensor = vector_aligned ? 16 : 2;
-  require_pointer(a.d_out, "d_out", tensor);
-  require_pointer(a.x, "x", tensor);
-  require_pointer(a.w1, "w1", tensor);
-  require_pointer(a.w2, "w2", tensor);
-  require_pointer(a.topk_ids, "topk_ids", 4);
-  require_pointer(a.topk_weights, "topk_weights", 2);
-  require_pointer(a.dx, "dx", tensor);
-  require_pointer(a.dw1, "dw1", tensor);
-  require_pointer(a.dw2, "dw2", tensor);
-  require_pointer(a.d_topk_weights, "d_topk_weights", 2);
-  require_buffer(a.saved, a.saved_bytes, m.saved_bytes, "saved", "saved_bytes");
-  require_buffer(a.workspace, a.workspace_bytes, m.backward_workspace_bytes, "workspace", "workspace_bytes");
-  require_disjoint(backward_tensors(a, p, m));
+  std::vector<TensorRegion> tensors = backward_tensors(a, p, m, vector_aligned);
+  require_size(a.saved_bytes, m.saved_bytes, "saved_bytes");
+  require_size(a.workspace_bytes, m.backward_workspace_bytes, "workspace_bytes");
+  require_tensors(tensors);
+  return tensors;
 }
 
 void require_device_memory(const std::vector<TensorRegion>& tensors, int device,

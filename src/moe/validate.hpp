@@ -11,24 +11,32 @@
 
 namespace moejit {
 
-// One tensor of a call, as the problem and the plan size it: [begin, begin + bytes).
+// One tensor of a call, as the problem and the plan size it: [begin, begin + bytes), and the
+// alignment its kernels need.
 struct TensorRegion {
   const char* name;
   const void* begin;
   std::size_t bytes;
+  std::size_t alignment;
   bool written;
 };
 
-// Every tensor a forward() or backward() call touches, written ones first.
-std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m);
-std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m);
+// Every tensor a forward() or backward() call touches, written ones first. vector_aligned: the
+// plan's kernels use 16-byte vector accesses, so tensors must be 16-byte aligned (otherwise 2
+// bytes suffice); saved state and workspaces are 256-byte aligned.
+std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                          bool vector_aligned);
+std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                           bool vector_aligned);
 
 void validate_problem(const MoeProblem& p);
 
-// vector_aligned: the plan's kernels use 16-byte vector accesses, so tensors must be 16-byte
-// aligned (otherwise 2 bytes suffice).
-void validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
-void validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m, bool vector_aligned);
+// A call's arguments: sizes given, every tensor non-null and aligned, no written one overlapping
+// another tensor. Returns the call's tensors (forward_tensors, backward_tensors).
+std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                           bool vector_aligned);
+std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
+                                            bool vector_aligned);
 
 // Each tensor's first and last byte must be device memory of `device` (or managed memory): a
 // host or another GPU's address, or a tensor running past the memory the driver knows, would

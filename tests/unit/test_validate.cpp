@@ -196,7 +196,7 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   const auto device0 = device(cuda::MemoryKind::kDevice);
   const auto rejected = [&](const BackwardArgs& args, int on, cuda::MemoryKind gib6) {
     try {
-      require_device_memory(backward_tensors(args, p, m), on, device(gib6));
+      require_device_memory(backward_tensors(args, p, m, true), on, device(gib6));
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }
@@ -207,7 +207,7 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
              Catch::StartsWith("workspace: is memory of device 1; this plan runs on device 0"));
   a.workspace = gib(11);
   CHECK(rejected(a, 0, cuda::MemoryKind::kDevice).empty());
-  CHECK_NOTHROW(require_device_memory(backward_tensors(a, p, m), 0, device0));
+  CHECK_NOTHROW(require_device_memory(backward_tensors(a, p, m, true), 0, device0));
   // Device 1's plan finds device 0's memory first in its list: dx.
   CHECK_THAT(rejected(a, 1, cuda::MemoryKind::kDevice), Catch::StartsWith("dx: is memory of device 0"));
   // topk_weights lives in GiB 6: managed memory is accepted wherever it was allocated, page-locked
@@ -229,5 +229,52 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   ForwardArgs f = separate_forward_args(li);
   f.saved = nullptr;
   f.workspace = gib(10);  // device 0's
-  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(li)), 0, device0));
+  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(li), true), 0, device0));
+}
+
+TEST_CASE("a call's tensors must be non-null and aligned, its buffers as large as the plan says", "[validate]") {
+  const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
+  const MemoryLayout l = memory_layout(p);
+  const MemoryPlan m = memory_plan(l);
+  const ForwardArgs a = separate_forward_args(l);
+  const auto rejected = [&](const ForwardArgs& args, bool vector_aligned, const MoeProblem& problem) {
+    try {
+      validate_forward(args, problem, m, vector_aligned);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(rejected(a, true, p).empty());
+  ForwardArgs bad = a;
+  bad.x = static_cast<const char*>(a.x) + 2;
+  CHECK_THAT(rejected(bad, true, p), Catch::StartsWith("x: must be 16-byte aligned"));
+  CHECK(rejected(bad, false, p).empty());  // 2-byte accesses where H or I is not a multiple of 8
+  bad = a;
+  bad.topk_ids = reinterpret_cast<const std::int32_t*>(static_cast<const char*>(gib(5)) + 2);
+  CHECK_THAT(rejected(bad, false, p), Catch::StartsWith("topk_ids: must be 4-byte aligned"));
+  bad = a;
+  bad.w2 = nullptr;
+  CHECK_THAT(rejected(bad, true, p), Catch::StartsWith("w2: null device pointer"));
+  bad = a;
+  bad.workspace = static_cast<char*>(a.workspace) + 128;
+  CHECK_THAT(rejected(bad, true, p), Catch::StartsWith("workspace: must be 256-byte aligned"));
+  bad = a;
+  bad.workspace_bytes = 16;
+  CHECK_THAT(rejected(bad, true, p), Catch::StartsWith("workspace_bytes: 16 bytes given"));
+  bad = a;
+  bad.saved = nullptr;
+  CHECK_THAT(rejected(bad, true, p), Catch::StartsWith("saved: null device pointer"));
+  // An inference plan keeps nothing: its saved state may be null and of no bytes.
+  MoeProblem infer = p;
+  infer.mode = Mode::kInference;
+  bad.saved_bytes = 0;
+  CHECK(rejected(bad, true, infer).empty());
+  // The tensors returned are the ones checked, written ones first.
+  const std::vector<TensorRegion> t = validate_forward(a, p, m, true);
+  REQUIRE(t.size() == 8);
+  CHECK(std::string(t.front().name) == "out");
+  CHECK(t.front().written);
+  CHECK(std::string(t.back().name) == "topk_weights");
+  CHECK(t.back().bytes == std::size_t{4096} * 6 * 2);
 }
