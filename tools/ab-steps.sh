@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export MOEJIT_CACHE_DIR=${MOEJIT_CACHE_DIR:-/tmp/moejit-kernels}
 # Kernels compiled ahead here (tools/precompile.sh), when the call carries them.
-[[ -d build/kcache ]] && mkdir -p "$MOEJIT_CACHE_DIR" && cp -rn build/kcache/. "$MOEJIT_CACHE_DIR"/
+# -u, not -n (which coreutils 9.4 warns about): a cache file's name hashes all its kernel is
+# compiled from, so replacing one changes nothing.
+[[ -d build/kcache ]] && mkdir -p "$MOEJIT_CACHE_DIR" && cp -ru build/kcache/. "$MOEJIT_CACHE_DIR"/
 rounds=$1
 shift
 builds=()
