@@ -2,7 +2,7 @@
 # Builds the `asan` preset (AddressSanitizer + UBSan) and copies what the GPU cases need into
 # build/asan-slim, stripped of debug info so that it fits the device's carry with the tree
 # (~41 MiB; symbols stay, so reports still name functions). Then, on the GPU machine:
-#   BUILD=build/asan-slim tools/gpu-round.sh tests 300
+#   BUILD=build/asan-slim tools/gpu-round.sh tests 500
 # Under the sanitizers the cases whose fp64 reference is large run 3-6x longer (the Qwen3 case at
 # T=1024: 296 s against 48, session 36): pass a per-case limit above 300 s and split the round
 # over calls with its FIRST argument.
