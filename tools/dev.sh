@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up, build, main job and tests on a fresh Debian/Ubuntu machine with the CUDA toolkit.
+# Set-up, build, main job and tests on a fresh Debian 12 machine with the CUDA toolkit.
 #   tools/dev.sh main   install deps, build, show the device and compile the default shape's
 #                       kernels for sm_90a (works without a GPU)
 #   tools/dev.sh test   install deps, build, run every test (GPU tests skip without a GPU)
@@ -21,6 +21,18 @@ install_deps() {
   fi
   if [[ ! -e /usr/local/cuda/include/nvrtc.h ]]; then
     echo "error: the CUDA toolkit (NVRTC and headers) is expected under /usr/local/cuda" >&2
+    exit 1
+  fi
+  # The distribution's packages must be new enough (Debian 12's are): the presets need CMake 3.25,
+  # the tests Catch2's version 2 header. Said here, not as a presets or compile error later.
+  local cmake_version
+  cmake_version=$(cmake --version | sed -n '1s/[^0-9]*\([0-9]*\.[0-9]*\).*/\1/p')
+  if [[ $(printf '%s\n3.25\n' "$cmake_version" | sort -V | head -1) != 3.25 ]]; then
+    echo "error: CMake $cmake_version is older than the 3.25 the presets need (Debian 12 has 3.25)" >&2
+    exit 1
+  fi
+  if [[ ! -e /usr/include/catch2/catch.hpp ]]; then
+    echo "error: the tests use Catch2 version 2 (catch2/catch.hpp, Debian 12's catch2 package)" >&2
     exit 1
   fi
 }

@@ -76,7 +76,8 @@ case "${1:-}" in
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
   bench) shift; env "${bench_env[@]}" build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
-  python) env "${bench_env[@]}" MOEJIT_LIBRARY=$PWD/build/release/src/libmoejit.so python3 python/tests/run_tests.py \
+  # The tests' own settings (python/tests/conftest.py): no tuning, no shipped or user tables.
+  python) env MOEJIT_LIBRARY=$PWD/build/release/src/libmoejit.so python3 python/tests/run_tests.py \
       > "$out/python-tests.log" 2>&1
     rc=$?
     grep -E "^FAILED|passed," "$out/python-tests.log"

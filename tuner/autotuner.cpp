@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fmt/format.h>
 #include <limits>
+#include <map>
+#include <string>
 
 #include "core/env.hpp"
 #include "jit/kernel_cache.hpp"
@@ -75,7 +77,12 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     work.push_back(std::move(rc));
   }
   auto& cache = jit::KernelCache::instance();
-  cache.compile_all(specs, env::compile_jobs());
+  // A kernel that failed to compile is not cached, so load() would compile it again, one at a
+  // time inside the budget: failures are rejected from these results instead.
+  std::map<std::string, std::string> compile_errors;  // by readable_name
+  for (const jit::CompileResult& r : cache.compile_all(specs, env::compile_jobs())) {
+    if (!r.kernel) compile_errors[r.spec.readable_name()] = r.error;
+  }
   say(fmt::format("compiled {} kernels in {:.1f} s", specs.size(),
                   std::chrono::duration<double>(Clock::now() - start).count()));
 
@@ -94,13 +101,19 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         rc.results.push_back(rejected(c, fmt::format("skipped: tuning budget of {:.0f} s spent", options.budget_s)));
         continue;
       }
+      // prime() loaded every role's reference (survivors[0]), so only the candidates after it can
+      // fail here.
+      const jit::KernelSpec spec = role_kernel_spec(rc.role, c, problem, arch);
+      const auto first_line = [](const std::string& what) { return what.substr(0, what.find('\n')); };
+      if (auto failed = compile_errors.find(spec.readable_name()); failed != compile_errors.end()) {
+        rc.results.push_back(rejected(c, "compile failed: " + first_line(failed->second)));
+        continue;
+      }
       const jit::LoadedKernel* kernel = nullptr;
       try {
-        kernel = &cache.load(role_kernel_spec(rc.role, c, problem, arch));
+        kernel = &cache.load(spec);
       } catch (const Error& e) {
-        const std::string what = e.what();
-        rc.results.push_back(rejected(c, "compile/load failed: " + what.substr(0, what.find('\n'))));
-        if (i == 0) break;  // without the reference nothing can be checked
+        rc.results.push_back(rejected(c, "load failed: " + first_line(e.what())));
         continue;
       }
       const TuningSession::RoleKernel k{c, kernel};
@@ -119,10 +132,6 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
       rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
       // Long kernels vary little: fewer repetitions keep tuning of large problems short.
       if (i == 0 && t.median_ms > kLongKernelMs) reps = std::min(reps, 3);
-    }
-    if (rc.results.empty() || rc.results.front().rejected) {
-      say(fmt::format("{}: the heuristic default failed; not tuned", role_name(rc.role)));
-      continue;
     }
     // The pass above timed candidates seconds apart, and the clocks under the power cap move
     // by 10-20% in that time: the finalists are timed again in turns, and the winner is one of

@@ -20,7 +20,9 @@
 namespace moejit {
 
 struct TuneOptions {
-  double budget_s = 60;  // wall clock for compiling and timing; candidates not reached are recorded as skipped
+  // Wall clock from the start, compiling included; once spent, candidates not yet timed are recorded
+  // as skipped (each role's reference and finalist rounds still run).
+  double budget_s = 60;
   int reps = 7;          // timed launches per candidate (the median is kept)
   int final_rounds = 7;  // rounds of the finalists' timing in turns (tuner/winner.hpp: finalists)
   // Time candidates back to back after a warm-up burst instead of after an L2 flush each

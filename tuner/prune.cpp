@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
+#include "moe/routing_layout.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/gating.hpp"
 #include "tuner/role_traits.hpp"
@@ -19,6 +20,10 @@ long long next_pow2(long long v) {
 }
 
 std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const MoeShape& shape) {
+  // Routing cuts each expert's rows into tiles of this height, which every token GEMM must take.
+  if (role_kind(role) == RoleKind::kTokenGemm && c.block_m != token_block_m(shape)) {
+    return fmt::format("BLOCK_M {} is not the problem's token tile of {} rows", c.block_m, token_block_m(shape));
+  }
   if (gemm_warp_rows(role, c) == 0) {
     return fmt::format("{}x{} tile does not split into 16x16-multiple warp tiles over {} warps", c.block_m,
                        gemm_tile_n(role, c), c.warps);
@@ -71,12 +76,18 @@ std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const Moe
 
 std::optional<std::string> prune_reason(Role role, const TileConfig& c, const MoeShape& shape,
                                         const cuda::DeviceInfo& device) {
+  const RoleKind kind = role_kind(role);
+  // Before any arithmetic on them (an override or an edited table may carry anything).
+  if ((kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) &&
+      std::min({c.block_m, c.block_n, c.block_k, c.stages, c.warps, c.group_m}) <= 0) {
+    return std::string("a GEMM's tile sizes, stages, warps and GROUP_M must be positive");
+  }
+  if (c.warps <= 0 || c.warps > 32) return fmt::format("{} warps: a block has 1 to 32", c.warps);
   if (auto why = arch_gate_reason(c, device)) return *why;
   if (role_block_threads(role, c) > device.max_threads_per_block) {
     return fmt::format("{} threads per block exceed the device's {}", role_block_threads(role, c),
                        device.max_threads_per_block);
   }
-  const RoleKind kind = role_kind(role);
   if (kind == RoleKind::kTokenGemm || kind == RoleKind::kExpertGemm) {
     if (auto why = gemm_reason(role, c, shape)) return why;
   }
@@ -89,6 +100,9 @@ std::optional<std::string> prune_reason(Role role, const TileConfig& c, const Mo
     // Padding to 1024 pairs keeps the smallest chunks legal for every problem.
     const long long padded = std::max<long long>(1024, (shape.pairs() + 1023) / 1024 * 1024);
     const long long chunk = static_cast<long long>(c.threads()) * c.items;
+    if (chunk < kRoutingMinChunk) {
+      return fmt::format("chunk of {} pairs is below the routing workspace's minimum of {}", chunk, kRoutingMinChunk);
+    }
     if (chunk > padded) {
       return fmt::format("chunk of {} pairs is wider than the padded problem ({} pairs)", chunk, padded);
     }

@@ -11,10 +11,12 @@
 
 namespace moejit {
 
+// Named by the routing key, which every mode of a shape and bucket shares (as it shares the
+// keys of fwd_down, gather_sum and more): a training and an inference plan that start together
+// tune one after the other, and the second finds the shared rows done.
 std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device) {
   const db::TuningKey key = tuning_key(Role::kRouting, problem, device);
-  return env::user_db_path().string() + ".locks/" + Hasher().field(key.id()).field(mode_name(problem.mode)).hex() +
-         ".lock";
+  return env::user_db_path().string() + ".locks/" + Hasher().field(key.id()).hex() + ".lock";
 }
 
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,

@@ -21,7 +21,8 @@ inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 
-// The lock file of a problem's tuning: next to the user database, named by a hash of the key.
+// The lock file of a problem's tuning, the same for all its modes: next to the user database,
+// named by a hash of the routing key.
 std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device);
 
 // Under the lock: rows for `missing` that are now in the user DB (or this process's memory) and

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "core/json_int.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit {
@@ -72,14 +73,14 @@ void to_json(nlohmann::json& j, const TileConfig& c) {
 }
 
 void from_json(const nlohmann::json& j, TileConfig& c) {
-  c.block_m = j.value("block_m", 0);
-  c.block_n = j.value("block_n", 0);
-  c.block_k = j.value("block_k", 0);
-  c.stages = j.value("stages", 0);
-  c.warps = j.value("warps", 0);
-  c.group_m = j.value("group_m", 0);
-  c.cluster = j.value("cluster", 1);
-  c.items = j.value("items", 0);
+  c.block_m = json_int_or(j, "block_m", 0);
+  c.block_n = json_int_or(j, "block_n", 0);
+  c.block_k = json_int_or(j, "block_k", 0);
+  c.stages = json_int_or(j, "stages", 0);
+  c.warps = json_int_or(j, "warps", 0);
+  c.group_m = json_int_or(j, "group_m", 0);
+  c.cluster = json_int_or(j, "cluster", 1);
+  c.items = json_int_or(j, "items", 0);
   c.use_tma = j.value("use_tma", false);
   c.warp_specialized = j.value("warp_specialized", false);
   c.persistent = j.value("persistent", false);  // rows from before the field: one block per tile

@@ -1,6 +1,6 @@
 /* moejit C ABI: the fused MoE block over raw device pointers, for Python (ctypes) and other
  * FFIs. Same semantics as include/moejit/moejit.hpp; every call returns a status and never
- * throws or aborts; moejit_last_error() gives the message of the last failure on this thread.
+ * throws or aborts; moejit_last_error() gives the message of this thread's last call if it failed.
  * A CUDA context must be current on the calling thread (the CUDA runtime's primary context,
  * e.g. PyTorch's, works). Streams are CUstream / cudaStream_t passed as void*, NULL for the
  * legacy default stream. */
@@ -38,7 +38,9 @@ typedef struct moejit_problem {
   int32_t topk;
   int32_t dtype;             /* MOEJIT_DTYPE_* */
   int32_t mode;              /* MOEJIT_MODE_* */
-  int32_t check_expert_ids;  /* nonzero: ids outside [0, E), and a token naming one expert twice, are an error */
+  /* nonzero: ids outside [0, E), and a token naming one expert twice, are an error of the forward,
+   * found after its routing ran: `saved` then holds the rejected call's routing (run no backward on it). */
+  int32_t check_expert_ids;
 } moejit_problem;
 
 typedef struct moejit_memory_plan {
@@ -54,8 +56,9 @@ moejit_status moejit_plan_create(const moejit_problem* problem, moejit_plan** ou
 void moejit_plan_destroy(moejit_plan* plan);
 moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out);
 /* What moejit_plan_memory will report for a plan of this problem, computed on the host: no GPU
- * or context needed (e.g. to size buffers while tracing). Validates the problem like
- * moejit_plan_create. */
+ * or context needed (e.g. to size buffers while tracing). Validates the problem's shape like
+ * moejit_plan_create; limits that depend on the configs a plan chooses (gather_sum's grid past
+ * H = 2 M, README: Limits) are checked only when a plan is created. */
 moejit_status moejit_problem_memory(const moejit_problem* problem, moejit_memory_plan* out);
 
 moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2,
@@ -63,14 +66,17 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
                              size_t saved_bytes, void* workspace, size_t workspace_bytes, void* stream);
 
 /* dx, dw1, dw2 and d_topk_weights are written, never accumulated into. dw1 also holds an
- * intermediate during the call (written over last; in training mode where T*K <= 2*E*H), so like
- * every output it must not overlap another argument. */
+ * intermediate during the call (written over last; in training mode where T*K <= 2*E*H, in
+ * memory-efficient mode unless bwd_dw2 recomputes the activation), so like every output it must
+ * not overlap another argument. topk_ids is checked like the forward's but not read: the routing
+ * comes from `saved`. */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
                               size_t workspace_bytes, void* stream);
 
-/* Message of the last failed call on this thread ("" when none); valid until the next call. */
+/* The message of this thread's last call if it failed, "" if it succeeded; valid until this
+ * thread's next call. */
 const char* moejit_last_error(void);
 const char* moejit_status_name(moejit_status status);
 const char* moejit_version(void);

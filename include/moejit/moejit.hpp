@@ -76,7 +76,7 @@ struct BackwardArgs {
   const void* x = nullptr;
   const void* w1 = nullptr;
   const void* w2 = nullptr;
-  const std::int32_t* topk_ids = nullptr;
+  const std::int32_t* topk_ids = nullptr;  // checked like the forward's, not read: the routing is in `saved`
   const void* topk_weights = nullptr;
   // What forward() wrote. Memory-efficient mode consumes it (writes over it), so there it must
   // not overlap any other argument.
@@ -84,8 +84,8 @@ struct BackwardArgs {
   std::size_t saved_bytes = 0;
   void* dx = nullptr;
   // Written, never accumulated into. backward() also keeps an intermediate here while it runs
-  // (written over last; training mode where T*K <= 2*E*H), so it must not overlap any other
-  // argument.
+  // (written over last; training mode where T*K <= 2*E*H, memory-efficient mode unless bwd_dw2
+  // recomputes the activation), so it must not overlap any other argument.
   void* dw1 = nullptr;
   void* dw2 = nullptr;
   void* d_topk_weights = nullptr;
@@ -95,6 +95,10 @@ struct BackwardArgs {
 };
 
 struct Options {
+  // Expert ids outside [0, E), and a token naming one expert twice, become forward()'s
+  // InvalidArgument (one stream synchronisation per call; unchecked, they are dropped or count
+  // twice, README: Using the library). Found after the routing ran: `saved` (inference: the
+  // workspace) then holds the rejected call's routing, so run no backward() on it.
   bool check_expert_ids = false;
   // The stream the plan will run on. While it is being captured into a CUDA graph the plan
   // never tunes: it takes the nearest tuned row or the heuristic default.
@@ -124,7 +128,8 @@ class FusedMoe {
   // "nearest_bucket" or "heuristic".
   std::map<std::string, std::string> config_sources() const;
 
-  // Throws InvalidArgument (naming the argument) before enqueuing anything.
+  // Throws InvalidArgument (naming the argument) before enqueuing anything; check_expert_ids'
+  // rejection comes after the routing (Options).
   void forward(const ForwardArgs& args);
   // Throws InvalidArgument, or StateError for a second backward over memory-efficient state.
   // That check is the host's record of forward() and backward() calls on each `saved` address:

@@ -37,13 +37,14 @@ def _joined(values):
 
 
 def tune_arguments(shape=None, tokens=None, *, dtype=None, modes=None, roles=None, db=None, devices=None,
-                   shard=None, force=False, budget=None):
+                   shard=None, force=False, budget=None, timing=None, incumbents=None):
     """The `moejit tune` arguments for these options (None: the CLI's default)."""
     args = ["tune"]
     if shape is not None:
-        if len(shape) != 4:
+        dims = shape.split(",") if isinstance(shape, str) else shape
+        if len(dims) != 4:
             raise InvalidArgumentError(f"shape: expected (E, H, I, K), got {shape!r}", status="invalid_argument")
-        args += ["--shape", _joined(shape)]
+        args += ["--shape", _joined(dims)]
     if tokens is not None:
         args += ["--tokens", _joined([tokens] if isinstance(tokens, int) else tokens)]
     if dtype is not None:
@@ -55,32 +56,38 @@ def tune_arguments(shape=None, tokens=None, *, dtype=None, modes=None, roles=Non
     if db is not None:
         args += ["--db", os.fspath(db)]
     if devices is not None:
-        args += ["--devices", _joined(devices)]
+        args += ["--devices", _joined([devices] if isinstance(devices, int) else devices)]
     if shard is not None:
         args += ["--shard", shard if isinstance(shard, str) else f"{shard[0]}/{shard[1]}"]
     if force:
         args.append("--force")
     if budget is not None:
         args += ["--budget", str(budget)]
+    if timing is not None:
+        args += ["--timing", timing]
+    if incumbents is not None:
+        args += ["--incumbents", os.fspath(incumbents)]
     return args
 
 
 def tune(shape=None, tokens=None, *, dtype=None, modes=None, roles=None, db=None, devices=None, shard=None,
-         force=False, budget=None):
+         force=False, budget=None, timing=None, incumbents=None):
     """Runs `moejit tune` (README, CLI): tunes every (token count, mode) of one shape into a
     database; keys already tuned are skipped unless force. Mirrors the CLI's options:
 
-      shape    (E, H, I, K), default the CLI's (128, 2048, 768, 8)
+      shape    (E, H, I, K) or "E,H,I,K", default the CLI's (128, 2048, 768, 8)
       tokens   token counts (int or list), default 128..32768
       dtype    "bf16" or "fp16";  modes: "train", "infer", "memeff" (default train and infer)
       roles    kernel roles to tune (default all);  db: database path (default $MOEJIT_DB)
-      devices  "all" or GPU ordinals;  shard: (i, n) or "i/n";  budget: seconds per item
+      devices  "all", a GPU ordinal or a list of them;  shard: (i, n) or "i/n";  budget: seconds per item
+      timing   "burst" (default) or "sustained";  incumbents: an earlier table (JSON) whose
+               winners are kept where they tie
 
     Progress goes to this process's stdout. Raises InvalidArgumentError for options the CLI
     rejects and MoejitError for other failures, with the CLI's message.
     """
     args = tune_arguments(shape, tokens, dtype=dtype, modes=modes, roles=roles, db=db, devices=devices,
-                          shard=shard, force=force, budget=budget)
+                          shard=shard, force=force, budget=budget, timing=timing, incumbents=incumbents)
     return run_cli(args)
 
 

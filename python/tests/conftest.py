@@ -1,10 +1,14 @@
 # Shared by pytest and run_tests.py: the package from this checkout, and test runs that never
-# self-tune nor write the user's tuning database (as tests/support/main.cpp does for C++).
+# self-tune, nor read or write the user's tuning database, nor read the shipped tables (as
+# tests/support/main.cpp does for C++).
 import os
 import pathlib
 import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+_state = tempfile.mkdtemp(prefix="moejit-tests-")
 os.environ.setdefault("MOEJIT_AUTOTUNE", "0")
-os.environ.setdefault("MOEJIT_DB", os.path.join(tempfile.mkdtemp(prefix="moejit-tests-"), "tuning.sqlite"))
+os.environ.setdefault("MOEJIT_DB", os.path.join(_state, "tuning.sqlite"))
+os.makedirs(os.path.join(_state, "shipped"))
+os.environ.setdefault("MOEJIT_SHIPPED_DB_DIR", os.path.join(_state, "shipped"))

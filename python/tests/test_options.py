@@ -47,6 +47,10 @@ def test_tune_arguments_mirror_the_cli():
     assert tuning.tune_arguments() == ["tune"]
     assert tuning.tune_arguments(tokens=4096, devices="all", shard="0/2") == [
         "tune", "--tokens", "4096", "--devices", "all", "--shard", "0/2"]
+    # Single values and the CLI's spellings are taken as the CLI takes them.
+    assert tuning.tune_arguments("64,2048,1408,6", devices=0, timing="sustained", incumbents="db/NVIDIA_H200.json") == [
+        "tune", "--shape", "64,2048,1408,6", "--devices", "0", "--timing", "sustained", "--incumbents",
+        "db/NVIDIA_H200.json"]
 
 
 def test_tune_errors_carry_the_cli_message():

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <thread>
 
@@ -32,8 +34,9 @@ std::optional<long long> get_int(const char* name) {
   auto v = get(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   long long x = std::strtoll(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end != '\0') {
+  if (end == v->c_str() || *end != '\0' || errno == ERANGE) {
     throw InvalidArgument(name, "expected an integer, got '" + *v + "'");
   }
   return x;
@@ -60,7 +63,8 @@ std::filesystem::path shipped_db_dir() {
 }
 
 unsigned compile_jobs() {
-  if (auto v = get_int("MOEJIT_JOBS"); v && *v > 0) return static_cast<unsigned>(*v);
+  // More threads than any machine has cores only cost stacks.
+  if (auto v = get_int("MOEJIT_JOBS"); v && *v > 0) return static_cast<unsigned>(std::min(*v, 1024LL));
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : hw;
 }

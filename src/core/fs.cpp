@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -22,6 +23,19 @@ std::string errno_text() { return std::strerror(errno); }
 
 // What marks atomic_write's temporary files, which remove_stale_temp_files looks for.
 constexpr std::string_view kTempInfix = ".tmp.";
+
+// Whether `name` is one of unique_temp_name's: <target>.tmp.<pid>.<counter>. Other names with
+// ".tmp." in them (the cache folder may be shared) are not this code's to remove.
+bool is_temp_name(const std::string& name) {
+  const std::size_t at = name.rfind(kTempInfix);
+  if (at == std::string::npos || at == 0) return false;
+  const std::string_view rest = std::string_view(name).substr(at + kTempInfix.size());
+  const std::size_t dot = rest.find('.');
+  const auto digits = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return dot != std::string_view::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
+}
 
 std::filesystem::path unique_temp_name(const std::filesystem::path& target) {
   static std::atomic<unsigned long> counter{0};
@@ -68,8 +82,10 @@ void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seco
   std::error_code ec;
   const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.find(kTempInfix) == std::string::npos) continue;
+    std::error_code type_ec;
+    if (!is_temp_name(it->path().filename().string()) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
+      continue;
+    }
     std::error_code time_ec;
     const auto written = std::filesystem::last_write_time(it->path(), time_ec);
     if (!time_ec && written < cutoff) remove_quietly(it->path());

@@ -21,11 +21,7 @@ Hasher& Hasher::field(std::string_view bytes) {
   return add(bytes);
 }
 
-Hasher& Hasher::field(long long value) { return field(std::to_string(value)); }
-
 std::string Hasher::hex() const { return to_hex(state_); }
-
-std::uint64_t hash64(std::string_view bytes) { return Hasher().add(bytes).value(); }
 
 std::string to_hex(std::uint64_t value) { return fmt::format("{:016x}", value); }
 

@@ -14,7 +14,6 @@ class Hasher {
   Hasher& add(const void* data, std::size_t size);
   // Adds a field with its length so ("ab","c") and ("a","bc") hash differently.
   Hasher& field(std::string_view bytes);
-  Hasher& field(long long value);
   std::uint64_t value() const { return state_; }
   std::string hex() const;
 
@@ -22,7 +21,6 @@ class Hasher {
   std::uint64_t state_ = 0xcbf29ce484222325ull;
 };
 
-std::uint64_t hash64(std::string_view bytes);
 std::string to_hex(std::uint64_t value);
 
 }  // namespace moejit

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -19,7 +20,12 @@ void parallel_for(std::size_t count, unsigned workers, const std::function<void(
   }
   std::vector<std::thread> threads;
   threads.reserve(n - 1);
-  for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+  // A thread that cannot start (a process or cgroup thread limit) leaves its share to the others,
+  // the caller's thread at least: the jobs still all run, on fewer threads.
+  try {
+    for (std::size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+  } catch (const std::system_error&) {
+  }
   worker();
   for (auto& t : threads) t.join();
 }

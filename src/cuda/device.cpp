@@ -92,6 +92,10 @@ DeviceInfo rtx5090() {
 DeviceInfo for_arch(const std::string& arch) {
   int cc = cc_from_arch(arch);
   DeviceInfo base = cc >= 120 ? rtx5090() : cc >= 100 ? b200() : cc >= 90 ? h200() : a100();
+  if (cc == 86 || cc == 89) {  // RTX 30 and 40, A40, L40S: 99 KB per block, not the A100's 163
+    base.smem_optin_per_block = 101376;
+    base.smem_per_sm = 102400;
+  }
   base.cc_major = cc / 10;
   base.cc_minor = cc % 10;
   base.name = fmt::format("generic {}", arch_for_cc(cc));

@@ -181,23 +181,23 @@ std::vector<CandidateResult> read_candidates(const Connection& conn, const std::
   return out;
 }
 
-void upsert(const Connection& conn, const TuningRow& row, bool write_winner) {
+// Writes the row's winner and its candidates; a key's candidates of other config names, from
+// earlier tunings, stay.
+void upsert(const Connection& conn, const TuningRow& row) {
   const std::string id = row.key.id();
-  if (write_winner) {
-    Statement s = conn.prepare(kUpsertWinner);
-    bind_family(s, row.key);
-    bind_config(s, row.winner);
-    s.bind(":key_id", id)
-        .bind(":tpe_bucket", row.key.tpe_bucket)
-        .bind(":median_ms", row.median_ms)
-        .bind(":spread_ms", row.spread_ms)
-        .bind(":nvrtc_version", row.provenance.nvrtc_version)
-        .bind(":driver_version", row.provenance.driver_version)
-        .bind(":template_hash", row.provenance.template_hash)
-        .bind(":library_version", row.provenance.library_version)
-        .bind(":created_at", row.provenance.created_at)
-        .run();
-  }
+  Statement w = conn.prepare(kUpsertWinner);
+  bind_family(w, row.key);
+  bind_config(w, row.winner);
+  w.bind(":key_id", id)
+      .bind(":tpe_bucket", row.key.tpe_bucket)
+      .bind(":median_ms", row.median_ms)
+      .bind(":spread_ms", row.spread_ms)
+      .bind(":nvrtc_version", row.provenance.nvrtc_version)
+      .bind(":driver_version", row.provenance.driver_version)
+      .bind(":template_hash", row.provenance.template_hash)
+      .bind(":library_version", row.provenance.library_version)
+      .bind(":created_at", row.provenance.created_at)
+      .run();
   Statement s = conn.prepare(kUpsertCandidate);
   for (const CandidateResult& c : row.candidates) {
     s.reset();
@@ -236,6 +236,10 @@ void initialise(const Connection& conn) {
   version = conn.query_int("PRAGMA user_version");
   check_not_newer(conn.path(), version);
   if (version == kSchemaVersion) return;
+  // Version 0 with tables is another program's database (a mistyped $MOEJIT_DB): left as it is.
+  if (version == 0 && conn.query_int("SELECT count(*) FROM sqlite_master") > 0) {
+    throw DatabaseError(fmt::format("{}: not a moejit tuning database (it holds another schema's tables)", conn.path()));
+  }
   for (; version < kSchemaVersion; ++version) conn.exec(kMigrations[static_cast<std::size_t>(version)]);
   conn.exec(fmt::format("PRAGMA user_version = {}", kSchemaVersion));
   t.commit();
@@ -263,7 +267,7 @@ int TuningDb::schema_version() const { return static_cast<int>(conn_.query_int("
 void TuningDb::record(const TuningRow& row) {
   validate(row);
   Transaction t(conn_, Transaction::Kind::kWrite);
-  upsert(conn_, row, true);
+  upsert(conn_, row);
   t.commit();
 }
 
@@ -344,17 +348,18 @@ TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, co
       old->provenance.nvrtc_version = existing.column_text(2);
     }
     existing.reset();
-    bool write_winner = true;
     if (!old) {
       ++stats.added;
     } else if (const bool old_stale = is_stale(*old, current), new_stale = is_stale(row, current);
                old_stale != new_stale ? old_stale : row.median_ms < old->median_ms) {
       ++stats.replaced;
     } else {
+      // A kept row keeps its candidates too: the losing row's were measured on other kernels or
+      // in another tuning, and its marks (a first call's narrow space) would misdescribe this one.
       ++stats.kept;
-      write_winner = false;
+      continue;
     }
-    upsert(conn_, row, write_winner);
+    upsert(conn_, row);
   }
   t.commit();
   return stats;

@@ -63,8 +63,8 @@ class TuningDb {
 
   // Per key keeps the current winner over a stale one (is_stale against `current`: lookups skip
   // stale rows, so a faster stale time must not displace a current row), else the faster
-  // (lower median_ms; ties keep the existing one), and takes the union of candidates, incoming
-  // results replacing those of the same config name. One transaction.
+  // (lower median_ms; ties keep the existing one). A row that is written brings its candidates
+  // (replacing those of the same config name); a kept row keeps its own alone. One transaction.
   MergeStats merge(const TuningDb& other, const Provenance& current);
   MergeStats merge_rows(const std::vector<TuningRow>& rows, const Provenance& current);
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_int.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit::db {
@@ -71,13 +72,13 @@ void from_json(const nlohmann::json& j, TuningKey& k) {
   k.arch = j.at("arch").get<std::string>();
   k.role = parse_role(j.at("role").get<std::string>());
   k.dtype = parse_dtype(j.at("dtype").get<std::string>());
-  k.hidden = j.at("hidden").get<int>();
-  k.intermediate = j.at("intermediate").get<int>();
-  k.experts = j.at("experts").get<int>();
-  k.topk = j.at("topk").get<int>();
-  k.block_m = j.at("block_m").get<int>();
+  k.hidden = json_int(j, "hidden");
+  k.intermediate = json_int(j, "intermediate");
+  k.experts = json_int(j, "experts");
+  k.topk = json_int(j, "topk");
+  k.block_m = json_int(j, "block_m");
   k.use_tma = j.at("use_tma").get<bool>();
-  k.tpe_bucket = j.at("tpe_bucket").get<int>();
+  k.tpe_bucket = json_int(j, "tpe_bucket");
   k.mode = j.at("mode").get<std::string>();
   k.validate();
 }

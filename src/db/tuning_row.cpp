@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/json_int.hpp"
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "moejit/error.hpp"
@@ -50,6 +51,20 @@ void validate(const TuningRow& row) {
   // Config names key the candidates table and spell warp specialization only with the Hopper
   // tag, the one pipeline that has it: any other config carrying it would share a name.
   auto check_config = [](const TileConfig& c) {
+    // Far past any real tile: an edited table's negative or huge sizes are refused here, before
+    // a lookup could hand them to pruning's arithmetic or to NVRTC.
+    struct Range {
+      const char* field;
+      int value, lo, hi;
+    };
+    for (const auto& [field, value, lo, hi] :
+         {Range{"block_m", c.block_m, 0, 4096}, Range{"block_n", c.block_n, 0, 4096}, Range{"block_k", c.block_k, 0, 4096},
+          Range{"stages", c.stages, 0, 64}, Range{"warps", c.warps, 0, 32}, Range{"group_m", c.group_m, 0, 4096},
+          Range{"cluster", c.cluster, 1, 16}, Range{"items", c.items, 0, 1024}}) {
+      if (value < lo || value > hi) {
+        throw InvalidArgument(field, fmt::format("{}: must be in [{}, {}], got {}", c.name(), lo, hi, value));
+      }
+    }
     if (c.warp_specialized && c.arch_tag != ArchTag::kHopper) {
       throw InvalidArgument("warp_specialized", fmt::format("{}: only Hopper (sm_90a) configs are warp-specialized",
                                                             c.name()));
@@ -85,7 +100,7 @@ void to_json(nlohmann::json& j, const Provenance& p) {
 
 void from_json(const nlohmann::json& j, Provenance& p) {
   p.nvrtc_version = j.at("nvrtc_version").get<std::string>();
-  p.driver_version = j.at("driver_version").get<int>();
+  p.driver_version = json_int(j, "driver_version");
   p.template_hash = j.at("template_hash").get<std::string>();
   p.library_version = j.at("library_version").get<std::string>();
   p.created_at = j.at("created_at").get<std::string>();

@@ -58,7 +58,8 @@ class KernelCache {
  public:
   static KernelCache& instance();
 
-  // Memory, then disk (MOEJIT_CACHE_DIR), then NVRTC. Throws CompileError.
+  // Memory, then disk (MOEJIT_CACHE_DIR), then NVRTC. Throws CompileError (InvalidArgument for a
+  // spec codegen refuses or a malformed MOEJIT_DISK_CACHE).
   std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin = nullptr);
 
   // Every spec on up to `jobs` threads. Failures are reported per spec, never thrown.

@@ -121,8 +121,9 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   const std::map<Role, ResolvedConfig> chosen = resolve_configs(problem, s.device, options);
   std::vector<jit::KernelSpec> specs;
   for (const auto& [r, c] : chosen) specs.push_back(role_kernel_spec(r, c.config, problem, s.device.arch()));
-  // Compile every missing kernel in parallel first; load() then finds them in memory (and
-  // rethrows a compile error with its log).
+  // Compile every missing kernel in parallel first; load() then finds them in memory. A kernel
+  // that failed is not cached: load() compiles it once more and throws its CompileError, log
+  // included.
   auto& cache = jit::KernelCache::instance();
   cache.compile_all(specs, env::compile_jobs());
   for (const jit::KernelSpec& spec : specs) {

@@ -199,6 +199,16 @@ TEST_CASE("moejit rejects integers that do not fit, trailing text and empty list
       {tune + "--devices=", "--devices: needs a value"},
       {tune + "--modes=", "--modes: needs a value"},
       {tune + "--roles=routing,", "--roles: empty item"},
+      // Problems the library refuses are refused before anything compiles or tunes.
+      {compile + "--shape 5000,2048,768,8 --tokens 64", "--shape: experts: must be in [1, 4096]"},
+      {compile + "--shape 8,256,128,8 --tokens 4611686018427387904", "--tokens: tokens: tokens * topk"},
+      {tune + "--tokens 512,4611686018427387904", "--tokens: tokens: tokens * topk"},
+      {env + " bench --shape 8,268435456,128,2 --tokens 64", "--shape: hidden: must stay below 2^28"},
+      // A forgotten option name is not ignored: "4096" for "--tokens 4096".
+      {compile + "--shape 8,256,128,2 4096", "4096: unexpected argument"},
+      {env + " info extra", "extra: unexpected argument"},
+      {tune + "-j 4", "-j: unexpected argument"},
+      {tune + "--devices 0,1,0", "--devices: device 0 is listed twice"},
   };
   for (const auto& [command, message] : cases) {
     const auto r = run_command(command);

@@ -26,3 +26,22 @@ TEST_CASE("the tuning budget: seconds above 0 and at most 10^6, from the variabl
     CHECK_THROWS_AS(env::tune_budget_s(), InvalidArgument);
   }
 }
+
+TEST_CASE("integer variables: out-of-range values are errors, thread counts are capped", "[env]") {
+  {
+    ScopedEnv v("MOEJIT_JOBS", "99999999999999999999");  // past long long
+    CHECK_THROWS_WITH(env::compile_jobs(), Catch::Contains("MOEJIT_JOBS"));
+  }
+  {
+    ScopedEnv v("MOEJIT_JOBS", "4294967296");  // 2^32: once truncated to 0 threads
+    CHECK(env::compile_jobs() == 1024);
+  }
+  {
+    ScopedEnv v("MOEJIT_JOBS", "3");
+    CHECK(env::compile_jobs() == 3);
+  }
+  {
+    ScopedEnv v("MOEJIT_DISK_CACHE", "off");
+    CHECK_THROWS_WITH(env::disk_cache_enabled(), Catch::Contains("MOEJIT_DISK_CACHE"));
+  }
+}

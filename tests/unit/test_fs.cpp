@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "core/fs.hpp"
 #include "moejit/error.hpp"
@@ -33,7 +35,15 @@ TEST_CASE("stale temporary files are swept, young ones and real files stay", "[f
   fs::atomic_write(dir / "young.cubin.tmp.124.0", "a live writer's");
   std::filesystem::last_write_time(dir / "old.cubin.tmp.123.0",
                                    std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  // Old entries that are not atomic_write's, in a cache folder the user shares: left alone.
+  const std::vector<std::string> others = {"report.tmp.txt", "data.tmp.csv", "x.tmp.12", "x.tmp.12.3a", "build.tmp.4.5"};
+  for (const std::string& other : others) {
+    if (other == "build.tmp.4.5") std::filesystem::create_directory(dir / other);
+    else fs::atomic_write(dir / other, "theirs");
+    std::filesystem::last_write_time(dir / other, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+  }
   fs::remove_stale_temp_files(dir.path(), std::chrono::hours(1));
+  for (const std::string& other : others) CHECK(std::filesystem::exists(dir / other));
   CHECK_FALSE(std::filesystem::exists(dir / "old.cubin.tmp.123.0"));
   CHECK(std::filesystem::exists(dir / "young.cubin.tmp.124.0"));
   CHECK(*fs::read_all(dir / "k.cubin") == "kernel");

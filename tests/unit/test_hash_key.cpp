@@ -10,9 +10,9 @@
 using namespace moejit;
 
 TEST_CASE("FNV-1a 64 matches the published test vectors", "[hash]") {
-  CHECK(to_hex(hash64("")) == "cbf29ce484222325");
-  CHECK(to_hex(hash64("a")) == "af63dc4c8601ec8c");
-  CHECK(to_hex(hash64("foobar")) == "85944171f73967e8");
+  CHECK(Hasher().add("").hex() == "cbf29ce484222325");
+  CHECK(Hasher().add("a").hex() == "af63dc4c8601ec8c");
+  CHECK(Hasher().add("foobar").hex() == "85944171f73967e8");
 }
 
 TEST_CASE("Hasher fields are length-delimited", "[hash]") {

@@ -43,6 +43,8 @@ TEST_CASE("arch strings and compute capabilities", "[device]") {
   CHECK(cuda::cc_from_arch("100") == 100);
   CHECK_THROWS_AS(cuda::cc_from_arch("hopper"), InvalidArgument);
   CHECK(cuda::fabricated::for_arch("sm_90").arch() == "sm_90a");
+  CHECK(cuda::fabricated::for_arch("sm_80").smem_optin_per_block == 166912);
+  for (const char* consumer : {"sm_86", "sm_89"}) CHECK(cuda::fabricated::for_arch(consumer).smem_optin_per_block == 101376);
 }
 
 TEST_CASE("Blackwell-datacenter configs reach only sm_100/sm_103", "[gating]") {
@@ -96,6 +98,33 @@ TEST_CASE("prune: instructions the arch lacks", "[prune]") {
   auto why = prune_reason(Role::kRouting, c, shape(8192, 128, 8), fab::a100());
   REQUIRE(why);
   CHECK_THAT(*why, Catch::Contains("sm_90a"));
+}
+
+TEST_CASE("prune: sizes no block can have", "[prune]") {
+  const MoeShape s = shape(8192, 128, 8);
+  const TileConfig good = default_config(Role::kFwdDown, s, fab::h200());
+  REQUIRE_FALSE(prune_reason(Role::kFwdDown, good, s, fab::h200()));
+  for (int TileConfig::*field : {&TileConfig::block_m, &TileConfig::block_n, &TileConfig::block_k,
+                                 &TileConfig::stages, &TileConfig::warps, &TileConfig::group_m}) {
+    for (int bad : {0, -64}) {
+      TileConfig c = good;
+      c.*field = bad;
+      INFO(c.name());
+      const auto why = prune_reason(Role::kFwdDown, c, s, fab::h200());
+      REQUIRE(why);
+      CHECK_THAT(*why, Catch::Contains("must be positive"));
+    }
+  }
+  for (int warps : {0, 33, 1 << 30}) {
+    const auto why = prune_reason(Role::kRouting, routing_cfg(warps, 4), s, fab::h200());
+    REQUIRE(why);
+    CHECK_THAT(*why, Catch::Contains("1 to 32"));
+  }
+  // Routing's workspace is laid out for chunks of at least kRoutingMinChunk pairs.
+  const auto small_chunk = prune_reason(Role::kRouting, routing_cfg(2, 4), s, fab::h200());  // 256 pairs
+  REQUIRE(small_chunk);
+  CHECK_THAT(*small_chunk, Catch::Contains("minimum of 512"));
+  CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(4, 4), s, fab::h200()));
 }
 
 TEST_CASE("the default config survives pruning for small and large problems", "[prune]") {
@@ -311,8 +340,16 @@ TEST_CASE("warp-specialized configs: producer threads, barrier memory, register-
   CHECK(role_smem_bytes(Role::kBwdDown, wide, large) == 2LL * 3 * (128 + 256) * 64 + 16 * 3 + 8 * 128);
   CHECK(gemm_wgmma_n(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true)) == 256);
   // One MMA warpgroup runs two blocks per SM at 128 registers: no 64 x 256 wgmma there.
-  CHECK(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), large, fab::h200()));
-  CHECK_FALSE(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, false), large, fab::h200()));
+  const MoeShape mid = shape(576, 128, 8);  // 36 pairs per expert: 64-row token tiles
+  REQUIRE(token_block_m(mid) == 64);
+  const auto two_per_sm = prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, true), mid, fab::h200());
+  REQUIRE(two_per_sm);
+  CHECK_THAT(*two_per_sm, Catch::Contains("128 registers"));
+  CHECK_FALSE(prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, false), mid, fab::h200()));
+  // A token GEMM takes the rows routing cuts each tile to, no other number.
+  const auto other_height = prune_reason(Role::kFwdUp, cfg(64, 128, 32, 6, 4, false), large, fab::h200());
+  REQUIRE(other_height);
+  CHECK_THAT(*other_height, Catch::Contains("token tile of 128 rows"));
   CHECK_FALSE(prune_reason(Role::kFwdUp, cfg(128, 64, 32, 6, 4, true), large, fab::h200()));
   // The flag survives the database's JSON and names the config.
   const TileConfig back = nlohmann::json(ws).get<TileConfig>();

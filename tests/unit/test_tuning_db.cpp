@@ -231,6 +231,10 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   const auto empty = dir / "empty.sqlite";
   Connection(empty, OpenMode::kReadWrite).exec("CREATE TABLE other (x INTEGER)");
   CHECK_THROWS_WITH(TuningDb(empty, OpenMode::kReadOnly), Catch::Contains("not a moejit tuning database"));
+  // Nor does read-write take over another program's tables: the file is left as it was.
+  CHECK_THROWS_WITH(TuningDb(empty), Catch::Contains("not a moejit tuning database"));
+  CHECK(Connection(empty, OpenMode::kReadOnly).query_int("PRAGMA user_version") == 0);
+  CHECK(Connection(empty, OpenMode::kReadOnly).query_int("SELECT count(*) FROM sqlite_master") == 1);
 
   // A file that is not SQLite at all names the file.
   const auto junk = dir / "junk.sqlite";
@@ -335,7 +339,7 @@ TEST_CASE("export then import into a fresh database reproduces the rows exactly"
   CHECK(copy.export_json() == text);
 }
 
-TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
+TEST_CASE("merge keeps the faster row per key; a written row brings its candidates, a kept one keeps its own", "[db]") {
   TempDir dir("db");
   TuningDb mine(dir / "mine.sqlite");
   TuningDb theirs(dir / "theirs.sqlite");
@@ -344,7 +348,7 @@ TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
   theirs.record(row_for(key_at(16), 128, 0.40));  // faster: replaces
   TuningRow slower = row_for(key_at(32), 32, 0.60);
   slower.candidates.push_back(timed(config(512), 0.9));
-  theirs.record(slower);                          // slower: kept, candidates still merged
+  theirs.record(slower);                          // slower: kept, with its own candidates alone
   theirs.record(row_for(key_at(64), 64, 0.70));  // new: added
   TuningRow tie = row_for(key_at(128), 64, 0.25);
   mine.record(tie);
@@ -360,8 +364,14 @@ TEST_CASE("merge keeps the faster row per key and unites candidates", "[db]") {
   const auto kept = *mine.lookup(key_at(32));
   CHECK(kept.winner == config(64));
   CHECK(kept.median_ms == 0.30);
-  // Both rows' candidates: n64, n128 (mine) + n32, n512 (theirs; n64 re-measured by theirs).
-  CHECK(kept.candidates.size() == 4);
+  CHECK(candidate_names(kept) == std::vector<std::string>{config(128).name(), config(64).name()});
+  for (const CandidateResult& c : kept.candidates) CHECK(c.median_ms == (c.config == config(64) ? 0.30 : 0.30 * 1.5));
+  // The replaced row unites both: n64, n128 (mine) + n128, n256 (theirs, re-measuring n128).
+  const auto replaced = *mine.lookup(key_at(16));
+  CHECK(replaced.candidates.size() == 3);
+  for (const CandidateResult& c : replaced.candidates) {
+    if (c.config == config(128)) CHECK(c.median_ms == 0.40);
+  }
   CHECK(mine.lookup(key_at(64)));
   CHECK(mine.lookup(key_at(128))->winner == config(64));
   CHECK(mine.rows().size() == 4);
@@ -385,6 +395,25 @@ TEST_CASE("merge keeps a current row over a stale one, whichever is faster", "[d
   CHECK(mine.lookup(key_at(16))->winner == config(64));   // a stale 0.15 ms does not displace it
   CHECK(mine.lookup(key_at(32))->winner == config(128));  // a current row replaces a stale 0.10 ms
   CHECK(mine.lookup(key_at(64))->winner == config(128));  // both stale: the faster
+}
+
+TEST_CASE("merging a losing row marks nothing on the kept row's candidates", "[db]") {
+  // A current row from a whole-space tune, and another database's stale row from a first call's
+  // narrow tune, which rejected the current winner as outside its space.
+  Provenance old_templates = kFresh;
+  old_templates.template_hash = "templates-before";
+  TuningDb mine = TuningDb::in_memory();
+  mine.record(row_for(key_at(64), 128, 0.30));
+  TuningRow narrow = row_for(key_at(64), 64, 0.10, old_templates);
+  narrow.candidates = {timed(config(64), 0.10), rejected(config(128), "outside the first call's space")};
+  TuningDb theirs = TuningDb::in_memory();
+  theirs.record(narrow);
+
+  CHECK(mine.merge(theirs, kFresh).kept == 1);
+  const auto got = *mine.lookup(key_at(64));
+  CHECK(got.winner == config(128));
+  CHECK(candidate_names(got) == std::vector<std::string>{config(128).name(), config(256).name()});
+  for (const CandidateResult& c : got.candidates) CHECK_FALSE(c.rejected);
 }
 
 TEST_CASE("nearest_bucket picks the closest bucket in log2 distance, ties to the larger", "[db]") {
@@ -620,6 +649,13 @@ TEST_CASE("importing malformed JSON throws, names the problem and writes nothing
   rejects(with([](nlohmann::json& r) { r["id"] = "something else"; }), "does not match");
   rejects(with([](nlohmann::json& r) { r["winner"]["arch_tag"] = "volta"; }), "volta");
   rejects(with([](nlohmann::json& r) { r["candidates"] = 3; }), "rows[1]");
+  // Integers that do not fit, and tile fields past any real tile.
+  rejects(with([](nlohmann::json& r) { r["key"]["hidden"] = 4294969344LL; }), "hidden");
+  rejects(with([](nlohmann::json& r) { r["key"]["topk"] = 2.5; }), "topk");
+  rejects(with([](nlohmann::json& r) { r["winner"]["block_n"] = -64; }), "block_n");
+  rejects(with([](nlohmann::json& r) { r["winner"]["warps"] = 4096; }), "warps");
+  rejects(with([](nlohmann::json& r) { r["candidates"][0]["config"]["stages"] = 1000; }), "stages");
+  rejects(with([](nlohmann::json& r) { r["provenance"]["driver_version"] = 1e20; }), "driver_version");
   // The valid first row of each document was not written either: import is all or nothing.
   CHECK(db.rows().empty());
   CHECK(db.import_json(with([](nlohmann::json&) {}), kFresh).added == 2);

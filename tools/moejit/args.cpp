@@ -55,11 +55,12 @@ long long parse_int(const std::string& option, const std::string& text, long lon
 }
 
 Args parse_args(int argc, char** argv, int start, const std::set<std::string>& flags,
-                const std::set<std::string>& valued) {
+                const std::set<std::string>& valued, bool positionals) {
   Args a;
   for (int i = start; i < argc; ++i) {
     std::string s = argv[i];
     if (s.rfind("--", 0) != 0) {
+      if (!positionals) throw InvalidArgument(s, "unexpected argument (options are --name value)");
       a.positional.push_back(s);
       continue;
     }

@@ -33,8 +33,9 @@ struct Args {
 long long parse_int(const std::string& option, const std::string& text, long long lo, long long hi);
 
 // Parses argv[start..argc). Names in `flags` take no value. Throws InvalidArgument for an
-// option not in `flags` or `valued`, or a valued option without its value.
+// option not in `flags` or `valued`, a valued option without its value, or a positional where
+// `positionals` is false (a forgotten option name, "4096" for "--tokens 4096", is never ignored).
 Args parse_args(int argc, char** argv, int start, const std::set<std::string>& flags,
-                const std::set<std::string>& valued);
+                const std::set<std::string>& valued, bool positionals = false);
 
 }  // namespace moejit::cli

@@ -24,7 +24,7 @@ int run_bench(int argc, char** argv, int start) {
   p.mode = parse_mode(a.get("mode", "train"));
   const auto reps = static_cast<int>(a.get_int("reps", 20, 1, std::numeric_limits<int>::max()));
   // Parsed before the context exists, so a bad list is a usage error even without a GPU.
-  const std::vector<long long> token_counts = parse_tokens(a, {1024, 8192, 32768});
+  const std::vector<long long> token_counts = parse_tokens(a, p, {1024, 8192, 32768});
   cuda::PrimaryContext context(static_cast<int>(a.get_int("device", 0, 0, std::numeric_limits<int>::max())));
   const cuda::DeviceInfo device = cuda::query_current_device();
   auto& cache = jit::KernelCache::instance();

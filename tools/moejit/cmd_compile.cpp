@@ -70,7 +70,7 @@ int run_compile(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "jobs"});
   const cuda::DeviceInfo device = target_device(a);
   MoeProblem p = parse_dims(a);
-  p.tokens = parse_token(a, 8192);
+  p.tokens = parse_token(a, p, 8192);
   const MoeShape shape = shape_of(p);
   std::vector<Role> roles;
   if (a.has("role")) {

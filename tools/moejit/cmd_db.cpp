@@ -115,10 +115,10 @@ int merge(const Args& a) {
 int run_db(int argc, char** argv, int start) {
   const std::string sub = start < argc ? argv[start] : "";
   const std::set<std::string> flags;
-  if (sub == "list") return list(parse_args(argc, argv, start + 1, {"stale"}, {"db"}));
-  if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}));
-  if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}));
-  if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}));
+  if (sub == "list") return list(parse_args(argc, argv, start + 1, {"stale"}, {"db"}, true));
+  if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}, true));
+  if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}, true));
+  if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}, true));
   if (sub == "help") {
     print_usage("db", stdout);
     return 0;

@@ -16,7 +16,7 @@ namespace moejit::cli {
 int run_plan(int argc, char** argv, int start) {
   Args a = parse_args(argc, argv, start, {}, {"shape", "tokens", "dtype", "mode", "device"});
   MoeProblem p = parse_dims(a);
-  p.tokens = parse_token(a, 8192);
+  p.tokens = parse_token(a, p, 8192);
   p.mode = parse_mode(a.get("mode", "train"));
   cuda::PrimaryContext context(static_cast<int>(a.get_int("device", 0, 0, std::numeric_limits<int>::max())));
   const auto t0 = std::chrono::steady_clock::now();

@@ -3,6 +3,8 @@
 // across machines (--shard i/n; combine the databases with `moejit db merge`).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -33,6 +35,10 @@ std::vector<int> parse_devices(const Args& a) {
   // The list is parsed before the driver is asked, so a typo is a usage error on any machine.
   const bool all = !a.has("devices") || a.get("devices") == "all";
   const std::vector<long long> listed = all ? std::vector<long long>{} : a.get_ints("devices", 0, kNoMax);
+  // One worker per entry: a GPU listed twice would time two tuners against each other.
+  for (auto d = listed.begin(); d != listed.end(); ++d) {
+    if (std::find(listed.begin(), d, *d) != d) throw InvalidArgument("--devices", fmt::format("device {} is listed twice", *d));
+  }
   int count = 0;
   MOEJIT_CU(cuda::driver().cuDeviceGetCount(&count));
   std::vector<int> out;
@@ -90,7 +96,7 @@ int run_tune(int argc, char** argv, int start) {
   req.intermediate = dims.intermediate;
   req.topk = dims.topk;
   req.dtype = dims.dtype;
-  req.tokens = parse_tokens(a, {128, 512, 1024, 2048, 4096, 8192, 16384, 32768});
+  req.tokens = parse_tokens(a, dims, {128, 512, 1024, 2048, 4096, 8192, 16384, 32768});
   const auto modes = a.has("modes") ? a.get_list("modes") : std::vector<std::string>{"train", "infer"};
   for (const std::string& m : modes) req.modes.push_back(parse_mode(m));
   // No --roles means every role; get_list rejects --roles= rather than read it as that default.
@@ -152,6 +158,10 @@ int run_tune(int argc, char** argv, int start) {
         } catch (const Error& e) {
           ++failures;
           lines.push_back(fmt::format("FAILED: {}", e.what()));
+          // Also on stderr, which callers (moejit.tune) report as the error.
+          std::lock_guard<std::mutex> lock(print_mu);
+          fmt::print(stderr, "moejit tune: gpu{} T={} {}: {}\n", device, item.problem.tokens,
+                     mode_name(item.problem.mode), e.what());
         }
         std::lock_guard<std::mutex> lock(print_mu);
         fmt::print("[{}/{}] gpu{} T={} {} ({:.1f} s)\n", i + 1, items.size(), device, item.problem.tokens,
@@ -164,6 +174,7 @@ int run_tune(int argc, char** argv, int start) {
       ++failures;
       std::lock_guard<std::mutex> lock(print_mu);
       fmt::print("gpu{}: {}\n", device, e.what());
+      fmt::print(stderr, "moejit tune: gpu{}: {}\n", device, e.what());
     }
   };
   std::vector<std::thread> threads;

@@ -4,7 +4,21 @@
 
 #include <limits>
 
+#include "moe/validate.hpp"
+
 namespace moejit::cli {
+namespace {
+
+// The library's own checks (limits in README), reported against the option that set the value.
+void check_problem(const char* option, const MoeProblem& p) {
+  try {
+    validate_problem(p);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(option, e.what());
+  }
+}
+
+}  // namespace
 
 MoeProblem parse_dims(const Args& a) {
   MoeProblem p{1, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
@@ -18,18 +32,26 @@ MoeProblem parse_dims(const Args& a) {
     p.topk = static_cast<int>(v[3]);
   }
   if (a.has("dtype")) p.dtype = parse_dtype(a.get("dtype"));
-  if (p.topk > p.experts) {
-    throw InvalidArgument("--shape", fmt::format("E={} H={} I={} K={} is not a valid problem", p.experts, p.hidden,
-                                                 p.intermediate, p.topk));
-  }
+  check_problem("--shape", p);
   return p;
 }
 
-std::vector<long long> parse_tokens(const Args& a, const std::vector<long long>& fallback) {
-  return a.has("tokens") ? a.get_ints("tokens", 1, kNoMax) : fallback;
+std::vector<long long> parse_tokens(const Args& a, const MoeProblem& dims, const std::vector<long long>& fallback) {
+  const std::vector<long long> tokens = a.has("tokens") ? a.get_ints("tokens", 1, kNoMax) : fallback;
+  for (long long t : tokens) {
+    MoeProblem p = dims;
+    p.tokens = t;
+    check_problem("--tokens", p);
+  }
+  return tokens;
 }
 
-long long parse_token(const Args& a, long long fallback) { return a.get_int("tokens", fallback, 1, kNoMax); }
+long long parse_token(const Args& a, const MoeProblem& dims, long long fallback) {
+  MoeProblem p = dims;
+  p.tokens = a.get_int("tokens", fallback, 1, kNoMax);
+  check_problem("--tokens", p);
+  return p.tokens;
+}
 
 Mode parse_mode(const std::string& name) {
   if (name == "train") return Mode::kTraining;

@@ -53,7 +53,8 @@ def _autocast(*tensors):
     dtype = torch.get_autocast_dtype("cuda")
     if dtype not in ops.DTYPES:
         return tensors
-    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
+    # Anything else is left for _check to name.
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
 
 
 def _ids_int32(topk_ids, experts):

@@ -157,5 +157,6 @@ class EagerFusedMoe(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a double backward raises, as the custom op's does
     def backward(ctx, d_out):
         return _autograd_backward(ctx, d_out, None, eager=True)
