@@ -119,8 +119,10 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
       const TuningSession::RoleKernel k{c, kernel};
       session.run(rc.role, k);
       if (options.inspect) {
-        const TuningSession::Span out = session.output_of(rc.role);
-        options.inspect(rc.role, c, out.ptr, out.bytes);
+        const std::vector<TuningSession::Span> outputs = session.outputs_of(rc.role);
+        for (std::size_t o = 0; o < outputs.size(); ++o) {
+          options.inspect(rc.role, c, static_cast<int>(o), outputs[o].ptr, outputs[o].bytes);
+        }
       }
       if (i == 0) {
         session.snapshot(rc.role);

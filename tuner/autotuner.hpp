@@ -34,9 +34,10 @@ struct TuneOptions {
   // The config each role used before this tuning: kept when it ties with the fastest.
   std::map<Role, TileConfig> incumbents;
   std::function<void(const std::string&)> progress;  // optional progress lines
-  // Called after a candidate's first run, before its output is checked, with that output's
-  // device address and size (tests use it to corrupt one candidate).
-  std::function<void(Role, const TileConfig&, CUdeviceptr output, std::size_t bytes)> inspect;
+  // Called after a candidate's first run, before its outputs are checked, once per output
+  // (TuningSession::outputs_of: 0 the main one) with its device address and size (tests use it
+  // to corrupt one candidate).
+  std::function<void(Role, const TileConfig&, int output, CUdeviceptr address, std::size_t bytes)> inspect;
 };
 
 // Outputs may differ from the reference config's by accumulation order only.

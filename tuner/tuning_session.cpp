@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "cuda/driver.hpp"
 #include "moe/launch.hpp"
@@ -38,6 +40,9 @@ cuda::DeviceBuffer alloc(std::size_t bytes) { return cuda::DeviceBuffer(std::max
 
 char* at(const cuda::DeviceBuffer& b, std::size_t offset) { return b.as<char>() + offset; }
 
+// Where each output's copy starts in the snapshot: 256-byte aligned, as the buffers it copies.
+std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 }  // namespace
 
 TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device)
@@ -65,7 +70,6 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   fwd_ws_ = alloc(layout_.forward_bytes);
   bwd_ws_ = alloc(layout_.backward_bytes);
   flush_ = alloc(2 * static_cast<std::size_t>(device.l2_bytes));
-  snapshot_ = alloc(std::max({2 * TK * 2 * I, 2 * TK * H, 2 * E * 2 * I * H, 2 * T * H, layout_.routing.total_bytes}));
   sums_ = alloc(3 * sizeof(double));
   x_rows_ = alloc(TK * H * 2);
   d_out_rows_ = alloc(TK * H * 2);
@@ -131,6 +135,13 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   fwd_.fwd_up.x_rows = bwd_.bwd_dw1.x_rows = x_rows_.as<void>();
   bwd_.scatter_d_out.rows = d_out_rows_.as<void>();
   bwd_.bwd_down.d_out_rows = bwd_.bwd_dw2.d_out_rows = d_out_rows_.as<void>();
+  std::size_t snapshot_bytes = 0;
+  for (Role r : kAllRoles) {
+    std::size_t bytes = 0;
+    for (const Span& o : outputs_of(r)) bytes += round_up(o.bytes);
+    snapshot_bytes = std::max(snapshot_bytes, bytes);
+  }
+  snapshot_ = alloc(snapshot_bytes);
   stream_.synchronize();
 }
 
@@ -244,53 +255,86 @@ std::vector<Timing> TuningSession::time(Role role, const std::vector<RoleKernel>
   return out;
 }
 
-TuningSession::Span TuningSession::output_of(Role role) const {
+std::vector<TuningSession::Span> TuningSession::outputs_of(Role role) const {
   const std::size_t T = problem_.tokens, E = problem_.experts, H = problem_.hidden, I = problem_.intermediate,
                     TK = T * problem_.topk;
+  const auto ptr = [](const void* p) { return reinterpret_cast<CUdeviceptr>(p); };
   switch (role) {
     case Role::kRouting: {
       // Everything routing produces except the per-chunk scratch, which depends on the config.
       const std::size_t from = layout_.routing.expert_counts;
-      return {reinterpret_cast<CUdeviceptr>(at(saved_, layout_.routing_offset + from)),
-              layout_.routing.total_bytes - from};
+      return {{ptr(at(saved_, layout_.routing_offset + from)), layout_.routing.total_bytes - from}};
     }
-    case Role::kFwdUp: return {reinterpret_cast<CUdeviceptr>(at(fwd_ws_, layout_.act)), 2 * TK * I};
-    case Role::kFwdDown: return {reinterpret_cast<CUdeviceptr>(at(fwd_ws_, layout_.y)), 2 * TK * H};
-    case Role::kGatherSum: return {out_.get(), 2 * T * H};
-    case Role::kBwdDown: return {reinterpret_cast<CUdeviceptr>(at(bwd_ws_, layout_.d_pre_act)), 2 * TK * 2 * I};
-    case Role::kBwdDw2: return {dw2_.get(), 2 * E * H * I};
-    case Role::kBwdDx: return {reinterpret_cast<CUdeviceptr>(at(bwd_ws_, layout_.dx_rows)), 2 * TK * H};
-    case Role::kBwdDw1: return {dw1_.get(), 2 * E * 2 * I * H};
+    case Role::kFwdUp: {
+      // act, and in training g and u, which the persistent tiles' spare warps store their own way.
+      std::vector<Span> out = {{ptr(at(fwd_ws_, layout_.act)), 2 * TK * I}};
+      if (fwd_.fwd_up.pre_act != nullptr) out.push_back({ptr(fwd_.fwd_up.pre_act), 2 * TK * 2 * I});
+      return out;
+    }
+    case Role::kFwdDown: return {{ptr(at(fwd_ws_, layout_.y)), 2 * TK * H}};
+    case Role::kGatherSum: return {{out_.get(), 2 * T * H}};
+    case Role::kBwdDown: {
+      // d_pre_act, the weighted activation bwd_dw2 reads, and the score gradients' fp32 sums.
+      std::vector<Span> out = {{ptr(at(bwd_ws_, layout_.d_pre_act)), 2 * TK * 2 * I}};
+      if (bwd_.bwd_down.weighted_act != nullptr) out.push_back({weighted_act_.get(), 2 * TK * I});
+      out.push_back({ptr(bwd_.ds_acc), bwd_.ds_count * sizeof(float), true});
+      return out;
+    }
+    case Role::kBwdDw2: return {{dw2_.get(), 2 * E * H * I}};
+    case Role::kBwdDx: return {{ptr(at(bwd_ws_, layout_.dx_rows)), 2 * TK * H}};
+    case Role::kBwdDw1: return {{dw1_.get(), 2 * E * 2 * I * H}};
     default: throw InternalError("role has no output to compare");
   }
 }
 
 void TuningSession::snapshot(Role role) {
-  const Span s = output_of(role);
-  MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(snapshot_.get(), s.ptr, s.bytes, stream_.get()));
+  std::size_t offset = 0;
+  for (const Span& s : outputs_of(role)) {
+    MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(snapshot_.get() + offset, s.ptr, s.bytes, stream_.get()));
+    offset += round_up(s.bytes);
+  }
   stream_.synchronize();
 }
 
 double TuningSession::diff(Role role) {
   const cuda::Driver& d = cuda::driver();
-  const Span s = output_of(role);
   stream_.synchronize();
-  if (role == Role::kRouting) {
-    std::string got(s.bytes, '\0'), want(s.bytes, '\0');
-    MOEJIT_CU(d.cuMemcpyDtoH(got.data(), s.ptr, s.bytes));
-    MOEJIT_CU(d.cuMemcpyDtoH(want.data(), snapshot_.get(), s.bytes));
-    return got == want ? 0.0 : std::numeric_limits<double>::infinity();
+  double worst = 0;
+  std::size_t offset = 0;
+  for (const Span& s : outputs_of(role)) {
+    const CUdeviceptr want = snapshot_.get() + offset;
+    offset += round_up(s.bytes);
+    if (role == Role::kRouting) {
+      std::string got_bytes(s.bytes, '\0'), want_bytes(s.bytes, '\0');
+      MOEJIT_CU(d.cuMemcpyDtoH(got_bytes.data(), s.ptr, s.bytes));
+      MOEJIT_CU(d.cuMemcpyDtoH(want_bytes.data(), want, s.bytes));
+      if (got_bytes != want_bytes) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    double sums[3] = {0, 0, 0};  // sum of squared differences, of squared references, non-finite count
+    if (s.fp32) {
+      // Few values (one per pair): compared here rather than by a kernel of their own.
+      std::vector<float> got(s.bytes / sizeof(float)), ref(got.size());
+      MOEJIT_CU(d.cuMemcpyDtoH(got.data(), s.ptr, s.bytes));
+      MOEJIT_CU(d.cuMemcpyDtoH(ref.data(), want, s.bytes));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) ++sums[2];
+        sums[0] += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+        sums[1] += static_cast<double>(ref[i]) * ref[i];
+      }
+    } else {
+      MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, sums_.bytes(), stream_.get()));
+      RelDiffParams p{reinterpret_cast<const void*>(s.ptr), reinterpret_cast<const void*>(want),
+                      static_cast<long long>(s.bytes / 2), sums_.as<double>()};
+      void* args[] = {&p};
+      utility_->launch(kRelDiff, {static_cast<unsigned>(device_.sm_count * 4)}, {256}, 0, stream_.get(), args);
+      stream_.synchronize();
+      sums_.download(sums, sizeof sums);
+    }
+    if (sums[2] > 0) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::sqrt(sums[0]) / std::max(std::sqrt(sums[1]), 1e-30));
   }
-  MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, sums_.bytes(), stream_.get()));
-  RelDiffParams p{reinterpret_cast<const void*>(s.ptr), snapshot_.as<void>(), static_cast<long long>(s.bytes / 2),
-                  sums_.as<double>()};
-  void* args[] = {&p};
-  utility_->launch(kRelDiff, {static_cast<unsigned>(device_.sm_count * 4)}, {256}, 0, stream_.get(), args);
-  stream_.synchronize();
-  double sums[3];
-  sums_.download(sums, sizeof sums);
-  if (sums[2] > 0) return std::numeric_limits<double>::infinity();
-  return std::sqrt(sums[0]) / std::max(std::sqrt(sums[1]), 1e-30);
+  return worst;
 }
 
 }  // namespace moejit

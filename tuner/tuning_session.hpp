@@ -48,10 +48,10 @@ class TuningSession {
   // `rounds` rounds), so a clock change under the power cap hits them alike. One Timing each.
   std::vector<Timing> time(Role role, const std::vector<RoleKernel>& kernels, int rounds, bool sustained = false);
 
-  // Keeps a copy of the role's current output as the reference for diff().
+  // Keeps a copy of the role's current outputs as the reference for diff().
   void snapshot(Role role);
-  // Relative L2 difference of the role's output to the snapshot; infinity when the output has
-  // a non-finite value (routing: 0 when identical, infinity otherwise).
+  // The largest relative L2 difference of the role's outputs to the snapshot; infinity when an
+  // output has a non-finite value (routing: 0 when identical, infinity otherwise).
   double diff(Role role);
 
   const MoeShape& shape() const { return shape_; }
@@ -59,9 +59,11 @@ class TuningSession {
   struct Span {
     CUdeviceptr ptr;
     std::size_t bytes;
+    bool fp32 = false;  // fp32 values, else the problem's 16-bit dtype
   };
-  // Where the role writes the output diff() compares.
-  Span output_of(Role role) const;
+  // Everything the role writes that a later role or the caller reads, which diff() compares:
+  // a config wrong in any one of them is rejected. The main output first.
+  std::vector<Span> outputs_of(Role role) const;
 
  private:
   void launch(Role role, const RoleKernel& k);

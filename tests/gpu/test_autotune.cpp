@@ -123,28 +123,35 @@ TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune
 
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  TuneOptions options;
-  std::string victim;
   const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
                        kProblem.dtype};
-  const std::string reference = default_config(Role::kFwdDown, shape, gpu->info).name();
-  options.inspect = [&](Role, const TileConfig& c, CUdeviceptr out, std::size_t bytes) {
-    // Corrupt the first candidate after the reference: half its output becomes 0x3f3f (~0.75).
-    if (victim.empty() && c.name() != reference) victim = c.name();
-    if (c.name() == victim) MOEJIT_CU(cuda::driver().cuMemsetD8Async(out, 0x3f, bytes / 2, nullptr));
-  };
-  const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
-  REQUIRE(rows.size() == 1);
-  REQUIRE_FALSE(victim.empty());
-  CHECK(rows[0].winner.name() != victim);
-  bool found = false;
-  for (const auto& c : rows[0].candidates) {
-    if (c.config.name() != victim) continue;
-    found = true;
-    CHECK(c.rejected);
-    CHECK_THAT(c.reason, Catch::Contains("differs from the reference"));
+  // Each role's outputs in turn, those only later roles read too: fwd_up's g and u (1) and
+  // bwd_down's weighted activation (1) and fp32 score-gradient sums (2).
+  for (const auto& [role, output] : {std::pair{Role::kFwdDown, 0}, std::pair{Role::kFwdUp, 1},
+                                     std::pair{Role::kBwdDown, 1}, std::pair{Role::kBwdDown, 2}}) {
+    INFO(role_name(role) << " output " << output);
+    TuneOptions options;
+    std::string victim;
+    const std::string reference = default_config(role, shape, gpu->info).name();
+    options.inspect = [&](Role, const TileConfig& c, int o, CUdeviceptr out, std::size_t bytes) {
+      // Corrupt the first candidate after the reference: half of one output becomes 0x3f3f3f3f
+      // (~0.75 as bf16, ~0.75 as fp32).
+      if (victim.empty() && c.name() != reference) victim = c.name();
+      if (c.name() == victim && o == output) MOEJIT_CU(cuda::driver().cuMemsetD8Async(out, 0x3f, bytes / 2, nullptr));
+    };
+    const auto rows = autotune(kProblem, gpu->info, {role}, options);
+    REQUIRE(rows.size() == 1);
+    REQUIRE_FALSE(victim.empty());
+    CHECK(rows[0].winner.name() != victim);
+    bool found = false;
+    for (const auto& c : rows[0].candidates) {
+      if (c.config.name() != victim) continue;
+      found = true;
+      CHECK(c.rejected);
+      CHECK_THAT(c.reason, Catch::Contains("differs from the reference"));
+    }
+    CHECK(found);
   }
-  CHECK(found);
 }
 
 TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {
