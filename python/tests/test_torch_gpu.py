@@ -122,6 +122,15 @@ def test_library_errors_surface_with_its_message():
     assert info.value.function == "moejit_forward"
 
 
+def test_a_double_backward_raises_instead_of_dropping_terms():
+    x, w1, w2, ids, weights, _ = make_case(*CASES[1], dtype=torch.bfloat16)
+    x = x.detach().requires_grad_()
+    (dx,) = torch.autograd.grad(mt.fused_moe(x, w1, w2, ids, weights).float().sum(), x, create_graph=True)
+    # A gradient penalty would otherwise count moejit's part as zero.
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dx.float().square().sum().backward()
+
+
 def test_memory_efficient_state_is_consumed_by_one_backward():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     x.requires_grad_()

@@ -170,6 +170,9 @@ def test_autocast_casts_float32_inputs_and_returns_float32_gradients(monkeypatch
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert w1.grad.dtype == torch.float32 and w2.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    # A non-tensor is named by the usual check, not met by the cast.
+    with pytest.raises(moejit.InvalidArgumentError, match="x must be a torch.Tensor"):
+        mt.fused_moe(None, w1, w2, ids, weights)
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: False)
     with pytest.raises(moejit.InvalidArgumentError, match="bfloat16 or float16"):
         mt.fused_moe(*meta_inputs(64, dtype=torch.float32))
