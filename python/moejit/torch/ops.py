@@ -157,6 +157,22 @@ class EagerFusedMoe(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # a double backward raises, as the custom op's does
     def backward(ctx, d_out):
-        return _autograd_backward(ctx, d_out, None, eager=True)
+        grads = _autograd_backward(ctx, d_out, None, eager=True)
+        if not torch.is_grad_enabled():  # create_graph=False: nothing differentiates them again
+            return grads
+        return tuple(None if g is None else _NoSecondOrder.apply(g.detach().requires_grad_()) for g in grads)
+
+
+class _NoSecondOrder(torch.autograd.Function):
+    """A first-order gradient of the fused op, as is; differentiating it again raises. The op has
+    no second-order formula, and a plain tensor there would count its part of a gradient penalty
+    as zero (once_differentiable only guards where the incoming gradient requires grad)."""
+
+    @staticmethod
+    def forward(ctx, grad):
+        return grad.view_as(grad)
+
+    @staticmethod
+    def backward(ctx, _):
+        raise RuntimeError("moejit.torch.fused_moe has no double backward (no second-order formula)")
