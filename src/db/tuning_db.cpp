@@ -238,7 +238,8 @@ void initialise(const Connection& conn) {
   if (version == kSchemaVersion) return;
   // Version 0 with tables is another program's database (a mistyped $MOEJIT_DB): left as it is.
   if (version == 0 && conn.query_int("SELECT count(*) FROM sqlite_master") > 0) {
-    throw DatabaseError(fmt::format("{}: not a moejit tuning database (it holds another schema's tables)", conn.path()));
+    throw DatabaseError(
+        fmt::format("{}: not a moejit tuning database (it holds another schema's tables)", conn.path()));
   }
   for (; version < kSchemaVersion; ++version) conn.exec(kMigrations[static_cast<std::size_t>(version)]);
   conn.exec(fmt::format("PRAGMA user_version = {}", kSchemaVersion));

@@ -58,9 +58,9 @@ void validate(const TuningRow& row) {
       int value, lo, hi;
     };
     for (const auto& [field, value, lo, hi] :
-         {Range{"block_m", c.block_m, 0, 4096}, Range{"block_n", c.block_n, 0, 4096}, Range{"block_k", c.block_k, 0, 4096},
-          Range{"stages", c.stages, 0, 64}, Range{"warps", c.warps, 0, 32}, Range{"group_m", c.group_m, 0, 4096},
-          Range{"cluster", c.cluster, 1, 16}, Range{"items", c.items, 0, 1024}}) {
+         {Range{"block_m", c.block_m, 0, 4096}, Range{"block_n", c.block_n, 0, 4096},
+          Range{"block_k", c.block_k, 0, 4096}, Range{"stages", c.stages, 0, 64}, Range{"warps", c.warps, 0, 32},
+          Range{"group_m", c.group_m, 0, 4096}, Range{"cluster", c.cluster, 1, 16}, Range{"items", c.items, 0, 1024}}) {
       if (value < lo || value > hi) {
         throw InvalidArgument(field, fmt::format("{}: must be in [{}, {}], got {}", c.name(), lo, hi, value));
       }

@@ -36,11 +36,13 @@ TEST_CASE("stale temporary files are swept, young ones and real files stay", "[f
   std::filesystem::last_write_time(dir / "old.cubin.tmp.123.0",
                                    std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
   // Old entries that are not atomic_write's, in a cache folder the user shares: left alone.
-  const std::vector<std::string> others = {"report.tmp.txt", "data.tmp.csv", "x.tmp.12", "x.tmp.12.3a", "build.tmp.4.5"};
+  const std::vector<std::string> others = {"report.tmp.txt", "data.tmp.csv", "x.tmp.12", "x.tmp.12.3a",
+                                           "build.tmp.4.5"};
+  const auto two_hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
   for (const std::string& other : others) {
     if (other == "build.tmp.4.5") std::filesystem::create_directory(dir / other);
     else fs::atomic_write(dir / other, "theirs");
-    std::filesystem::last_write_time(dir / other, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+    std::filesystem::last_write_time(dir / other, two_hours_ago);
   }
   fs::remove_stale_temp_files(dir.path(), std::chrono::hours(1));
   for (const std::string& other : others) CHECK(std::filesystem::exists(dir / other));

@@ -44,7 +44,9 @@ TEST_CASE("arch strings and compute capabilities", "[device]") {
   CHECK_THROWS_AS(cuda::cc_from_arch("hopper"), InvalidArgument);
   CHECK(cuda::fabricated::for_arch("sm_90").arch() == "sm_90a");
   CHECK(cuda::fabricated::for_arch("sm_80").smem_optin_per_block == 166912);
-  for (const char* consumer : {"sm_86", "sm_89"}) CHECK(cuda::fabricated::for_arch(consumer).smem_optin_per_block == 101376);
+  for (const char* consumer : {"sm_86", "sm_89"}) {
+    CHECK(cuda::fabricated::for_arch(consumer).smem_optin_per_block == 101376);
+  }
 }
 
 TEST_CASE("Blackwell-datacenter configs reach only sm_100/sm_103", "[gating]") {

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -37,7 +36,9 @@ std::vector<int> parse_devices(const Args& a) {
   const std::vector<long long> listed = all ? std::vector<long long>{} : a.get_ints("devices", 0, kNoMax);
   // One worker per entry: a GPU listed twice would time two tuners against each other.
   for (auto d = listed.begin(); d != listed.end(); ++d) {
-    if (std::find(listed.begin(), d, *d) != d) throw InvalidArgument("--devices", fmt::format("device {} is listed twice", *d));
+    if (std::find(listed.begin(), d, *d) != d) {
+      throw InvalidArgument("--devices", fmt::format("device {} is listed twice", *d));
+    }
   }
   int count = 0;
   MOEJIT_CU(cuda::driver().cuDeviceGetCount(&count));
