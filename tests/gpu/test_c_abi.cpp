@@ -13,7 +13,7 @@ TEST_CASE("the C ABI runs forward and backward like the C++ API", "[gpu][capi]")
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{300, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 21};
   const CaseData data = make_case(spec);
-  const std::size_t th = 300 * 256, ew1 = 8 * 2 * 128 * 256;
+  const std::size_t th = 300 * 256, ew1 = 8 * 2 * 128 * 256, ew2 = 8 * 256 * 128;
 
   FusedMoe cpp({spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk});
   DeviceRun a(data, cpp.memory());
@@ -46,5 +46,6 @@ TEST_CASE("the C ABI runs forward and backward like the C++ API", "[gpu][capi]")
   CHECK(test::differences(download(a.out, spec.dtype, th), download(b.out, spec.dtype, th)) == "none");
   CHECK(test::differences(download(a.dx, spec.dtype, th), download(b.dx, spec.dtype, th)) == "none");
   CHECK(test::differences(download(a.dw1, spec.dtype, ew1), download(b.dw1, spec.dtype, ew1)) == "none");
+  CHECK(test::differences(download(a.dw2, spec.dtype, ew2), download(b.dw2, spec.dtype, ew2)) == "none");
   CHECK(rel_l2(download(b.d_weights, spec.dtype, 600), download(a.d_weights, spec.dtype, 600)) < 1e-2);
 }

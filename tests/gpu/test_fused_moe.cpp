@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -105,6 +106,7 @@ Outputs run_case(const CaseData& data, Mode mode, const Options& options = {}, b
 }
 
 struct Reference {
+  CaseSpec spec;
   reference::ForwardReference fwd;
   reference::BackwardReference bwd;
 };
@@ -114,18 +116,54 @@ Reference reference_of(const CaseData& data) {
   const DType dt = data.spec.dtype;
   opt.round_stored = [dt](double v) { return round_to(dt, v); };
   Reference r;
+  r.spec = data.spec;
   r.fwd = reference::moe_forward(data.tensors, opt);
   r.bwd = reference::moe_backward(data.tensors, data.d_out, opt);
   return r;
 }
 
+// The largest relative L2 error of a row of `width` elements: ||got_r - want_r|| over ||want_r||
+// plus a tenth of the mean row norm, so rows whose reference is zero or tiny (dropped tokens,
+// empty experts) are held to the tensor's scale.
+double worst_row_error(const std::vector<double>& got, const std::vector<double>& want, std::size_t width) {
+  if (got.size() != want.size() || width == 0) return std::numeric_limits<double>::infinity();
+  const std::size_t rows = want.size() / width;
+  double all = 0;
+  for (double w : want) all += w * w;
+  const double floor = 0.1 * std::sqrt(all / std::max<std::size_t>(rows, 1));
+  double worst = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    double num = 0, den = 0;
+    for (std::size_t i = r * width; i < (r + 1) * width; ++i) {
+      if (std::isnan(got[i])) return std::numeric_limits<double>::infinity();
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    worst = std::max(worst, std::sqrt(num) / (std::sqrt(den) + floor + 1e-30));
+  }
+  return worst;
+}
+
+// Each output against the reference, whole and row by row: an error confined to a few rows (one
+// token, one expert's tile) hardly moves the whole tensor's, so every row is held to 3x the bound.
+// fp16 keeps three more mantissa bits than bf16, and is held to half the bound.
 void check_outputs(const Outputs& o, const Reference& ref, bool backward = true) {
-  CHECK(rel_l2(o.out, ref.fwd.out) <= kTolerance);
+  const double tol = ref.spec.dtype == DType::kFP16 ? kTolerance / 2 : kTolerance;
+  const auto check = [&](const char* name, const std::vector<double>& got, const std::vector<double>& want,
+                         int width) {
+    INFO(name);
+    CHECK(rel_l2(got, want) <= tol);
+    CHECK(worst_row_error(got, want, static_cast<std::size_t>(width)) <= 3 * tol);
+  };
+  check("out", o.out, ref.fwd.out, ref.spec.hidden);
   if (!backward) return;
-  CHECK(rel_l2(o.dx, ref.bwd.dx) <= kTolerance);
-  CHECK(rel_l2(o.dw1, ref.bwd.dw1) <= kTolerance);
-  CHECK(rel_l2(o.dw2, ref.bwd.dw2) <= kTolerance);
-  CHECK(rel_l2(o.ds, ref.bwd.d_topk_weights) <= kTolerance);
+  check("dx", o.dx, ref.bwd.dx, ref.spec.hidden);
+  check("dW1", o.dw1, ref.bwd.dw1, ref.spec.hidden);
+  check("dW2", o.dw2, ref.bwd.dw2, ref.spec.intermediate);
+  // Whole only: a row is K scores' gradients, each a sum over I that can cancel to near zero, so a
+  // row's relative error is rounding noise (up to 6 % at K = 1, session 37 call 8).
+  INFO("d topk_weights");
+  CHECK(rel_l2(o.ds, ref.bwd.d_topk_weights) <= tol);
 }
 
 // Cases made and their references computed, in the order of `specs`.
@@ -571,6 +609,8 @@ TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
     CHECK(test::differences(def.dw2, eff.dw2) == "none");
     // ds sums fp32 atomics whose order may differ between runs.
     CHECK(rel_l2(eff.ds, def.ds) <= 1e-2);
+    // Both against the reference too: a bug the two modes share shows only there.
+    check_outputs(def, reference_of(data));
   }
   const CaseSpec spec{64, 4, 64, 32, 2};
   FusedMoe plan(problem_of(spec, Mode::kMemoryEfficient));
@@ -601,12 +641,17 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", 
   run.poison();
   step.launch(stream.get());
   stream.synchronize();
-  const std::size_t n = static_cast<std::size_t>(spec.tokens) * spec.hidden;
-  const auto replay_out = download(run.out, spec.dtype, n);
-  const auto replay_dw1 = download(run.dw1, spec.dtype, std::size_t(8) * 2 * 128 * 256);
+  // Every output of the replay (each was poisoned), against an eager run of the new inputs.
+  const std::size_t th = static_cast<std::size_t>(spec.tokens) * spec.hidden;
+  const std::size_t ew = static_cast<std::size_t>(spec.experts) * spec.hidden * spec.intermediate;
   const Outputs eager = run_case(second, Mode::kTraining);
-  CHECK(test::differences(replay_out, eager.out) == "none");
-  CHECK(test::differences(replay_dw1, eager.dw1) == "none");
+  CHECK(test::differences(download(run.out, spec.dtype, th), eager.out) == "none");
+  CHECK(test::differences(download(run.dx, spec.dtype, th), eager.dx) == "none");
+  CHECK(test::differences(download(run.dw1, spec.dtype, 2 * ew), eager.dw1) == "none");
+  CHECK(test::differences(download(run.dw2, spec.dtype, ew), eager.dw2) == "none");
+  // ds sums fp32 atomics whose order may differ between runs.
+  const std::size_t tk = static_cast<std::size_t>(spec.tokens) * spec.topk;
+  CHECK(rel_l2(download(run.d_weights, spec.dtype, tk), eager.ds) <= kTolerance);
   check_outputs(eager, reference_of(second));
 }
 

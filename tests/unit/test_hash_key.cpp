@@ -17,7 +17,6 @@ TEST_CASE("FNV-1a 64 matches the published test vectors", "[hash]") {
 
 TEST_CASE("Hasher fields are length-delimited", "[hash]") {
   CHECK(Hasher().field("ab").field("c").value() != Hasher().field("a").field("bc").value());
-  CHECK(Hasher().field("x").value() == Hasher().field("x").value());
 }
 
 TEST_CASE("the template hash covers code, not comments or blank lines", "[hash]") {

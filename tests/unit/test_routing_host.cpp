@@ -18,6 +18,8 @@ TEST_CASE("the routing reference on a hand-worked example", "[routing]") {
   // max_tiles = 6/2 + min(3, 6) = 6
   CHECK(r.tile_expert == std::vector<std::int32_t>{0, 1, 2, -1, -1, -1});
   CHECK(r.tile_row_begin == std::vector<std::int32_t>{0, 2, 3, -1, -1, -1});
+  // Experts by pairs, most first, ties by id: 0 (rows 0-2) and 2 (3-5) hold two, 1 (2-3) one.
+  CHECK(r.ranked_experts == std::vector<std::int32_t>{0, 0, 2, 0, 2, 3, 5, 0, 1, 2, 3, 0});
 }
 
 TEST_CASE("routing workspace layout is aligned and sized at the host bound", "[routing]") {
