@@ -1,19 +1,22 @@
 // Routing: a stable counting sort of the flat (token, slot) pairs by expert, without any
 // host synchronisation, plus the tile metadata the grouped GEMMs walk.
 //
-// Two launches of one template, selected by PHASE (one when a single chunk covers all pairs):
+// Two or three launches of one template, selected by PHASE (one when a single chunk covers all pairs):
 //   kRoutingCount   grid = chunks: per-chunk histogram over E+1 buckets (bucket E collects expert
 //                   ids outside [0, E), which are dropped: they reach no expert and no output).
 //                   Skipped when num_chunks == 1.
-//   kRoutingPlace   grid = chunks: every block redoes the scan from the chunk counts (each
-//                   bucket's total and its count in earlier chunks), so no single-block scan
-//                   launch sits between count and scatter; then expert and tile offsets by block
+//   kRoutingScan    grid = E+1, only where the chunk table is large (`scanned`): each block turns
+//                   its bucket's row of chunk counts into exclusive prefixes and writes the
+//                   bucket's total to expert_counts, so kRoutingPlace reads two ints per bucket.
+//   kRoutingPlace   grid = chunks: unless scanned, every block redoes the scan from the chunk
+//                   counts (each bucket's total and its count in earlier chunks), which reads the
+//                   whole table per block but saves a launch where it is small; then expert and tile offsets by block
 //                   scans, block 0 writes the per-expert outputs, all blocks share the tile table
 //                   (tile -> expert, first sorted row), block 0 also ranks the experts by pairs
 //                   for the expert-major (dW) grids where asked, and each block scatters its chunk, stable
 //                   in the flat index. With one chunk the block counts its pairs itself.
 // A chunk is THREADS * ITEMS consecutive pairs, walked in ITEMS sub-tiles of THREADS.
-// Dynamic shared memory per phase (ints): count E+1, place 2(E+1) + max(W(E+1), E+1+W+1, 2P) with
+// Dynamic shared memory per phase (ints): count E+1, scan THREADS+W+1, place 2(E+1) + max(W(E+1), E+1+W+1, 2P) with
 // W = THREADS/32 and P = E rounded up to a power of two; src/moe/routing_layout.cpp computes the
 // same sizes for the launch.
 #pragma once
@@ -24,7 +27,7 @@
 
 namespace moejit {
 
-enum RoutingPhase : int { kRoutingCount = 0, kRoutingPlace = 1 };
+enum RoutingPhase : int { kRoutingCount = 0, kRoutingPlace = 1, kRoutingScan = 2 };
 
 struct RoutingParams {
   const int32* topk_ids;     // [T*K] expert of each flat pair index t*K + k
@@ -33,6 +36,7 @@ struct RoutingParams {
   int32 block_m;             // rows per GEMM tile
   int32 num_chunks;          // ceil(num_pairs / (THREADS*ITEMS))
   int32 max_tiles;           // host bound: num_pairs / block_m + min(E, num_pairs)
+  int32 scanned;             // kRoutingScan ran: chunk_counts hold prefixes, expert_counts totals
   int32* chunk_counts;       // [(E+1) * num_chunks], bucket-major; unused when num_chunks == 1
   int32* expert_counts;      // [E+1]: pairs per expert; [E] = dropped pairs
   int32* expert_offsets;     // [E+2]: first sorted row of each expert; [E] = routed pairs, [E+1] = T*K
@@ -82,6 +86,14 @@ __device__ void routing_chunk_sums(const RoutingParams& p, int32* totals, int32*
   constexpr int kWarps = THREADS / 32;
   const int32 buckets = p.num_experts + 1;
   const int32 chunk = static_cast<int32>(blockIdx.x);
+  if (p.scanned) {
+    for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
+      totals[b] = p.expert_counts[b];
+      before[b] = p.chunk_counts[static_cast<int64>(b) * p.num_chunks + chunk];
+    }
+    __syncthreads();
+    return;
+  }
   for (int32 b = threadIdx.x / 32; b < buckets; b += kWarps) {
     const int32* row = p.chunk_counts + static_cast<int64>(b) * p.num_chunks;
     int32 total = 0, earlier = 0;
@@ -173,6 +185,26 @@ __device__ void routing_rank_experts(const RoutingParams& p, const int32* offset
   __syncthreads();
 }
 
+// Block b: bucket b's row of chunk counts becomes its exclusive prefixes, THREADS chunks at a
+// time with the carry between them, and expert_counts[b] its total.
+template <int THREADS>
+__device__ void routing_scan_bucket(const RoutingParams& p, int32* smem) {
+  int32* tile = smem;              // [THREADS]
+  int32* scratch = smem + THREADS;  // [THREADS/32 + 1]
+  int32* row = p.chunk_counts + static_cast<int64>(blockIdx.x) * p.num_chunks;
+  int32 carry = 0;
+  for (int32 c0 = 0; c0 < p.num_chunks; c0 += THREADS) {
+    const int32 c = c0 + static_cast<int32>(threadIdx.x);
+    tile[threadIdx.x] = c < p.num_chunks ? row[c] : 0;
+    __syncthreads();
+    const int32 total = block_exclusive_scan<THREADS>(tile, THREADS, scratch);
+    if (c < p.num_chunks) row[c] = carry + tile[threadIdx.x];
+    carry += total;
+    __syncthreads();  // before the next tile's loads overwrite `tile`
+  }
+  if (threadIdx.x == 0) p.expert_counts[blockIdx.x] = carry;
+}
+
 template <int THREADS, int ITEMS>
 __device__ void routing_place(const RoutingParams& p, int32* smem) {
   constexpr int kWarps = THREADS / 32;
@@ -194,7 +226,7 @@ __device__ void routing_place(const RoutingParams& p, int32* smem) {
   }
   for (int32 b = threadIdx.x; b < buckets; b += THREADS) {
     const int32 count = offsets[b];
-    if (first) p.expert_counts[b] = count;
+    if (first && !p.scanned) p.expert_counts[b] = count;  // scanned: there already, read by every block
     tile_offsets[b] = b < E ? (count + p.block_m - 1) / p.block_m : 0;
   }
   __syncthreads();
@@ -240,6 +272,8 @@ __global__ void __launch_bounds__(THREADS) routing_kernel(const __grid_constant_
   extern __shared__ int32 routing_smem[];
   if constexpr (PHASE == kRoutingCount) {
     routing_count<THREADS, ITEMS>(p, routing_smem);
+  } else if constexpr (PHASE == kRoutingScan) {
+    routing_scan_bucket<THREADS>(p, routing_smem);
   } else {
     routing_place<THREADS, ITEMS>(p, routing_smem);
   }

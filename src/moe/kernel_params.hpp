@@ -20,6 +20,7 @@ struct Routing {  // templates/routing.cuh RoutingParams
   std::int32_t block_m;
   std::int32_t num_chunks;
   std::int32_t max_tiles;
+  std::int32_t scanned;
   std::int32_t* chunk_counts;
   std::int32_t* expert_counts;
   std::int32_t* expert_offsets;

@@ -56,6 +56,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   p.block_m = a.block_m;
   p.num_chunks = static_cast<std::int32_t>((pairs + chunk - 1) / chunk);
   p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
+  p.scanned = routing_scans(p.num_chunks, a.experts) ? 1 : 0;
   p.chunk_counts = b.chunk_counts;
   p.expert_counts = b.expert_counts;
   p.expert_offsets = b.expert_offsets;
@@ -73,6 +74,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   };
   // One chunk: the scatter phase counts its pairs itself, so the count launch is skipped.
   if (chunks > 1) kernel.launch(0, {chunks}, {threads}, smem(0), a.stream, args);
+  if (p.scanned) kernel.launch(2, {static_cast<unsigned>(a.experts + 1)}, {threads}, smem(2), a.stream, args);
   kernel.launch(1, {chunks}, {threads}, smem(1), a.stream, args);
 }
 

@@ -12,11 +12,17 @@ long long routing_smem_bytes(int phase, int threads, int experts) {
   const long long buckets = experts + 1;
   const long long warps = threads / 32;
   if (phase == 0) return 4 * buckets;
+  if (phase == 2) return 4 * (threads + warps + 1);
   long long pow2 = 1;
   while (pow2 < experts) pow2 *= 2;
   // Next rows and offsets, then the per-warp counts, whose space first holds the tile offsets
   // and the scan scratch, then block 0's sort keys (8 bytes per expert, E rounded up to a power of two).
   return 4 * (2 * buckets + std::max({warps * buckets, buckets + warps + 1, 2 * pow2}));
+}
+
+bool routing_scans(long long chunks, int experts) {
+  // 32 MB of table reads, tens of microseconds from L2, against a launch's few.
+  return chunks > 1 && static_cast<double>(chunks) * static_cast<double>(chunks) * (experts + 1) * 4 > 32e6;
 }
 
 RoutingLayout routing_layout(long long pairs, int experts, int block_m) {

@@ -156,12 +156,15 @@ TEST_CASE("every routing config in the space agrees with the reference, in one c
   const long long tokens = 20000;
   auto ids = random_topk(tokens, 8, 128, 1234);
   const MoeShape shape{tokens, 128, 0, 0, 8, DType::kBF16};
-  int run = 0;
+  int run = 0, scanned = 0;
   for (const PruneDecision& d : prune_space(Role::kRouting, shape, gpu->info)) {
     if (d.reason) continue;
     const long long chunk = static_cast<long long>(d.config.threads()) * d.config.items;
-    // Many chunks (count, then scan + scatter): 5 of the widest, 313 of the narrowest.
-    REQUIRE((tokens * 8 + chunk - 1) / chunk >= 5);
+    // Many chunks (count, then place + scatter): 5 of the widest, 313 of the narrowest, whose
+    // chunk table is large enough for its own scan launch.
+    const long long chunks = (tokens * 8 + chunk - 1) / chunk;
+    REQUIRE(chunks >= 5);
+    scanned += routing_scans(chunks, 128);
     check_against_reference(*gpu, ids, tokens, 8, 128, 64, d.config);
     // One chunk, full and partial (the scatter launch counts by itself), with a dropped id.
     auto full = random_topk(chunk / 8, 8, 128, 77);
@@ -175,6 +178,8 @@ TEST_CASE("every routing config in the space agrees with the reference, in one c
     ++run;
   }
   CHECK(run == 16);
+  CHECK(scanned > 0);  // both forms of the place launch ran
+  CHECK(scanned < run);
 }
 
 TEST_CASE("kernels load again after the primary context is destroyed and re-created", "[gpu][routing]") {

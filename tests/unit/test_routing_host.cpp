@@ -35,8 +35,16 @@ TEST_CASE("routing workspace layout is aligned and sized at the host bound", "[r
   CHECK(routing_max_tiles(3, 128, 64) == 3);
 }
 
+TEST_CASE("routing scans its chunk table only where reading it per block would cost more", "[routing]") {
+  CHECK_FALSE(routing_scans(1, 4096));
+  CHECK_FALSE(routing_scans(128, 128));  // T*K = 2^18 in chunks of 2048: 8.5 MB of reads
+  CHECK(routing_scans(1024, 128));       // 2^21 pairs: 541 MB
+  CHECK(routing_scans(64, 4096));        // 67 MB
+}
+
 TEST_CASE("routing shared memory per phase", "[routing]") {
   CHECK(routing_smem_bytes(0, 256, 127) == 4 * 128);
+  CHECK(routing_smem_bytes(2, 256, 127) == 4 * (256 + 8 + 1));  // a tile of chunks, the scan's scratch
   // Next rows and offsets, then 8 warps' counts.
   CHECK(routing_smem_bytes(1, 256, 127) == 4 * (2 * 128 + 8 * 128));
   // One warp: the expert order's 8 sort keys of 8 bytes outgrow the per-warp counts, the tile
