@@ -1,7 +1,10 @@
 # The plain-PyTorch fp32 MoE block the GPU tests compare against (a per-expert loop, autograd
-# for the gradients), and the random cases they run.
+# for the gradients), the random cases they run, and NaN for memory the kernels leave unwritten.
+import contextlib
+
 import torch
 import torch.nn.functional as F
+import torch.utils.deterministic
 
 
 def moe_reference(x, gate_up_proj, down_proj, topk_ids, topk_weights):
@@ -47,3 +50,31 @@ def errors(got, want):
     got, want = got.double(), want.double()
     scale = want.abs().max().clamp_min(1e-30)
     return ((got - want).abs().max() / scale).item(), ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def unwritten_as_nan():
+    """Within, every CUDA tensor from torch.empty* (the op's outputs, saved state and workspaces)
+    starts as NaN, integers as their maximum: an element the kernels never write then fails the
+    comparison instead of passing on what the caching allocator's reused block held (the same
+    result from an earlier identical run, say). PyTorch fills only in deterministic mode; warn_only
+    lets ops without a deterministic kernel still run. The mode is global, so autograd's backward
+    thread allocates under it too."""
+    fill = torch.utils.deterministic
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              fill.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    fill.fill_uninitialized_memory = True
+    try:
+        # The fill must really happen. The probe's block may or may not be the zeroed one just
+        # freed (the allocator's choice), but bf16 memory the fill did not touch is all NaN only
+        # by accident.
+        zeroed = torch.zeros(1024, dtype=torch.bfloat16, device="cuda")
+        del zeroed
+        probe = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
+        assert probe.isnan().all(), "torch.empty did not fill with NaN: outputs would not be poisoned"
+        del probe
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        fill.fill_uninitialized_memory = before[2]

@@ -1,6 +1,7 @@
 # The PyTorch front end on a GPU: forward and all four gradients against a plain-PyTorch fp32
-# reference (bf16 and fp16, the kernel tests' shapes), the modes, torch.compile, CUDA graphs and
-# errors from the library. Skips without torch or a CUDA device.
+# reference (bf16 and fp16, the kernel tests' shapes; the op's allocations start as NaN, so an
+# unwritten element fails), the modes, torch.compile, CUDA graphs and errors from the library.
+# Skips without torch or a CUDA device.
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -9,7 +10,7 @@ if not torch.cuda.is_available():
 
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
-from reference import errors, make_case, moe_reference  # noqa: E402
+from reference import errors, make_case, moe_reference, unwritten_as_nan  # noqa: E402
 
 # (max-abs relative, relative L2) error bounds against the fp32 reference.
 TOLERANCE = {torch.bfloat16: (2e-2, 1e-2), torch.float16: (1e-2, 5e-3)}
@@ -57,7 +58,8 @@ def check_against_reference(got, inputs, d_out, dtype):
 @pytest.mark.parametrize("case", CASES, ids=describe)
 def test_forward_and_gradients_match_the_reference(case, dtype):
     x, w1, w2, ids, weights, d_out = make_case(*case, dtype=dtype)
-    got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+    with unwritten_as_nan():
+        got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
     assert got[4].dtype == dtype
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, dtype)
 
@@ -65,17 +67,19 @@ def test_forward_and_gradients_match_the_reference(case, dtype):
 @pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[9]], ids=describe)
 def test_memory_efficient_mode(case):
     x, w1, w2, ids, weights, d_out = make_case(*case, dtype=torch.bfloat16)
-    got = run(lambda *a: mt.fused_moe(*a, memory_efficient=True), (x, w1, w2, ids, weights), d_out)
+    with unwritten_as_nan():
+        got = run(lambda *a: mt.fused_moe(*a, memory_efficient=True), (x, w1, w2, ids, weights), d_out)
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[10]], ids=describe)
 def test_inference_mode_without_grad(case):
     x, w1, w2, ids, weights, _ = make_case(*case, dtype=torch.bfloat16)
-    with torch.no_grad():
-        out = mt.fused_moe(x, w1, w2, ids, weights)
-    with torch.inference_mode():
-        again = mt.fused_moe(x, w1, w2, ids, weights)
+    with unwritten_as_nan():
+        with torch.no_grad():
+            out = mt.fused_moe(x, w1, w2, ids, weights)
+        with torch.inference_mode():
+            again = mt.fused_moe(x, w1, w2, ids, weights)
     want = moe_reference(x.float(), w1.float(), w2.float(), ids, weights.float())
     assert errors(out, want)[0] <= TOLERANCE[torch.bfloat16][0]
     assert torch.equal(out, again)
@@ -84,7 +88,8 @@ def test_inference_mode_without_grad(case):
 def test_router_dtypes_int64_ids_and_fp32_weights():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     assert ids.dtype == torch.int64
-    got = run(mt.fused_moe, (x, w1, w2, ids, weights.float()), d_out)
+    with unwritten_as_nan():
+        got = run(mt.fused_moe, (x, w1, w2, ids, weights.float()), d_out)
     assert got[4].dtype == torch.float32  # the gradient comes back in the router's dtype
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
 
@@ -93,7 +98,8 @@ def test_expert_ids_out_of_range_are_dropped_or_rejected():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     ids = ids.clone()
     ids[0, 0], ids[3, 1] = 8, -1
-    got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+    with unwritten_as_nan():
+        got = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
     assert got[4][0, 0] == 0 and got[4][3, 1] == 0
     with pytest.raises(moejit.InvalidArgumentError, match=r"topk_ids: \d+ expert id\(s\) outside \[0, 8\)"):
@@ -110,7 +116,8 @@ def shifted(t):
 
 def test_misaligned_activations_and_gradients_are_copied():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
-    got = run(mt.fused_moe, (shifted(x), w1, w2, ids, weights), shifted(d_out))
+    with unwritten_as_nan():
+        got = run(mt.fused_moe, (shifted(x), w1, w2, ids, weights), shifted(d_out))
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
 
 

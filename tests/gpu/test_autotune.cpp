@@ -3,8 +3,12 @@
 // offline CLI resumes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <regex>
+#include <string>
 
 #include "db/tuning_db.hpp"
 #include "support/gpu.hpp"
@@ -28,21 +32,60 @@ int count(const std::string& text, const std::string& word) {
   return n;
 }
 
-void check_against_reference(FusedMoe& plan, const CaseData& data) {
+// Every output of a forward and backward into `run`, poisoned before them (an element left
+// unwritten is NaN, and fails), against the fp64 reference.
+void check_outputs(const DeviceRun& run, const CaseData& data) {
   reference::ReferenceOptions opt;
   opt.round_stored = [](double v) { return round_to(DType::kBF16, v); };
   const auto fwd = reference::moe_forward(data.tensors, opt);
   const auto bwd = reference::moe_backward(data.tensors, data.d_out, opt);
-  DeviceRun run(data, plan.memory());
-  cuda::Stream stream;
-  plan.forward(run.forward_args(stream.get()));
-  plan.backward(run.backward_args(stream.get()));
-  stream.synchronize();
   const std::size_t th = static_cast<std::size_t>(data.spec.tokens) * data.spec.hidden;
   CHECK(rel_l2(download(run.out, DType::kBF16, th), fwd.out) < 1e-2);
   CHECK(rel_l2(download(run.dx, DType::kBF16, th), bwd.dx) < 1e-2);
   CHECK(rel_l2(download(run.dw1, DType::kBF16, bwd.dw1.size()), bwd.dw1) < 1e-2);
   CHECK(rel_l2(download(run.dw2, DType::kBF16, bwd.dw2.size()), bwd.dw2) < 1e-2);
+  const std::size_t tk = bwd.d_topk_weights.size();
+  CHECK(rel_l2(download(run.d_weights, DType::kBF16, tk), bwd.d_topk_weights) < 1e-2);
+}
+
+void check_against_reference(FusedMoe& plan, const CaseData& data) {
+  DeviceRun run(data, plan.memory());
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  check_outputs(run, data);
+}
+
+// The tuner's hook is not given the session's stream, which is non-blocking: the whole context is
+// synchronised around these copies.
+std::vector<double> read_bf16(CUdeviceptr from, std::size_t count) {
+  const cuda::Driver& d = cuda::driver();
+  MOEJIT_CU(d.cuCtxSynchronize());
+  std::vector<std::uint16_t> bits(count);
+  MOEJIT_CU(d.cuMemcpyDtoH(bits.data(), from, count * 2));
+  return from_storage(DType::kBF16, bits);
+}
+
+void write_bf16(CUdeviceptr to, const std::vector<double>& values) {
+  const cuda::Driver& d = cuda::driver();
+  const std::vector<std::uint16_t> bits = to_storage(DType::kBF16, values);
+  MOEJIT_CU(d.cuCtxSynchronize());
+  MOEJIT_CU(d.cuMemcpyHtoD(to, bits.data(), bits.size() * 2));
+  MOEJIT_CU(d.cuCtxSynchronize());
+}
+
+// `want` with its first elements scaled by 17/16 (in bf16), as many as take ||got - want|| /
+// ||want|| to `target`; returns that ratio, exact for the values written.
+double scaled_until(const std::vector<double>& want, double target, std::vector<double>& got) {
+  double want2 = 0, diff2 = 0;
+  for (double v : want) want2 += v * v;
+  got = want;
+  for (std::size_t i = 0; i < got.size() && diff2 < target * target * want2; ++i) {
+    got[i] = round_to(DType::kBF16, want[i] * 17 / 16);
+    diff2 += (got[i] - want[i]) * (got[i] - want[i]);
+  }
+  return std::sqrt(diff2 / want2);
 }
 
 }  // namespace
@@ -114,11 +157,12 @@ TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune
   CHECK_FALSE(std::filesystem::exists(dir / "tuning.sqlite.locks"));
   CUgraphExec exec = nullptr;
   MOEJIT_CU(d.cuGraphInstantiate(&exec, graph, 0));
+  run->poison();  // whatever the outputs hold below, the replay wrote
   MOEJIT_CU(d.cuGraphLaunch(exec, stream.get()));
   stream.synchronize();
   MOEJIT_CU(d.cuGraphExecDestroy(exec));
   MOEJIT_CU(d.cuGraphDestroy(graph));
-  check_against_reference(plan, data);
+  check_outputs(*run, data);  // the replay's own outputs
 }
 
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
@@ -137,7 +181,12 @@ TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][
       // Corrupt the first candidate after the reference: half of one output becomes 0x3f3f3f3f
       // (~0.75 as bf16, ~0.75 as fp32).
       if (victim.empty() && c.name() != reference) victim = c.name();
-      if (c.name() == victim && o == output) MOEJIT_CU(cuda::driver().cuMemsetD8Async(out, 0x3f, bytes / 2, nullptr));
+      if (c.name() != victim || o != output) return;
+      // The tuner's stream is non-blocking: the context is synchronised around the memset.
+      const cuda::Driver& d = cuda::driver();
+      MOEJIT_CU(d.cuCtxSynchronize());
+      MOEJIT_CU(d.cuMemsetD8Async(out, 0x3f, bytes / 2, nullptr));
+      MOEJIT_CU(d.cuCtxSynchronize());
     };
     const auto rows = autotune(kProblem, gpu->info, {role}, options);
     REQUIRE(rows.size() == 1);
@@ -152,6 +201,62 @@ TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][
     }
     CHECK(found);
   }
+}
+
+TEST_CASE("a candidate just inside the tuner's tolerance is kept, one just outside rejected", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  const std::string reference = default_config(Role::kFwdDown, shape, gpu->info).name();
+  // The tuner rejects a candidate whose ||y - y_ref|| / ||y_ref|| exceeds kTuneTolerance = b. The
+  // first two candidates after the reference report y_ref itself with leading elements scaled by
+  // 17/16: each adds about (v / 16)^2 to ||y - y_ref||^2, so 0.9 b takes elements holding
+  // 256 (0.9 b)^2 = 2.1 % of ||y_ref||^2, and 1.1 b 3.1 %; one element more moves the ratio by
+  // ~0.01 % (0.25 % for a value 5 sigma out). Replacing the candidate's y removes its own rounding
+  // differences, and the tuner's kernel subtracts bf16 values exactly and sums in fp64, so its
+  // metric is the one computed here: 10 % on either side of b is clear of every error.
+  struct Victim {
+    double target;
+    std::string name;
+    double reached = 0;
+  };
+  std::array<Victim, 2> victims{{{0.9 * kTuneTolerance, ""}, {1.1 * kTuneTolerance, ""}}};
+  std::vector<double> want;  // the reference's y
+  TuneOptions options;
+  options.inspect = [&](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
+    if (output != 0) return;
+    if (c.name() == reference) {
+      want = read_bf16(out, bytes / 2);
+      return;
+    }
+    for (Victim& v : victims) {
+      if (v.name.empty()) v.name = c.name();
+      if (v.name != c.name()) continue;
+      std::vector<double> got;
+      v.reached = scaled_until(want, v.target, got);
+      write_bf16(out, got);
+      return;
+    }
+  };
+  const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
+  REQUIRE(rows.size() == 1);
+  const auto result = [&](const Victim& v) {
+    INFO(v.name << " at " << v.reached << " of a bound of " << kTuneTolerance);
+    REQUIRE_FALSE(v.name.empty());
+    REQUIRE(v.reached == Approx(v.target).epsilon(0.02));
+    const auto it = std::find_if(rows[0].candidates.begin(), rows[0].candidates.end(),
+                                 [&](const db::CandidateResult& c) { return c.config.name() == v.name; });
+    REQUIRE(it != rows[0].candidates.end());
+    return *it;
+  };
+  const db::CandidateResult inside = result(victims[0]), outside = result(victims[1]);
+  INFO(inside.reason);
+  CHECK_FALSE(inside.rejected);
+  INFO(outside.reason);
+  REQUIRE(outside.rejected);
+  REQUIRE_THAT(outside.reason, Catch::StartsWith("output differs from the reference config by "));
+  // The difference it reports (3 significant digits) is the one written.
+  CHECK(std::stod(outside.reason.substr(outside.reason.rfind(' ') + 1)) == Approx(victims[1].reached).epsilon(0.01));
 }
 
 TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {

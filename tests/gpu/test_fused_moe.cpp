@@ -144,6 +144,21 @@ double worst_row_error(const std::vector<double>& got, const std::vector<double>
   return worst;
 }
 
+// dW1 and dW2 of experts without tokens hold exactly zero: the row bounds below would let small
+// values there pass.
+void check_zero_weight_gradients(const Outputs& o, const CaseSpec& s, const std::vector<int>& experts) {
+  const std::size_t per1 = 2 * static_cast<std::size_t>(s.intermediate) * s.hidden, per2 = per1 / 2;
+  const auto zero = [](const std::vector<double>& v, std::size_t from, std::size_t count) {
+    return v.size() >= from + count &&
+           std::all_of(v.begin() + from, v.begin() + from + count, [](double x) { return x == 0.0; });
+  };
+  for (int e : experts) {
+    INFO("expert " << e << " without tokens");
+    CHECK(zero(o.dw1, e * per1, per1));
+    CHECK(zero(o.dw2, e * per2, per2));
+  }
+}
+
 // Each output against the reference, whole and row by row: an error confined to a few rows (one
 // token, one expert's tile) hardly moves the whole tensor's, so every row is held to 3x the bound.
 // fp16 keeps three more mantissa bits than bf16, and is held to half the bound.
@@ -160,6 +175,7 @@ void check_outputs(const Outputs& o, const Reference& ref, bool backward = true)
   check("dx", o.dx, ref.bwd.dx, ref.spec.hidden);
   check("dW1", o.dw1, ref.bwd.dw1, ref.spec.hidden);
   check("dW2", o.dw2, ref.bwd.dw2, ref.spec.intermediate);
+  check_zero_weight_gradients(o, ref.spec, ref.spec.empty_experts);
   // Whole only: a row is K scores' gradients, each a sum over I that can cancel to near zero, so a
   // row's relative error is rounding noise (up to 6 % at K = 1, session 37 call 8).
   INFO("d topk_weights");
@@ -268,12 +284,7 @@ TEST_CASE("experts without tokens get exactly zero weight gradients", "[gpu][moe
   const CaseSpec spec{256, 8, 128, 64, 2, DType::kBF16, Routing::kEvenExpertsOnly, 3};
   const CaseData data = make_case(spec);
   const Outputs o = run_case(data, Mode::kTraining);
-  const std::size_t per1 = 2 * 64 * 128, per2 = 128 * 64;
-  for (int e = 1; e < 8; e += 2) {
-    INFO("expert " << e);
-    CHECK(std::all_of(o.dw1.begin() + e * per1, o.dw1.begin() + (e + 1) * per1, [](double v) { return v == 0.0; }));
-    CHECK(std::all_of(o.dw2.begin() + e * per2, o.dw2.begin() + (e + 1) * per2, [](double v) { return v == 0.0; }));
-  }
+  check_zero_weight_gradients(o, spec, {1, 3, 5, 7});
   check_outputs(o, reference_of(data));
 }
 
@@ -363,13 +374,18 @@ TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient chunks of exper
           "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_GPU(gpu);
   // T K = 2400 pairs against 2 E H = 2048 rows in dW1's buffer, T = 600 tokens: chunks of three
-  // experts (~300 rows each: whole tiles, a tail, split tails), the last of two.
-  const CaseSpec spec{600, 8, 128, 72, 4, DType::kBF16, Routing::kRandom, 72};
-  const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
-  REQUIRE_FALSE(memeff_recomputes_act(shape, Mode::kMemoryEfficient));
-  REQUIRE(memeff_chunk_experts(shape, Mode::kMemoryEfficient) == 3);
-  CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
-        40);
+  // experts (~300 rows each: whole tiles, a tail, split tails), the last of two. Then T = 1000 in
+  // chunks of two experts, some without tokens (check_outputs holds their dW to exactly zero): the
+  // whole chunk {2, 3}, the first of {4, 5} and the last of {6, 7}.
+  for (const CaseSpec& spec : {CaseSpec{600, 8, 128, 72, 4, DType::kBF16, Routing::kRandom, 72},
+                               CaseSpec{1000, 8, 128, 72, 3, DType::kBF16, Routing::kRandom, 74, {2, 3, 4, 7}}}) {
+    INFO(describe(spec));
+    const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+    REQUIRE_FALSE(memeff_recomputes_act(shape, Mode::kMemoryEfficient));
+    REQUIRE(memeff_chunk_experts(shape, Mode::kMemoryEfficient) == (spec.tokens == 600 ? 3 : 2));
+    CHECK(sweep_configs(*gpu, spec, [](Role r, const TileConfig&) { return r == Role::kBwdDw2 || r == Role::kBwdDown; }) >=
+          40);
+  }
 }
 
 TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient column chunks gives the reference's answer",
@@ -775,6 +791,37 @@ TEST_CASE("checking mode refuses a capturing stream before enqueuing anything", 
   // Uncaptured, the same call runs and checks the ids.
   CHECK_NOTHROW(plan.forward(args));
   stream.synchronize();
+}
+
+TEST_CASE("a problem of zero tokens is rejected by its constructor, before any CUDA work", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // T >= 1 by design (moejit.hpp; the torch front end answers an empty batch itself). The plan's
+  // stream is captured in global mode, where work enqueued on it becomes a graph node and a module
+  // load, allocation or synchronisation fails: the rejection must come before all of them.
+  cuda::Stream stream;
+  Options options;
+  options.stream = stream.get();
+  const cuda::Driver& d = cuda::driver();
+  MOEJIT_CU(d.cuStreamBeginCapture(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  for (Mode mode : {Mode::kTraining, Mode::kInference, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    std::string rejection = "accepted";
+    try {
+      FusedMoe plan(MoeProblem{0, 8, 128, 64, 2, DType::kBF16, mode}, options);
+    } catch (const InvalidArgument& e) {
+      rejection = e.argument() + " | " + e.what();
+    } catch (const std::exception& e) {
+      rejection = e.what();  // e.g. a CudaError: the capture must still end below
+    }
+    CHECK(rejection == "tokens | tokens: must be at least 1, got 0");
+  }
+  CUgraph graph = nullptr;
+  MOEJIT_CU(d.cuStreamEndCapture(stream.get(), &graph));
+  REQUIRE(graph != nullptr);
+  std::size_t nodes = 0;
+  MOEJIT_CU(d.cuGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes == 0);
+  MOEJIT_CU(d.cuGraphDestroy(graph));
 }
 
 TEST_CASE("bad inputs are rejected with the argument named", "[gpu][moe]") {

@@ -4,16 +4,20 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace moejit::test {
 
 std::string describe(const CaseSpec& c) {
   static const char* routings[] = {"random", "one-expert", "even-experts", "skewed"};
-  return fmt::format("T={} E={} H={} I={} K={} {} {}", c.tokens, c.experts, c.hidden, c.intermediate, c.topk,
-                     dtype_name(c.dtype), routings[static_cast<int>(c.routing)]);
+  std::string text = fmt::format("T={} E={} H={} I={} K={} {} {}", c.tokens, c.experts, c.hidden, c.intermediate,
+                                 c.topk, dtype_name(c.dtype), routings[static_cast<int>(c.routing)]);
+  if (!c.empty_experts.empty()) text += fmt::format(", experts {} empty", fmt::join(c.empty_experts, ","));
+  return text;
 }
 
 CaseData make_case(const CaseSpec& s) {
@@ -54,9 +58,13 @@ CaseData make_case(const CaseSpec& s) {
     }
     return d;
   }
+  std::erase_if(perm, [&](int e) {
+    return std::find(s.empty_experts.begin(), s.empty_experts.end(), e) != s.empty_experts.end();
+  });
+  if (perm.size() < K) throw std::invalid_argument(fmt::format("{}: fewer than K experts left", describe(s)));
   for (std::size_t tok = 0; tok < T; ++tok) {
     for (std::size_t k = 0; k < K; ++k) {
-      std::uniform_int_distribution<std::size_t> pick(k, E - 1);
+      std::uniform_int_distribution<std::size_t> pick(k, perm.size() - 1);
       std::swap(perm[k], perm[pick(rng)]);
       int e = perm[k];
       if (s.routing == Routing::kOneExpert) e = static_cast<int>(E / 2);

@@ -25,6 +25,8 @@ struct CaseSpec {
   DType dtype = DType::kBF16;
   Routing routing = Routing::kRandom;
   std::uint32_t seed = 1;
+  // Experts no token names: kRandom draws each token's K distinct experts among the others.
+  std::vector<int> empty_experts = {};
 };
 
 std::string describe(const CaseSpec& c);
