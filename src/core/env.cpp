@@ -64,7 +64,10 @@ std::filesystem::path shipped_db_dir() {
 
 unsigned compile_jobs() {
   // More threads than any machine has cores only cost stacks.
-  if (auto v = get_int("MOEJIT_JOBS"); v && *v > 0) return static_cast<unsigned>(std::min(*v, 1024LL));
+  if (auto v = get_int("MOEJIT_JOBS")) {
+    if (*v < 1) throw InvalidArgument("MOEJIT_JOBS", fmt::format("expected a positive count, got {}", *v));
+    return static_cast<unsigned>(std::min(*v, 1024LL));
+  }
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : hw;
 }

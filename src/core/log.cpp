@@ -2,10 +2,22 @@
 
 #include <cstdio>
 #include <mutex>
+#include <utility>
 
 namespace moejit::log {
 
-bool enabled(env::LogLevel level) { return static_cast<int>(level) <= static_cast<int>(env::log_level()); }
+namespace {
+thread_local int t_level = -1;  // a ScopedLevel's, or -1: MOEJIT_LOG's
+}
+
+bool enabled(env::LogLevel level) {
+  const int current = t_level >= 0 ? t_level : static_cast<int>(env::log_level());
+  return static_cast<int>(level) <= current;
+}
+
+ScopedLevel::ScopedLevel(env::LogLevel level) : previous_(std::exchange(t_level, static_cast<int>(level))) {}
+
+ScopedLevel::~ScopedLevel() { t_level = previous_; }
 
 void write(env::LogLevel level, std::string_view message) {
   static std::mutex mu;

@@ -12,6 +12,19 @@ namespace moejit::log {
 void write(env::LogLevel level, std::string_view message);
 bool enabled(env::LogLevel level);
 
+// While alive, this thread logs at `level` instead of reading MOEJIT_LOG. Threads a call starts
+// log at the level the call read: getenv is not safe against another thread's setenv.
+class ScopedLevel {
+ public:
+  explicit ScopedLevel(env::LogLevel level);
+  ~ScopedLevel();
+  ScopedLevel(const ScopedLevel&) = delete;
+  ScopedLevel& operator=(const ScopedLevel&) = delete;
+
+ private:
+  int previous_;
+};
+
 template <typename... Args>
 void warn(fmt::format_string<Args...> f, Args&&... args) {
   if (enabled(env::LogLevel::kWarn)) write(env::LogLevel::kWarn, fmt::format(f, std::forward<Args>(args)...));

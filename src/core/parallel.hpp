@@ -1,4 +1,4 @@
-// Runs independent jobs on a small pool of worker threads.
+// Runs independent jobs on threads started for the call.
 #pragma once
 
 #include <cstddef>

@@ -28,6 +28,7 @@ PrimaryContext::PrimaryContext(int ordinal) {
                         " visible");
   }
   MOEJIT_CU(d.cuDeviceGet(&dev_, ordinal));
+  MOEJIT_CU(d.cuCtxGetCurrent(&previous_));
   MOEJIT_CU(d.cuDevicePrimaryCtxRetain(&ctx_, dev_));
   CUresult r = d.cuCtxSetCurrent(ctx_);
   if (r != CUDA_SUCCESS) {
@@ -37,7 +38,11 @@ PrimaryContext::PrimaryContext(int ordinal) {
 }
 
 PrimaryContext::~PrimaryContext() {
-  if (ctx_ != nullptr) warn_on_failure(driver().cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
+  if (ctx_ == nullptr) return;
+  const Driver& d = driver();
+  // The same context current before stays current, as it was (its other holders keep it alive).
+  if (previous_ != ctx_) warn_on_failure(d.cuCtxSetCurrent(previous_), "cuCtxSetCurrent");
+  warn_on_failure(d.cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
 }
 
 CUcontext current_context() {
@@ -149,12 +154,16 @@ void DeviceBuffer::release() noexcept {
 }
 
 void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) const {
-  if (offset + bytes > bytes_) throw InternalError("DeviceBuffer::upload past the end of the buffer");
+  if (bytes > bytes_ || offset > bytes_ - bytes) {
+    throw InternalError("DeviceBuffer::upload past the end of the buffer");
+  }
   if (bytes > 0) MOEJIT_CU(driver().cuMemcpyHtoD(ptr_ + offset, host, bytes));
 }
 
 void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
-  if (offset + bytes > bytes_) throw InternalError("DeviceBuffer::download past the end of the buffer");
+  if (bytes > bytes_ || offset > bytes_ - bytes) {
+    throw InternalError("DeviceBuffer::download past the end of the buffer");
+  }
   if (bytes > 0) MOEJIT_CU(driver().cuMemcpyDtoH(host, ptr_ + offset, bytes));
 }
 

@@ -11,7 +11,8 @@
 namespace moejit::cuda {
 
 // Retains a device's primary context and makes it current on this thread (the context the
-// CUDA runtime and PyTorch use), releasing it on destruction.
+// CUDA runtime and PyTorch use); on destruction releases it and makes current again what was
+// current before, so no released context stays current on the thread.
 class PrimaryContext {
  public:
   explicit PrimaryContext(int ordinal = 0);
@@ -24,6 +25,7 @@ class PrimaryContext {
  private:
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
+  CUcontext previous_ = nullptr;
 };
 
 // The context current on this thread; throws NoDeviceError when there is none.

@@ -87,7 +87,7 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
 void DiskCache::store(const CompiledKernel& kernel) const {
   try {
     fs::atomic_write(path_of(kernel.key), encode(kernel));
-  } catch (const IoError& e) {
+  } catch (const std::exception& e) {  // best effort: the kernel compiled, whatever the store met
     log::warn("kernel cache not written: {}", e.what());
   }
 }

@@ -20,7 +20,8 @@ class DiskCache {
   // kHit fills `out`. kCorrupt means a file existed but failed validation; it stays until store()
   // replaces it.
   DiskLookup load(const KernelKey& key, CompiledKernel& out) const;
-  // Best effort: an unwritable cache directory is logged, not thrown, since compiling still worked.
+  // Best effort: any failure to write (an unwritable folder, a full disk) is logged, not thrown,
+  // since compiling still worked.
   void store(const CompiledKernel& kernel) const;
 
   std::filesystem::path path_of(const KernelKey& key) const { return dir_ / (key.stem() + ".cubin"); }

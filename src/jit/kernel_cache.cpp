@@ -4,7 +4,10 @@
 #include <chrono>
 #include <fmt/format.h>
 #include <mutex>
+#include <optional>
+#include <semaphore>
 #include <set>
+#include <thread>
 
 #include "core/env.hpp"
 #include "core/fs.hpp"
@@ -38,13 +41,52 @@ void sweep_stale_temp_files(const std::filesystem::path& dir) {
   fs::remove_stale_temp_files(dir, std::chrono::hours(1));
 }
 
+// NVRTC takes tens of MB per compile: threads of several calls at once (one tuning thread per GPU,
+// say) share the machine's hardware threads.
+class CompileSlot {
+ public:
+  CompileSlot() { slots().acquire(); }
+  ~CompileSlot() { slots().release(); }
+  CompileSlot(const CompileSlot&) = delete;
+  CompileSlot& operator=(const CompileSlot&) = delete;
+
+ private:
+  static std::counting_semaphore<>& slots() {
+    static std::counting_semaphore<> s(std::max(1u, std::thread::hardware_concurrency()));
+    return s;
+  }
+};
+
+}  // namespace
+
+// What a build reads from the environment, read once on the thread that asked.
+struct KernelCache::BuildSettings {
+  std::optional<std::filesystem::path> disk_dir;  // none: the disk cache is off
+  env::LogLevel log_level = env::LogLevel::kWarn;
+
+  static BuildSettings read() {
+    BuildSettings s;
+    s.log_level = env::log_level();
+    if (!env::disk_cache_enabled()) return s;
+    try {
+      s.disk_dir = env::kernel_cache_dir();
+    } catch (const std::filesystem::filesystem_error& e) {
+      // No MOEJIT_CACHE_DIR, XDG_CACHE_HOME or HOME, and no usable temporary folder.
+      log::warn("kernel cache on disk off: no folder for it ({})", e.what());
+    }
+    return s;
+  }
+};
+
+namespace {
+
 // Disk, then NVRTC; stores what it compiled. Runs outside the cache lock.
 std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const GeneratedUnit& unit,
                                             const std::vector<std::string>& options, const KernelKey& key,
-                                            Origin& origin) {
+                                            const std::optional<std::filesystem::path>& disk_dir, Origin& origin) {
   std::optional<DiskCache> disk;
-  if (env::disk_cache_enabled()) {
-    disk.emplace(env::kernel_cache_dir());
+  if (disk_dir) {
+    disk.emplace(*disk_dir);
     sweep_stale_temp_files(disk->dir());
   }
   auto kernel = std::make_shared<CompiledKernel>();
@@ -52,7 +94,10 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
     origin = Origin::kDisk;
     return kernel;
   }
-  NvrtcOutput out = nvrtc_compile(unit, options);
+  NvrtcOutput out = [&] {
+    CompileSlot slot;
+    return nvrtc_compile(unit, options);
+  }();
   kernel->key = key;
   kernel->cubin = std::move(out.cubin);
   kernel->name_expressions = unit.name_expressions;
@@ -112,9 +157,14 @@ KernelCache& KernelCache::instance() {
 }
 
 std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, Origin* origin) {
+  return get(spec, origin, BuildSettings::read());
+}
+
+std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, Origin* origin,
+                                                       const BuildSettings& settings) {
   GeneratedUnit unit = generate_unit(spec);
   std::vector<std::string> options = nvrtc_options(spec.arch);
-  KernelKey key = make_kernel_key(spec, unit, options, nvrtc_version(), template_hash());
+  KernelKey key = make_kernel_key(spec, unit, options, nvrtc_build_id(), template_hash());
 
   std::promise<std::shared_ptr<const CompiledKernel>> promise;
   std::shared_future<std::shared_ptr<const CompiledKernel>> future;
@@ -136,7 +186,7 @@ std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, O
   }
   try {
     Origin o = Origin::kCompiled;
-    auto kernel = build(spec, unit, options, key, o);
+    auto kernel = build(spec, unit, options, key, settings.disk_dir, o);
     promise.set_value(kernel);
     if (origin) *origin = o;
     return kernel;
@@ -153,12 +203,24 @@ std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, O
 
 std::vector<CompileResult> KernelCache::compile_all(const std::vector<KernelSpec>& specs, unsigned jobs) {
   std::vector<CompileResult> results(specs.size());
+  std::optional<BuildSettings> settings;
+  std::string settings_error;  // a malformed variable fails every spec, as get() would
+  try {
+    settings = BuildSettings::read();
+  } catch (const std::exception& e) {
+    settings_error = e.what();
+  }
   parallel_for(specs.size(), jobs, [&](std::size_t i) {
     CompileResult& r = results[i];
     r.spec = specs[i];
     auto t0 = std::chrono::steady_clock::now();
+    if (!settings) {
+      r.error = settings_error;
+      return;
+    }
+    log::ScopedLevel level(settings->log_level);
     try {
-      r.kernel = get(specs[i], &r.origin);
+      r.kernel = get(specs[i], &r.origin, *settings);
     } catch (const std::exception& e) {
       r.error = e.what();
     }

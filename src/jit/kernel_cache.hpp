@@ -59,10 +59,13 @@ class KernelCache {
   static KernelCache& instance();
 
   // Memory, then disk (MOEJIT_CACHE_DIR), then NVRTC. Throws CompileError (InvalidArgument for a
-  // spec codegen refuses or a malformed MOEJIT_DISK_CACHE).
+  // spec codegen refuses or a malformed MOEJIT_DISK_CACHE). A cache folder that cannot be
+  // named or made turns the disk cache off, with a warning.
   std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin = nullptr);
 
-  // Every spec on up to `jobs` threads. Failures are reported per spec, never thrown.
+  // Every spec on up to `jobs` threads, which read no environment variable (the calling thread
+  // reads them once). Failures are reported per spec, never thrown. NVRTC runs on at most as
+  // many threads at once in the whole process as the machine has hardware threads.
   std::vector<CompileResult> compile_all(const std::vector<KernelSpec>& specs, unsigned jobs);
 
   // Loads the kernel into the current context once and returns it. Refuses (UnsupportedError)
@@ -76,6 +79,8 @@ class KernelCache {
 
  private:
   KernelCache() = default;
+  struct BuildSettings;
+  std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin, const BuildSettings& settings);
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CompiledKernel>>> compiled_;
   // Keyed by context id (cuda::current_context_id), never by the reusable CUcontext pointer.

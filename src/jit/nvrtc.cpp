@@ -1,8 +1,11 @@
 #include "jit/nvrtc.hpp"
 
+#include <dlfcn.h>
 #include <nvrtc.h>
 
 #include <chrono>
+#include <cstdint>
+#include <filesystem>
 #include <fmt/format.h>
 #include <utility>
 
@@ -63,6 +66,21 @@ const std::string& nvrtc_version() {
     return fmt::format("{}.{}", major, minor);
   }();
   return v;
+}
+
+const std::string& nvrtc_build_id() {
+  static const std::string id = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) == 0 || info.dli_fname == nullptr) {
+      return nvrtc_version() + " ?";
+    }
+    std::error_code ec;
+    const std::filesystem::path path = std::filesystem::canonical(info.dli_fname, ec);
+    if (ec) return fmt::format("{} {}", nvrtc_version(), info.dli_fname);
+    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+    return fmt::format("{} {} {}", nvrtc_version(), path.filename().string(), ec ? 0 : bytes);
+  }();
+  return id;
 }
 
 std::vector<std::string> nvrtc_options(const std::string& arch) {

@@ -18,8 +18,13 @@ struct NvrtcOutput {
   double compile_ms = 0;
 };
 
-// "13.0": the linked NVRTC's version, part of every kernel key.
+// "13.0": the linked NVRTC's version, recorded with every tuned row.
 const std::string& nvrtc_version();
+
+// "13.0 libnvrtc.so.13 109338064": the version, then the loaded library's file name and size,
+// which stand for the patch release nvrtcVersion does not report; part of every kernel key, so
+// a cubin from another build of NVRTC (one that fixes a miscompile, say) is never reused.
+const std::string& nvrtc_build_id();
 
 // Options for a target arch ("sm_90a", "sm_80"); part of every kernel key.
 std::vector<std::string> nvrtc_options(const std::string& arch);

@@ -2,7 +2,10 @@
 // naming the variable, never a silent default or an overflowing deadline.
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include "core/env.hpp"
+#include "core/log.hpp"
 #include "moejit/error.hpp"
 #include "support/temp_dir.hpp"
 
@@ -40,8 +43,27 @@ TEST_CASE("integer variables: out-of-range values are errors, thread counts are 
     ScopedEnv v("MOEJIT_JOBS", "3");
     CHECK(env::compile_jobs() == 3);
   }
+  for (const char* none : {"0", "-2"}) {
+    ScopedEnv v("MOEJIT_JOBS", none);
+    CHECK_THROWS_WITH(env::compile_jobs(), Catch::Contains("MOEJIT_JOBS") && Catch::Contains("positive"));
+  }
   {
     ScopedEnv v("MOEJIT_DISK_CACHE", "off");
     CHECK_THROWS_WITH(env::disk_cache_enabled(), Catch::Contains("MOEJIT_DISK_CACHE"));
   }
+}
+
+TEST_CASE("a scoped log level stands in for MOEJIT_LOG on its own thread only, until it ends", "[env]") {
+  ScopedEnv v("MOEJIT_LOG", "error");
+  CHECK_FALSE(log::enabled(env::LogLevel::kInfo));
+  {
+    const log::ScopedLevel level(env::LogLevel::kDebug);
+    CHECK(log::enabled(env::LogLevel::kDebug));
+    bool elsewhere = true;
+    std::thread other([&] { elsewhere = log::enabled(env::LogLevel::kInfo); });
+    other.join();
+    CHECK_FALSE(elsewhere);
+  }
+  CHECK_FALSE(log::enabled(env::LogLevel::kInfo));
+  CHECK(log::enabled(env::LogLevel::kError));
 }

@@ -89,6 +89,22 @@ TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") 
   CHECK(k3->resources.size() == k1->resources.size());
 }
 
+TEST_CASE("without a folder for the disk cache, kernels still compile", "[cache]") {
+  // No MOEJIT_CACHE_DIR, XDG_CACHE_HOME or HOME, and a temporary folder that does not exist.
+  ScopedEnv dir("MOEJIT_CACHE_DIR", ""), xdg("XDG_CACHE_HOME", ""), home("HOME", ""),
+      tmp("TMPDIR", "/nonexistent/moejit-test");
+  auto& cache = KernelCache::instance();
+  cache.forget_compiled();
+  Origin origin = Origin::kDisk;
+  CHECK(cache.get(spec(4, 8), &origin) != nullptr);
+  CHECK(origin == Origin::kCompiled);
+  cache.forget_compiled();
+  const std::vector<CompileResult> results = cache.compile_all({spec(4, 16)}, 2);
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].error.empty());
+  CHECK(results[0].kernel != nullptr);
+}
+
 TEST_CASE("threads asking for the same kernels at once compile each once and share it", "[cache]") {
   TempDir dir("threads");
   ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());

@@ -15,7 +15,7 @@ namespace moejit::cli {
 int run_info(int argc, char** argv, int start) {
   parse_args(argc, argv, start, {}, {});
   fmt::print("moejit        {}\n", kLibraryVersion);
-  fmt::print("nvrtc         {}\n", jit::nvrtc_version());
+  fmt::print("nvrtc         {}\n", jit::nvrtc_build_id());
   fmt::print("templates     {} files, hash {}\n", jit::embedded_template_files().size(), jit::template_hash());
   fmt::print("kernel cache  {}{}\n", env::kernel_cache_dir().string(),
              env::disk_cache_enabled() ? "" : " (disabled by MOEJIT_DISK_CACHE=0)");
