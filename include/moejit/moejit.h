@@ -39,7 +39,8 @@ typedef struct moejit_problem {
   int32_t dtype;             /* MOEJIT_DTYPE_* */
   int32_t mode;              /* MOEJIT_MODE_* */
   /* nonzero: ids outside [0, E), and a token naming one expert twice, are an error of the forward,
-   * found after its routing ran: `saved` then holds the rejected call's routing (run no backward on it). */
+   * found after its routing ran: `saved` then holds the rejected call's routing, and a backward
+   * over it fails with MOEJIT_ERROR_STATE. */
   int32_t check_expert_ids;
 } moejit_problem;
 
@@ -51,14 +52,20 @@ typedef struct moejit_memory_plan {
 
 typedef struct moejit_plan moejit_plan;
 
-/* Validates the problem, chooses configs, compiles and loads kernels into the current context. */
+/* Validates the problem, chooses configs, compiles and loads kernels into the current context.
+ * *out is the plan, or NULL when the call fails. */
 moejit_status moejit_plan_create(const moejit_problem* problem, moejit_plan** out);
+/* The same, naming the stream the plan will run on: while that stream is being captured into a
+ * CUDA graph the plan never tunes (it takes the nearest tuned row or the default config), as
+ * Options::stream in moejit.hpp. moejit_plan_create checks the legacy default stream. */
+moejit_status moejit_plan_create_on_stream(const moejit_problem* problem, void* stream, moejit_plan** out);
 void moejit_plan_destroy(moejit_plan* plan);
 moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out);
 /* What moejit_plan_memory will report for a plan of this problem, computed on the host: no GPU
  * or context needed (e.g. to size buffers while tracing). Validates the problem's shape like
  * moejit_plan_create; limits that depend on the configs a plan chooses (gather_sum's grid past
- * H = 2 M, README: Limits) are checked only when a plan is created. */
+ * H = 2 M, a GEMM's grid past 2^31 - 1 blocks, README: Limits) are checked only when a plan is
+ * created. */
 moejit_status moejit_problem_memory(const moejit_problem* problem, moejit_memory_plan* out);
 
 moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2,

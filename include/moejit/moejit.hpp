@@ -98,7 +98,7 @@ struct Options {
   // Expert ids outside [0, E), and a token naming one expert twice, become forward()'s
   // InvalidArgument (one stream synchronisation per call; unchecked, they are dropped or count
   // twice, README: Using the library). Found after the routing ran: `saved` (inference: the
-  // workspace) then holds the rejected call's routing, so run no backward() on it.
+  // workspace) then holds the rejected call's routing, and backward() refuses it (StateError).
   bool check_expert_ids = false;
   // The stream the plan will run on. While it is being captured into a CUDA graph the plan
   // never tunes: it takes the nearest tuned row or the heuristic default.
@@ -131,8 +131,9 @@ class FusedMoe {
   // Throws InvalidArgument (naming the argument) before enqueuing anything; check_expert_ids'
   // rejection comes after the routing (Options).
   void forward(const ForwardArgs& args);
-  // Throws InvalidArgument, or StateError for a second backward over memory-efficient state.
-  // That check is the host's record of forward() and backward() calls on each `saved` address:
+  // Throws InvalidArgument, or StateError for a saved state that holds no forward: a second
+  // backward over memory-efficient state, or a forward() into it that threw after enqueuing
+  // (check_expert_ids' rejection, a failed launch). That check is the host's record of forward() and backward() calls on each `saved` address:
   // it cannot see CUDA graph replays. So after replaying a graph that holds only the forward,
   // run the backward from a graph too (as torch.cuda.make_graphed_callables does); a direct
   // backward() call would take the replay for no forward.
@@ -141,6 +142,7 @@ class FusedMoe {
   struct Impl;
 
  private:
+  Impl& live() const;  // throws StateError for a moved-from plan
   std::unique_ptr<Impl> impl_;
 };
 

@@ -16,24 +16,35 @@ struct moejit_plan {
 namespace {
 
 thread_local std::string last_error;
+// Copying a message allocates: where that fails, this static text stands in for it.
+thread_local const char* unkept_error = nullptr;
+
+void set_error(const char* message) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+    unkept_error = "out of host memory (the error's own message could not be kept)";
+  }
+}
 
 template <typename F>
 moejit_status guarded(F&& f) noexcept {
   try {
     last_error.clear();
+    unkept_error = nullptr;
     f();
     return MOEJIT_OK;
   } catch (const moejit::Error& e) {
-    last_error = e.what();
+    set_error(e.what());
     return static_cast<moejit_status>(e.code());
   } catch (const std::bad_alloc&) {
-    last_error = "out of host memory";
+    set_error("out of host memory");
     return MOEJIT_ERROR_INTERNAL;
   } catch (const std::exception& e) {
-    last_error = e.what();
+    set_error(e.what());
     return MOEJIT_ERROR_INTERNAL;
   } catch (...) {
-    last_error = "unknown error";
+    set_error("unknown error");
     return MOEJIT_ERROR_INTERNAL;
   }
 }
@@ -58,15 +69,20 @@ moejit::MoeProblem to_problem(const moejit_problem* p) {
 
 extern "C" {
 
-moejit_status moejit_plan_create(const moejit_problem* p, moejit_plan** out) {
+moejit_status moejit_plan_create_on_stream(const moejit_problem* p, void* stream, moejit_plan** out) {
   return guarded([&] {
+    if (out != nullptr) *out = nullptr;
     const moejit::MoeProblem problem = to_problem(p);
     if (out == nullptr) throw moejit::InvalidArgument("out", "null pointer");
-    *out = nullptr;
     moejit::Options options;
     options.check_expert_ids = p->check_expert_ids != 0;
+    options.stream = static_cast<CUstream_st*>(stream);
     *out = new moejit_plan{moejit::FusedMoe(problem, options)};
   });
+}
+
+moejit_status moejit_plan_create(const moejit_problem* p, moejit_plan** out) {
+  return moejit_plan_create_on_stream(p, nullptr, out);
 }
 
 void moejit_plan_destroy(moejit_plan* plan) { delete plan; }
@@ -135,7 +151,7 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
   });
 }
 
-const char* moejit_last_error(void) { return last_error.c_str(); }
+const char* moejit_last_error(void) { return unkept_error != nullptr ? unkept_error : last_error.c_str(); }
 
 const char* moejit_status_name(moejit_status status) {
   return moejit::error_code_name(static_cast<moejit::ErrorCode>(status));

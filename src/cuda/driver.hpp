@@ -19,6 +19,7 @@ namespace moejit::cuda {
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)          \
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync)          \
+  X(cuMemcpyDtoHAsync)                                                                      \
   X(cuMemsetD8Async) X(cuMemsetD32Async)                                                    \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)        \
   X(cuStreamBeginCapture) X(cuStreamEndCapture)                                             \
@@ -44,7 +45,7 @@ const Driver& driver();
 // Never throws.
 bool device_available(std::string* why = nullptr) noexcept;
 
-// "CUDA_ERROR_OUT_OF_MEMORY" for a result code, without requiring a loaded driver.
+// "CUDA_ERROR_OUT_OF_MEMORY" for a result code; the numeric code where no driver loads.
 std::string result_name(CUresult result);
 
 // Throws CudaError naming the call, the result and its description when result != CUDA_SUCCESS.

@@ -2,6 +2,9 @@
 // fault inside a kernel and take the context down with it: checked before anything is enqueued.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 namespace moejit::cuda {
 
 enum class MemoryKind {
@@ -14,6 +17,9 @@ enum class MemoryKind {
 struct PointerInfo {
   MemoryKind kind = MemoryKind::kUnknown;
   int device = -1;  // the ordinal the memory was allocated on or registered with
+  // The allocation holding the address, where the driver says (0 bytes: it did not).
+  std::uintptr_t range_begin = 0;
+  std::size_t range_bytes = 0;
 };
 
 // Throws CudaError only for a driver failure; an unknown address is kUnknown.

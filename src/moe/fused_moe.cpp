@@ -2,7 +2,7 @@
 // orchestration of DESIGN.md's kernel roles on the caller's stream.
 #include <fmt/format.h>
 
-#include <set>
+#include <map>
 #include <vector>
 
 #include "core/env.hpp"
@@ -44,7 +44,9 @@ struct FusedMoe::Impl {
   int block_m = 0;
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   std::map<Role, RoleKernel> kernels;
-  std::set<const void*> consumed;  // memory-efficient saved states already used by a backward
+  // Saved states a backward must not read, and why: a forward into them stopped part-way (a
+  // failed launch, check_expert_ids' rejection), or a memory-efficient backward overwrote them.
+  std::map<const void*, const char*> unusable_saved;
 
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
@@ -77,18 +79,20 @@ struct FusedMoe::Impl {
   }
 
   // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
-  // one synchronising path, opt-in.
+  // one synchronising path, opt-in. The copies go on the caller's stream: a synchronous copy
+  // would wait on every blocking stream of the context.
   void check_expert_ids(const std::int32_t* dropped_count, const RoutingArgs& args) const {
     CUstream stream = args.stream;
     const cuda::Driver& d = cuda::driver();
-    MOEJIT_CU(d.cuStreamSynchronize(stream));
     std::int32_t dropped = 0;
-    MOEJIT_CU(d.cuMemcpyDtoH(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4));
+    MOEJIT_CU(d.cuMemcpyDtoHAsync(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4, stream));
+    MOEJIT_CU(d.cuStreamSynchronize(stream));
     if (dropped > 0) {
       throw InvalidArgument("topk_ids", fmt::format("{} expert id(s) outside [0, {})", dropped, problem.experts));
     }
     std::vector<std::int32_t> ids(static_cast<std::size_t>(args.tokens * args.topk));
-    MOEJIT_CU(d.cuMemcpyDtoH(ids.data(), args.topk_ids, ids.size() * sizeof(std::int32_t)));
+    MOEJIT_CU(d.cuMemcpyDtoHAsync(ids.data(), args.topk_ids, ids.size() * sizeof(std::int32_t), stream));
+    MOEJIT_CU(d.cuStreamSynchronize(stream));
     check_distinct_experts(ids.data(), args.tokens, args.topk);
   }
 
@@ -142,47 +146,58 @@ FusedMoe::~FusedMoe() = default;
 FusedMoe::FusedMoe(FusedMoe&&) noexcept = default;
 FusedMoe& FusedMoe::operator=(FusedMoe&&) noexcept = default;
 
-const MoeProblem& FusedMoe::problem() const { return impl_->problem; }
-const MemoryPlan& FusedMoe::memory() const { return impl_->memory; }
+FusedMoe::Impl& FusedMoe::live() const {
+  if (!impl_) throw StateError("this FusedMoe was moved from: it holds no plan");
+  return *impl_;
+}
+
+const MoeProblem& FusedMoe::problem() const { return live().problem; }
+const MemoryPlan& FusedMoe::memory() const { return live().memory; }
 
 std::map<std::string, std::string> FusedMoe::configs() const {
   std::map<std::string, std::string> out;
-  for (const auto& [r, k] : impl_->kernels) out[role_name(r)] = k.config.name();
+  for (const auto& [r, k] : live().kernels) out[role_name(r)] = k.config.name();
   return out;
 }
 
 std::map<std::string, std::string> FusedMoe::config_sources() const {
   std::map<std::string, std::string> out;
-  for (const auto& [r, k] : impl_->kernels) out[role_name(r)] = k.source;
+  for (const auto& [r, k] : live().kernels) out[role_name(r)] = k.source;
   return out;
 }
 
 void FusedMoe::forward(const ForwardArgs& a) {
-  Impl& s = *impl_;
+  Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
   s.check_context();
   s.require_device_memory(tensors);
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   if (s.options.check_expert_ids) s.require_uncaptured(stream);
+  s.unusable_saved[a.saved] = "a forward() into it stopped part-way";
   s.run_routing(f.routing, f.dropped_count);
   if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
   s.launch(Role::kFwdUp, &f.fwd_up, stream);
   s.launch(Role::kFwdDown, &f.fwd_down, stream);
   s.launch(Role::kGatherSum, &f.gather_out, stream);
-  s.consumed.erase(a.saved);
+  s.unusable_saved.erase(a.saved);
 }
 
 void FusedMoe::backward(const BackwardArgs& a) {
-  Impl& s = *impl_;
+  Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
-  if (s.problem.mode == Mode::kMemoryEfficient && s.consumed.count(a.saved)) {
-    throw StateError("memory-efficient backward already consumed this saved state; run forward() again first");
+  if (auto it = s.unusable_saved.find(a.saved); it != s.unusable_saved.end()) {
+    throw StateError(fmt::format("saved: {}; run forward() again first", it->second));
   }
   s.check_context();
   s.require_device_memory(tensors);
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
+  // bwd_down writes d_pre_act over the saved pre_act here: from the first launch on, even one
+  // that fails later, the state is gone.
+  if (s.problem.mode == Mode::kMemoryEfficient) {
+    s.unusable_saved[a.saved] = "a memory-efficient backward() already consumed it";
+  }
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
   if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) || s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut)) {
     s.scatter(b.scatter_d_out, stream);
@@ -212,7 +227,6 @@ void FusedMoe::backward(const BackwardArgs& a) {
   s.launch(Role::kGatherSum, &b.gather_dx, stream);
   if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);
   s.launch(Role::kBwdDw1, &b.bwd_dw1, stream);
-  if (s.problem.mode == Mode::kMemoryEfficient) s.consumed.insert(a.saved);
 }
 
 }  // namespace moejit

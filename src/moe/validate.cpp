@@ -96,6 +96,12 @@ void validate_problem(const MoeProblem& p) {
   if (p.intermediate >= (1 << 28)) {
     throw InvalidArgument("intermediate", fmt::format("must stay below 2^28, got {}", p.intermediate));
   }
+  // W1's bytes, a size_t product every size check relies on: each factor is bounded above, their
+  // product is not (4096 experts at H = I = 2^27 would wrap it to a small number).
+  if (4.0 * p.experts * p.intermediate * p.hidden > 0x1p62) {
+    throw InvalidArgument("hidden", fmt::format("experts * 2 * intermediate * hidden = {} * 2 * {} * {} weights must "
+                                                "be at most 2^61", p.experts, p.intermediate, p.hidden));
+  }
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16) throw InvalidArgument("dtype", "must be bf16 or fp16");
   if (p.mode != Mode::kTraining && p.mode != Mode::kInference && p.mode != Mode::kMemoryEfficient) {
     throw InvalidArgument("mode", "unknown mode");
@@ -165,6 +171,14 @@ void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
           if (info.device != device) {
             throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
                                                       first ? "is" : "ends in", info.device, device));
+          }
+          // A last byte in the next allocation passes the check of that byte alone.
+          if (first && info.range_bytes > 0 &&
+              (t.bytes > info.range_bytes ||
+               reinterpret_cast<std::uintptr_t>(t.begin) - info.range_begin > info.range_bytes - t.bytes)) {
+            throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes "
+                                                      "from {:#x}): is the buffer smaller than the problem's shape?",
+                                                      t.bytes, t.begin, info.range_bytes, info.range_begin));
           }
           break;
         case cuda::MemoryKind::kHost:

@@ -25,7 +25,7 @@ TEST_CASE("the C ABI runs forward and backward like the C++ API", "[gpu][capi]")
   moejit_problem p{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, MOEJIT_DTYPE_BF16,
                    MOEJIT_MODE_TRAINING, 0};
   moejit_plan* plan = nullptr;
-  REQUIRE(moejit_plan_create(&p, &plan) == MOEJIT_OK);
+  REQUIRE(moejit_plan_create_on_stream(&p, stream.get(), &plan) == MOEJIT_OK);
   moejit_memory_plan m{};
   REQUIRE(moejit_plan_memory(plan, &m) == MOEJIT_OK);
   CHECK(m.saved_bytes == cpp.memory().saved_bytes);

@@ -767,6 +767,23 @@ TEST_CASE("a token naming one expert twice counts as two pairs, or is rejected i
   CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking),
                     Catch::Contains("topk_ids") && Catch::Contains("token 17 names expert") &&
                         Catch::Contains("slots 0 and 2"));
+  // The rejected forward left its routing in `saved`: a backward over it is refused until a
+  // forward completes there. A moved-from plan refuses every call.
+  FusedMoe plan(problem_of(spec, Mode::kTraining), checking);
+  DeviceRun run(data, plan.memory());
+  cuda::Stream stream;
+  CHECK_THROWS_AS(plan.forward(run.forward_args(stream.get())), InvalidArgument);
+  CHECK_THROWS_WITH(plan.backward(run.backward_args(stream.get())),
+                    Catch::StartsWith("saved: a forward() into it stopped part-way"));
+  // Token 17's third slot gets an expert its first two do not name.
+  std::int32_t* row = &data.tensors.topk_ids[3 * 17];
+  for (row[2] = 0; row[2] == row[0] || row[2] == row[1];) ++row[2];
+  run.upload_inputs(data);
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  FusedMoe moved = std::move(plan);
+  CHECK_THROWS_WITH(plan.forward(run.forward_args(stream.get())), Catch::Contains("moved from"));
 }
 
 TEST_CASE("checking mode refuses a capturing stream before enqueuing anything", "[gpu][moe][graph]") {

@@ -17,6 +17,7 @@ TEST_CASE("C ABI argument errors are status codes with messages", "[capi]") {
   moejit_plan* plan = reinterpret_cast<moejit_plan*>(0x1);
   CHECK(moejit_plan_create(nullptr, &plan) == MOEJIT_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(moejit_last_error(), Catch::StartsWith("problem"));
+  CHECK(plan == nullptr);  // a caller may destroy *out whatever the status
 
   moejit_problem p{64, 8, 128, 64, 9, MOEJIT_DTYPE_BF16, MOEJIT_MODE_TRAINING, 0};
   CHECK(moejit_plan_create(&p, &plan) == MOEJIT_ERROR_INVALID_ARGUMENT);
@@ -45,6 +46,9 @@ TEST_CASE("a valid problem without a usable context fails cleanly", "[capi]") {
   moejit_plan* plan = nullptr;
   const moejit_status s = moejit_plan_create(&p, &plan);
   CHECK(s == MOEJIT_ERROR_NO_DEVICE);
+  CHECK(plan == nullptr);
+  plan = reinterpret_cast<moejit_plan*>(0x1);
+  CHECK(moejit_plan_create_on_stream(&p, nullptr, &plan) == MOEJIT_ERROR_NO_DEVICE);
   CHECK(plan == nullptr);
   CHECK(std::string(moejit_last_error()).size() > 10);
   CHECK(moejit_plan_memory(plan, nullptr) == MOEJIT_ERROR_INVALID_ARGUMENT);

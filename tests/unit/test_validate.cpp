@@ -90,6 +90,16 @@ TEST_CASE("hidden and intermediate stay below 2^28, each named on its own", "[va
   CHECK(rejected_argument(problem(kBound + 1, kBound - 1)) == "hidden");
 }
 
+TEST_CASE("the weights are at most 2^61 elements, so their byte counts cannot wrap", "[validate]") {
+  // Each dimension within its own bound; E * 2I * H = 2^61 exactly at E = 64, H = I = 2^27.
+  const auto problem = [](int experts) {
+    return MoeProblem{1, experts, 1 << 27, 1 << 27, 1, DType::kBF16, Mode::kInference};
+  };
+  CHECK(rejected_argument(problem(64)).empty());
+  CHECK(rejected_argument(problem(65)) == "hidden");
+  CHECK_THROWS_WITH(validate_problem(problem(4096)), Catch::Contains("at most 2^61"));
+}
+
 TEST_CASE("checking mode rejects the first token that names one expert twice", "[validate]") {
   const std::vector<std::int32_t> distinct = {0, 1, 2, 3, 2, 1, 7, 0, 5};
   CHECK_NOTHROW(check_distinct_experts(distinct.data(), 3, 3));
@@ -182,6 +192,8 @@ cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
   const std::uintptr_t n = a >> 30;
   if (n < 1 || n > 16 || (a & ((1u << 30) - 1)) >= (960u << 20)) return {};
   if (n == 6) return {gib6_kind, 0};
+  // GiB 9 holds allocations of 256 MiB each, back to back; elsewhere the range is not reported.
+  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~((std::uintptr_t{1} << 28) - 1), std::size_t{1} << 28};
   return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0};
 }
 
@@ -222,6 +234,12 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
              Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the memory"));
   late.x = static_cast<char*>(gib(2)) + (944u << 20);  // ends at 960 MiB exactly
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // Across two allocations, both device 0's: each byte alone passes, the range does not.
+  late.x = static_cast<char*>(gib(9)) + (250u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the allocation there"));
+  late.x = static_cast<char*>(gib(9)) + (240u << 20);  // ends where its allocation does
   CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
   // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
   const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
