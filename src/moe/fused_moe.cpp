@@ -174,12 +174,16 @@ void FusedMoe::forward(const ForwardArgs& a) {
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   if (s.options.check_expert_ids) s.require_uncaptured(stream);
-  s.unusable_saved[a.saved] = "a forward() into it stopped part-way";
-  s.run_routing(f.routing, f.dropped_count);
-  if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
-  s.launch(Role::kFwdUp, &f.fwd_up, stream);
-  s.launch(Role::kFwdDown, &f.fwd_down, stream);
-  s.launch(Role::kGatherSum, &f.gather_out, stream);
+  try {
+    s.run_routing(f.routing, f.dropped_count);
+    if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
+    s.launch(Role::kFwdUp, &f.fwd_up, stream);
+    s.launch(Role::kFwdDown, &f.fwd_down, stream);
+    s.launch(Role::kGatherSum, &f.gather_out, stream);
+  } catch (...) {
+    s.unusable_saved[a.saved] = "a forward() into it stopped part-way";
+    throw;
+  }
   s.unusable_saved.erase(a.saved);
 }
 
