@@ -1,6 +1,6 @@
 // bwd_down: d_act = dO[gathered] . W2[e] for each token tile and BN intermediate columns, then
 // in the epilogue, from the saved pre-activations [g | u] and the router score s of each row:
-//   ds[pair]     += sum_i d_act * act           (fp32 atomics; act = silu(g) * u recomputed)
+//   ds[pair][j]  += sum over i in 64j .. 64j + 63 of d_act * act   (act = silu(g) * u recomputed)
 //   d_pre_act     = [dg | du] of act, with s folded into d(act) = s * d_act
 //   weighted_act  = s * act                      (for dW2; skipped when null)
 // d_pre_act may alias pre_act (memory-efficient mode): each element is read before it is
@@ -41,7 +41,7 @@ struct BwdDownParams {
   const void* pre_act;  // [TK, 2I]
   void* d_pre_act;      // [TK, 2I], may equal pre_act
   void* weighted_act;   // [weighted_act_rows, I] or null
-  float* ds_acc;        // [TK] by flat pair, zeroed before the launch
+  float* ds_acc;        // [TK, ds_slots] by flat pair, zeroed before the launch (kDsSlotColumns)
   RoutingView routing;  // experts: one past the last expert of the launch
   int32 hidden;
   int32 inter;
@@ -52,8 +52,17 @@ struct BwdDownParams {
   int32 expert_begin;        // the launch's first expert
   int32 weighted_act_rows;   // weighted_act's rows, from expert_begin's first
   int32 n_begin, n_end;      // the launch's columns of I
-  int32 wact_ld;             // weighted_act's row stride in elements: n_end - n_begin or I
+  int32 wact_ld;             // weighted_act's row stride in elements: a full column chunk's width (dW1's buffer) or I
+  int32 ds_slots;            // ceil(I / kDsSlotColumns)
 };
+
+// The score gradient of a pair, sum_i d_act * act, is summed over each 64 columns of I apart, into
+// a slot of its own that gather_sum then adds up in slot order: every slot is written by one warp,
+// by two for warps 32 columns wide (two fp32 adds onto zero commute), or by four or more in turn
+// behind a barrier, so the sum comes out the same bits on every run, where one fp32 atomic per row
+// and column tile summed in the order they landed. Every config sums the same columns into a slot,
+// so the tuner compares slots directly.
+constexpr int kDsSlotColumns = 64;
 
 // Which bwd_down configs hand their tiles to an epilogue warpgroup: the persistent ones wider than
 // 128 columns, whose g and u tiles would not fit beside the stages (tuner/role_traits.cpp).
@@ -166,6 +175,12 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
     return rs;
   };
   // The epilogue proper, with the tile's g and u in shared memory (TMA) or read from pre_act.
+  constexpr int kSlotNi = kDsSlotColumns / 8;  // 8-column groups per score-gradient slot
+  static_assert(Mma::kWarpN % kDsSlotColumns == 0 || kDsSlotColumns % Mma::kWarpN == 0,
+                "a warp's columns are whole slots, or a slot is whole warps'");
+  // Warps adding into each slot: two adds onto zero commute; four or more (the mma.sync path's
+  // 16-row tiles, every warp along N) add in turn.
+  constexpr int kSlotWriters = Mma::kWarpN >= kDsSlotColumns ? 1 : kDsSlotColumns / Mma::kWarpN;
   const auto finish = [&](const TokenWork& w, const RowScores& rs) {
     const int lane = threadIdx.x & 31;
     T* const wact = wact_of(w);
@@ -178,7 +193,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
         const bool valid = pair >= 0;
         const int64 row = w.tile.row0 + r;
         const float s = rs.s[mi][half];
-        float ds = 0.f;
+        float ds = 0.f;  // over the current slot's columns
         uint32 wa_words[4];  // kQuadWact: packed weighted activations of four 8-column groups
 #pragma unroll
         for (int ni = 0; ni < Mma::kNi; ++ni) {
@@ -186,60 +201,76 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
           const bool in_range = valid && col < p.n_end;
           // TMA reads g and u from shared memory, so out-of-range elements compute harmlessly
           // (and are not stored); the quad transpose below needs every lane.
-          if (!kQuadWact && !in_range) continue;
-          const int64 gi = row * 2 * p.inter + col;
-          const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
-          float g[2], u[2], dg[2], du[2], wa[2];
-          // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
-          const bool both = ALIGNED || col + 1 < p.n_end;
-          if (TMA) {
-            load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
-            load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
-          } else if (ALIGNED) {
-            load_float2(pre + gi, g[0], g[1]);
-            load_float2(pre + gi + p.inter, u[0], u[1]);
-          } else {
-            g[0] = load_float(pre + gi);
-            u[0] = load_float(pre + gi + p.inter);
-            g[1] = both ? load_float(pre + gi + 1) : 0.f;
-            u[1] = both ? load_float(pre + gi + 1 + p.inter) : 0.f;
-          }
+          if (kQuadWact || in_range) {
+            const int64 gi = row * 2 * p.inter + col;
+            const float da[2] = {mma.acc[mi][ni][2 * half], mma.acc[mi][ni][2 * half + 1]};
+            float g[2], u[2], dg[2], du[2], wa[2];
+            // Column pairs: with I a multiple of 8 both columns exist and are 4-byte aligned.
+            const bool both = ALIGNED || col + 1 < p.n_end;
+            if (TMA) {
+              load_float2(pre_smem(g_tile, r, mma.col(ni)), g[0], g[1]);
+              load_float2(pre_smem(u_tile, r, mma.col(ni)), u[0], u[1]);
+            } else if (ALIGNED) {
+              load_float2(pre + gi, g[0], g[1]);
+              load_float2(pre + gi + p.inter, u[0], u[1]);
+            } else {
+              g[0] = load_float(pre + gi);
+              u[0] = load_float(pre + gi + p.inter);
+              g[1] = both ? load_float(pre + gi + 1) : 0.f;
+              u[1] = both ? load_float(pre + gi + 1 + p.inter) : 0.f;
+            }
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            ds += in_range && (j == 0 || both) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
-            SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
-            wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
-          }
-          if (TMA) {
-            // Over g and u, the same elements this thread read: stored by store_d_pre_act.
-            store_float2(pre_smem(g_tile, r, mma.col(ni)), dg[0], dg[1]);
-            store_float2(pre_smem(u_tile, r, mma.col(ni)), du[0], du[1]);
-            if (!kQuadWact && wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
-          } else if (ALIGNED) {
-            store_float2(dpre + gi, dg[0], dg[1]);
-            store_float2(dpre + gi + p.inter, du[0], du[1]);
-            if (wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
-          } else {
-            for (int j = 0; j < (both ? 2 : 1); ++j) {
-              store_float(dpre + gi + j, dg[j]);
-              store_float(dpre + gi + j + p.inter, du[j]);
-              if (wact != nullptr) store_float(wact + row * p.wact_ld + col + j, wa[j]);
+            for (int j = 0; j < 2; ++j) {
+              ds += in_range && (j == 0 || both) ? da[j] * SwiGlu::act(g[j], u[j]) : 0.f;
+              SwiGlu::backward(g[j], u[j], s * da[j], dg[j], du[j]);
+              wa[j] = SwiGlu::weighted_act(g[j], u[j], s);
+            }
+            if (TMA) {
+              // Over g and u, the same elements this thread read: stored by store_d_pre_act.
+              store_float2(pre_smem(g_tile, r, mma.col(ni)), dg[0], dg[1]);
+              store_float2(pre_smem(u_tile, r, mma.col(ni)), du[0], du[1]);
+              if (!kQuadWact && wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
+            } else if (ALIGNED) {
+              store_float2(dpre + gi, dg[0], dg[1]);
+              store_float2(dpre + gi + p.inter, du[0], du[1]);
+              if (wact != nullptr) store_float2(wact + row * p.wact_ld + col, wa[0], wa[1]);
+            } else {
+              for (int j = 0; j < (both ? 2 : 1); ++j) {
+                store_float(dpre + gi + j, dg[j]);
+                store_float(dpre + gi + j + p.inter, du[j]);
+                if (wact != nullptr) store_float(wact + row * p.wact_ld + col + j, wa[j]);
+              }
+            }
+            if constexpr (kQuadWact) {
+              wa_words[ni % 4] = DTypeTraits<T>::pack2(wa[0], wa[1]);
+              if (ni % 4 == 3 && wact != nullptr) {
+                // This lane now holds the 8 columns of group ni - 3 + q (q = lane % 4).
+                quad_transpose(wa_words);
+                const int chunk = w.n0 + mma.n0 + (ni - 3 + (lane & 3)) * 8;
+                if (valid && chunk < p.n_end) store_uint4(wact + row * p.wact_ld + chunk, wa_words);
+              }
             }
           }
-          if constexpr (kQuadWact) {
-            wa_words[ni % 4] = DTypeTraits<T>::pack2(wa[0], wa[1]);
-            if (ni % 4 == 3 && wact != nullptr) {
-              // This lane now holds the 8 columns of group ni - 3 + q (q = lane % 4).
-              quad_transpose(wa_words);
-              const int chunk = w.n0 + mma.n0 + (ni - 3 + (lane & 3)) * 8;
-              if (valid && chunk < p.n_end) store_uint4(wact + row * p.wact_ld + chunk, wa_words);
+          // At the end of a slot's columns (or of the warp's, 32 wide): the four lanes of a row
+          // hold them; reduce, then one add per row and warp into the row's slot.
+          if ((ni + 1) % kSlotNi == 0 || ni == Mma::kNi - 1) {
+            ds += __shfl_xor_sync(kFullWarp, ds, 1);
+            ds += __shfl_xor_sync(kFullWarp, ds, 2);
+            const int slot_col = w.n0 + mma.n0 + ni / kSlotNi * kDsSlotColumns;
+            const bool add = valid && (lane & 3) == 0 && slot_col < p.n_end;
+            const int64 slot = static_cast<int64>(pair) * p.ds_slots + slot_col / kDsSlotColumns;
+            if constexpr (kSlotWriters <= 2) {
+              if (add) atomicAdd(p.ds_acc + slot, ds);
+            } else {
+#pragma unroll
+              for (int turn = 0; turn < kSlotWriters; ++turn) {
+                if (add && mma.n0 % kDsSlotColumns / Mma::kWarpN == turn) atomicAdd(p.ds_acc + slot, ds);
+                sync_mma_threads<kThreads>();
+              }
             }
+            ds = 0.f;
           }
         }
-        // The four lanes of a row hold its columns: reduce, then one atomic per row and warp.
-        ds += __shfl_xor_sync(kFullWarp, ds, 1);
-        ds += __shfl_xor_sync(kFullWarp, ds, 2);
-        if (valid && (lane & 3) == 0) atomicAdd(p.ds_acc + pair, ds);
       }
   };
   // TMA: writes the dg and du tiles finish() left in shared memory to d_pre_act, by TMA when the
@@ -304,16 +335,18 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               gw[j][part] = *reinterpret_cast<const uint2*>(pre + gi);
               uw[j][part] = *reinterpret_cast<const uint2*>(pre + gi + p.inter);
             }
-          // The eight rows' ds sums reduce together (warp_sum_each): 10 shuffles where one
-          // warp_sum per row took 40.
+          // A row's 256 columns are four score-gradient slots: of each 128-column part, lanes
+          // 0-15 hold the first 64 and lanes 16-31 the second. The eight rows' two sums per lane
+          // reduce together over each half-warp (warp_sum_each): 15 shuffles.
           constexpr int kSumRows = 8;
-          float ds[kSumRows];
+          static_assert(kDsSlotColumns == 64, "a half-warp's chunks of a part are one slot");
+          float ds[2 * kSumRows];  // [row][part]
 #pragma unroll
           for (int j = 0; j < kRows; ++j) {
             const int32 pair = __shfl_sync(kFullWarp, lane_pair, i + j);
             const float s = __shfl_sync(kFullWarp, lane_s, i + j);
-            float& row_ds = ds[j % kSumRows];
-            row_ds = 0.f;
+            float* const row_ds = ds + 2 * (j % kSumRows);
+            row_ds[0] = row_ds[1] = 0.f;
             if (pair >= 0) {  // the same for the whole warp: rows past the tile's come last
               const int r = warp + kEpilogueWarps * (i + j);
               const int64 row = w.tile.row0 + r;
@@ -334,7 +367,7 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
                   for (int e = 0; e < 2; ++e) {
                     const float g = word_element<T>(gws, 2 * h + e);
                     const float u = word_element<T>(uws, 2 * h + e);
-                    row_ds += d[2 * h + e] * SwiGlu::act(g, u);
+                    row_ds[part] += d[2 * h + e] * SwiGlu::act(g, u);
                     SwiGlu::backward(g, u, s * d[2 * h + e], dg[e], du[e]);
                     wa[e] = SwiGlu::weighted_act(g, u, s);
                   }
@@ -349,11 +382,14 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               }
             }
             if (j % kSumRows == kSumRows - 1) {
-              // Lane l holds the total of row j + 1 - kSumRows + l / (32 / kSumRows); one atomic
-              // per row, from its first lane.
-              const float total = warp_sum_each(ds);
-              const int32 row_pair = __shfl_sync(kFullWarp, lane_pair, i + j + 1 - kSumRows + lane / (32 / kSumRows));
-              if (lane % (32 / kSumRows) == 0 && row_pair >= 0) atomicAdd(p.ds_acc + row_pair, total);
+              // Lane l holds, over its half-warp h = l / 16, row j + 1 - kSumRows + (l % 16) / 2's
+              // sum for part l % 2: the tile's slot 2 (l % 2) + h. One add per slot.
+              const float total = warp_sum_each<2 * kSumRows, 16>(ds);
+              const int32 row_pair = __shfl_sync(kFullWarp, lane_pair, i + j + 1 - kSumRows + (lane % 16) / 2);
+              const int slot_col = w.n0 + kDsSlotColumns * (2 * (lane % 2) + lane / 16);
+              if (row_pair >= 0 && slot_col < p.n_end) {
+                atomicAdd(p.ds_acc + static_cast<int64>(row_pair) * p.ds_slots + slot_col / kDsSlotColumns, total);
+              }
             }
           }
         }

@@ -34,7 +34,7 @@ struct BwdDw2Params {
   TensorMap dw2_map;           // TMA: dW2 as [E, H, I], boxes 64 x a warpgroup's rows x 1 (persistent stores)
   int32 weighted_act_rows;     // weighted_act's rows, from the launch's first sorted row
   int32 n_begin, n_end;        // the launch's columns of I
-  int32 wact_ld;               // weighted_act's row stride in elements: n_end - n_begin or I
+  int32 wact_ld;               // weighted_act's row stride in elements: a full column chunk's width (dW1's buffer) or I
 };
 
 template <typename T, int BM, int BN, int BK, int STAGES, int WARPS, int WM, int GROUP_M, bool WGMMA, bool WS, bool ALIGNED, bool TMA, int CLUSTER, bool PERSISTENT, bool FUSED_ACT>

@@ -2,13 +2,15 @@
 // grid (tokens x hidden blocks) so that small T still fills the GPU.
 //   sum (SCATTER false): tokens[t] = sum_k s[t,k] * rows[pair_rows[t*K + k]] in fp32. Without
 //     scores it is the plain sum that turns bwd_dx's per-slot rows into dx; that launch also
-//     writes d_topk_weights from bwd_down's fp32 accumulators.
+//     writes d_topk_weights, each pair's sum of bwd_down's fp32 slots (one per 64 columns of I)
+//     added by one warp in one order, so the same bits on every run and at every block size.
 //   scatter (SCATTER true): rows[pair_rows[t*K + k]] = tokens[t], the pre-gather that lets the
 //     TMA configs of fwd_up, bwd_down, bwd_dw2 and bwd_dw1 bulk-copy their token rows.
 // Dropped pairs (row >= routed count) are skipped either way.
 #pragma once
 
 #include "common/dtype.cuh"
+#include "common/warp.cuh"
 
 namespace moejit {
 
@@ -18,11 +20,12 @@ struct GatherSumParams {
   const int32* pair_rows;      // [T*K] flat pair -> sorted row
   const int32* expert_offsets; // [E+2]; [E] = routed pairs
   void* tokens;                // [T, H]: the sum writes it, the scatter reads it
-  const float* ds_acc;         // [T*K] or null
+  const float* ds_acc;         // [T*K, ds_slots] or null
   void* ds_out;                // [T, K] or null
   int32 hidden;
   int32 topk;
   int32 experts;
+  int32 ds_slots;
 };
 
 // VEC consecutive elements of a row, held as loaded (one 16-byte word when VEC is 8: rows
@@ -86,8 +89,14 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
   const int64 t = blockIdx.x;
   const int64 first_pair = t * p.topk;
   if (!SCATTER && p.ds_out != nullptr && blockIdx.y == 0) {
-    for (int k = threadIdx.x; k < p.topk; k += THREADS) {
-      store_float(static_cast<T*>(p.ds_out) + first_pair + k, p.ds_acc[first_pair + k]);
+    static_assert(THREADS % 32 == 0, "whole warps");
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(lane_id());
+    for (int k = warp; k < p.topk; k += THREADS / 32) {
+      const float* slots = p.ds_acc + (first_pair + k) * p.ds_slots;
+      float ds = 0.f;
+      for (int j = lane; j < p.ds_slots; j += 32) ds += slots[j];
+      ds = warp_sum(ds);
+      if (lane == 0) store_float(static_cast<T*>(p.ds_out) + first_pair + k, ds);
     }
   }
   const int h0 = (static_cast<int>(blockIdx.y) * THREADS + static_cast<int>(threadIdx.x)) * VEC;

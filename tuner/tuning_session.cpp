@@ -274,7 +274,7 @@ std::vector<TuningSession::Span> TuningSession::outputs_of(Role role) const {
     case Role::kFwdDown: return {{ptr(at(fwd_ws_, layout_.y)), 2 * TK * H}};
     case Role::kGatherSum: return {{out_.get(), 2 * T * H}};
     case Role::kBwdDown: {
-      // d_pre_act, the weighted activation bwd_dw2 reads, and the score gradients' fp32 sums.
+      // d_pre_act, the weighted activation bwd_dw2 reads, and the score gradients' fp32 slots.
       std::vector<Span> out = {{ptr(at(bwd_ws_, layout_.d_pre_act)), 2 * TK * 2 * I}};
       if (bwd_.bwd_down.weighted_act != nullptr) out.push_back({weighted_act_.get(), 2 * TK * I});
       out.push_back({ptr(bwd_.ds_acc), bwd_.ds_count * sizeof(float), true});
@@ -313,7 +313,8 @@ double TuningSession::diff(Role role) {
     }
     double sums[3] = {0, 0, 0};  // sum of squared differences, of squared references, non-finite count
     if (s.fp32) {
-      // Few values (one per pair): compared here rather than by a kernel of their own.
+      // Few values (a pair's score-gradient slots, one per 64 columns of I): compared here
+      // rather than by a kernel of their own.
       std::vector<float> got(s.bytes / sizeof(float)), ref(got.size());
       MOEJIT_CU(d.cuMemcpyDtoH(got.data(), s.ptr, s.bytes));
       MOEJIT_CU(d.cuMemcpyDtoH(ref.data(), want, s.bytes));

@@ -85,6 +85,19 @@ def test_inference_mode_without_grad(case):
     assert torch.equal(out, again)
 
 
+def test_deterministic_algorithms_get_the_same_bits_twice():
+    was_on, was_warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        x, w1, w2, ids, weights, d_out = make_case(1024, 128, 2048, 768, 8, dtype=torch.bfloat16)
+        first = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+        again = run(mt.fused_moe, (x, w1, w2, ids, weights), d_out)
+        for name, a, b in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), first, again):
+            assert torch.equal(a, b), name
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+
 def test_router_dtypes_int64_ids_and_fp32_weights():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     assert ids.dtype == torch.int64

@@ -82,6 +82,7 @@ struct GatherSum {  // templates/gather_sum.cuh
   std::int32_t hidden;
   std::int32_t topk;
   std::int32_t experts;
+  std::int32_t ds_slots;
 };
 
 struct BwdDown {  // templates/bwd_down.cuh
@@ -104,6 +105,7 @@ struct BwdDown {  // templates/bwd_down.cuh
   std::int32_t weighted_act_rows;
   std::int32_t n_begin, n_end;
   std::int32_t wact_ld;
+  std::int32_t ds_slots;
 };
 
 struct BwdDw2 {  // templates/bwd_dw2.cuh

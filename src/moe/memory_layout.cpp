@@ -48,6 +48,11 @@ int memeff_chunk_experts(const MoeShape& s, Mode mode) {
   return static_cast<int>(std::min<long long>(s.experts, dw1_rows_of_inter(s) / s.tokens));
 }
 
+int score_gradient_slots(const MoeShape& s) {
+  constexpr long long kSlotColumns = 64;  // templates/bwd_down.cuh: kDsSlotColumns
+  return static_cast<int>((s.intermediate + kSlotColumns - 1) / kSlotColumns);
+}
+
 MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
   MemoryLayout l;
   const std::size_t tk = static_cast<std::size_t>(s.pairs());
@@ -65,7 +70,7 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
   if (!l.routing_in_saved) l.routing_offset = place(l.forward_bytes, l.routing.total_bytes);
 
   if (mode != Mode::kInference) {
-    l.ds_acc = place(l.backward_bytes, tk * sizeof(float));
+    l.ds_acc = place(l.backward_bytes, tk * static_cast<std::size_t>(score_gradient_slots(s)) * sizeof(float));
     l.dx_rows = place(l.backward_bytes, tk * h * elt);
     // The weighted activation lives in dW1's buffer wherever it fits (bwd_dw1 writes dW1 last):
     // whole in training mode, in chunks where needed in memory-efficient mode.

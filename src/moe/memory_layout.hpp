@@ -3,7 +3,7 @@
 //
 //   saved (training modes)  routing outputs | pre_act [TK, 2I]
 //   forward workspace        act [TK, I] | y [TK, H] | routing (inference only)
-//   backward workspace       ds_acc [TK] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and,
+//   backward workspace       ds_acc [TK, slots] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and,
 //                            where TK > 2 E H, weighted_act [TK, I] (default mode: below that
 //                            it lives in dW1's buffer; memory-efficient mode writes d_pre_act
 //                            over pre_act and keeps weighted_act in dW1's buffer always,
@@ -68,6 +68,10 @@ bool memeff_recomputes_act(const MoeShape& shape, Mode mode);
 // 2 E H / T of them, each launch pair's rows stored from the buffer's start; and one where
 // even one expert's does not fit (column chunks, memeff_chunk_columns).
 int memeff_chunk_experts(const MoeShape& shape, Mode mode);
+
+// bwd_down's fp32 slots per pair for the score gradient, one per 64 columns of I, which
+// gather_sum adds up in order (templates/bwd_down.cuh, kDsSlotColumns): ceil(I / 64).
+int score_gradient_slots(const MoeShape& shape);
 
 MemoryLayout memory_layout(const MoeShape& shape, Mode mode, int block_m);
 

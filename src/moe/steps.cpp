@@ -52,8 +52,9 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   void* weighted_act = l.weighted_act_in_dw1 ? a.dw1 : memeff ? nullptr : at(a.workspace, l.weighted_act);
   void* dx_rows = at(a.workspace, l.dx_rows);
   BackwardSteps s{};
+  const int ds_slots = score_gradient_slots(shape_of(p));
   s.ds_acc = reinterpret_cast<float*>(at(a.workspace, l.ds_acc));
-  s.ds_count = static_cast<std::size_t>(p.tokens * p.topk);
+  s.ds_count = static_cast<std::size_t>(p.tokens * p.topk) * static_cast<std::size_t>(ds_slots);
   s.scatter_d_out = scatter(a.d_out, dx_rows, rb, p);
   s.bwd_down = {a.d_out, dx_rows, a.w2, a.topk_weights, pre_act, d_pre_act, weighted_act, s.ds_acc, view, h, i};
   s.bwd_dw2 = {a.d_out, dx_rows, weighted_act, pre_act, a.topk_weights, a.dw2, view, h, i};
@@ -62,11 +63,12 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.bwd_down.n_begin = s.bwd_dw2.n_begin = 0;
   s.bwd_down.n_end = s.bwd_dw2.n_end = l.chunk_columns;  // the first column chunk's, where there are several
   s.bwd_down.wact_ld = s.bwd_dw2.wact_ld = l.weighted_act_in_dw1 ? l.chunk_columns : i;
+  s.bwd_down.ds_slots = ds_slots;
   s.chunk_experts = l.chunk_experts;
   s.chunk_columns = l.chunk_columns;
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
-                 h,       p.topk,  p.experts};
+                 h,       p.topk,  p.experts,        ds_slots};
   s.scatter_x = scatter(a.x, dx_rows, rb, p);
   s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
   s.dw2_first = memeff && !l.weighted_act_in_dw1;  // it reads pre_act before bwd_down overwrites it

@@ -20,7 +20,7 @@ struct ForwardSteps {
 };
 
 struct BackwardSteps {
-  float* ds_acc;  // zeroed before bwd_down, which accumulates into it
+  float* ds_acc;  // [TK, score_gradient_slots]: zeroed before bwd_down, which adds into it
   std::size_t ds_count;
   // dO into dx_rows in sorted order, before bwd_down and bwd_dw2 (when they read d_out_rows);
   // bwd_dx overwrites it.

@@ -58,18 +58,20 @@ __device__ __forceinline__ V warp_sum(V v) {
   return v;
 }
 
-// Sums each of N values (2, 4 or 8) over the warp: lane l returns the total of v[l / (32 / N)].
-// Each of the first log2(N) steps halves what a lane keeps, trading the other half with its
-// partner: 6 shuffles for four values where four warp_sums take 20.
-template <int N>
+// Sums each of N values over every WIDTH lanes (the warp, or its halves): lane l returns the
+// total over its segment of v[(l % WIDTH) / (WIDTH / N)]. Each of the first log2(N) steps halves
+// what a lane keeps, trading the other half with its partner: 6 shuffles for four values over
+// the warp where four warp_sums take 20.
+template <int N, int WIDTH = 32>
 __device__ __forceinline__ float warp_sum_each(const float (&v)[N]) {
-  static_assert(N == 2 || N == 4 || N == 8, "a power of two up to 8");
+  static_assert(WIDTH == 16 || WIDTH == 32, "the warp or its halves");
+  static_assert(N >= 2 && N <= WIDTH && (N & (N - 1)) == 0, "a power of two up to the segment's lanes");
   const uint32 lane = lane_id();
   float a[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) a[k] = v[k];
 #pragma unroll
-  for (int half = N / 2, mask = 16; half >= 1; half /= 2, mask /= 2) {
+  for (int half = N / 2, mask = WIDTH / 2; half >= 1; half /= 2, mask /= 2) {
     const bool high = (lane & mask) != 0;  // keeps values half .. 2 half - 1
 #pragma unroll
     for (int k = 0; k < half; ++k) {
@@ -77,7 +79,7 @@ __device__ __forceinline__ float warp_sum_each(const float (&v)[N]) {
     }
   }
 #pragma unroll
-  for (int mask = 16 / N; mask >= 1; mask /= 2) a[0] += __shfl_xor_sync(kFullWarp, a[0], mask);
+  for (int mask = WIDTH / N / 2; mask >= 1; mask /= 2) a[0] += __shfl_xor_sync(kFullWarp, a[0], mask);
   return a[0];
 }
 

@@ -63,7 +63,8 @@ TEST_CASE("problem memory is known on the host and matches the layout a plan use
   REQUIRE(moejit_problem_memory(&p, &train) == MOEJIT_OK);
   CHECK(train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2);
   CHECK(train.forward_workspace_bytes == 128 * 64 * 2 + 128 * 128 * 2);
-  // ds_acc, dx_rows and d_pre_act; the weighted activation [128, 64] lives in dW1's buffer.
+  // ds_acc (I = 64: one fp32 slot a pair), dx_rows and d_pre_act; the weighted activation
+  // [128, 64] lives in dW1's buffer.
   CHECK(train.backward_workspace_bytes == 512 + 2 * 128 * 128 * 2);
 
   p.mode = MOEJIT_MODE_MEMORY_EFFICIENT;

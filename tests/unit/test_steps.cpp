@@ -180,10 +180,13 @@ TEST_CASE("training keeps the weighted activation in dW1's buffer where it fits 
     CHECK(bs.bwd_down.weighted_act == wact);
     CHECK(bs.bwd_dw2.weighted_act == wact);
     CHECK(bs.bwd_down.wact_ld == 768);
-    // The workspace: ds_acc, dx_rows, d_pre_act, and the weighted activation only where it
-    // does not fit dW1's buffer.
+    // The workspace: ds_acc (I = 768: 12 fp32 slots a pair), dx_rows, d_pre_act, and the
+    // weighted activation only where it does not fit dW1's buffer.
+    CHECK(bs.ds_count == tk * 12);
+    CHECK(bs.bwd_down.ds_slots == 12);
+    CHECK(bs.gather_dx.ds_slots == 12);
     const std::size_t round = 256, wact_bytes = tk * 768 * 2;
-    CHECK(l.backward_bytes == (tk * 4 + round - 1) / round * round + tk * 2048 * 2 + tk * 1536 * 2 +
+    CHECK(l.backward_bytes == (tk * 12 * 4 + round - 1) / round * round + tk * 2048 * 2 + tk * 1536 * 2 +
                                   (in_dw1 ? 0 : wact_bytes));
   }
 }
@@ -263,4 +266,19 @@ TEST_CASE("past T = 2 E H a memory-efficient chunk launches bwd_down and bwd_dw2
   token.grid = {22};  // 7 m tiles x 3 column tiles of 256 (I = 640) in pairs: 21 rounded up to 22
   CHECK(column_subset(token, 640, 512, 256).grid.x == 16);  // >= 7 x 2 tiles, in pairs
   CHECK(column_subset(token, 640, 128, 256).grid.x == 8);   // >= 7 x 1
+}
+
+TEST_CASE("the score gradient takes one fp32 slot a pair for each 64 columns of I", "[steps]") {
+  // templates/bwd_down.cuh sums each 64 columns into a slot of their own (kDsSlotColumns).
+  const auto slots = [](int inter) { return score_gradient_slots(MoeShape{1024, 8, 256, inter, 2}); };
+  CHECK(slots(1) == 1);
+  CHECK(slots(64) == 1);
+  CHECK(slots(65) == 2);
+  CHECK(slots(768) == 12);
+  CHECK(slots(14336) == 224);
+  // Column chunks cover whole slots: every chunk but the last is a multiple of 256 columns.
+  const MoeProblem p{1100, 2, 256, 640, 2, DType::kBF16, Mode::kMemoryEfficient};
+  const BackwardSteps bs = backward_steps(backward_args(), p, memory_layout(p));
+  CHECK(bs.chunk_columns % 64 == 0);
+  CHECK(expert_chunk(bs, 0, bs.chunk_columns).bwd_down.ds_slots == 10);
 }
