@@ -178,8 +178,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   constexpr int kSlotNi = kDsSlotColumns / 8;  // 8-column groups per score-gradient slot
   static_assert(Mma::kWarpN % kDsSlotColumns == 0 || kDsSlotColumns % Mma::kWarpN == 0,
                 "a warp's columns are whole slots, or a slot is whole warps'");
+  static_assert(BN % kDsSlotColumns == 0, "tiles start on slot boundaries");
   // Warps adding into each slot: two adds onto zero commute; four or more (the mma.sync path's
-  // 16-row tiles, every warp along N) add in turn.
+  // 16- and 32-row tiles, whose warps lie mostly along N) add in turn. A turn is the warp's place
+  // within its slot, from the tile-local column: tiles and launches start on slot boundaries
+  // (BLOCK_N and n_begin multiples of 64).
   constexpr int kSlotWriters = Mma::kWarpN >= kDsSlotColumns ? 1 : kDsSlotColumns / Mma::kWarpN;
   const auto finish = [&](const TokenWork& w, const RowScores& rs) {
     const int lane = threadIdx.x & 31;
