@@ -57,7 +57,7 @@ struct BwdDownParams {
 };
 
 // The score gradient of a pair, sum_i d_act * act, is summed over each 64 columns of I apart, into
-// a slot of its own that gather_sum then adds up in slot order: every slot is written by one warp,
+// a slot of its own that gather_sum then adds up in one fixed order: every slot is written by one warp,
 // by two for warps 32 columns wide (two fp32 adds onto zero commute), or by four or more in turn
 // behind a barrier, so the sum comes out the same bits on every run, where one fp32 atomic per row
 // and column tile summed in the order they landed. Every config sums the same columns into a slot,
@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               }
             }
           }
-          // At the end of a slot's columns (or of the warp's, 32 wide): the four lanes of a row
-          // hold them; reduce, then one add per row and warp into the row's slot.
+          // At the end of a slot's columns, or of the warp's where a slot is several warps': the
+          // four lanes of a row hold them; reduce, then one add per row and warp into its slot.
           if ((ni + 1) % kSlotNi == 0 || ni == Mma::kNi - 1) {
             ds += __shfl_xor_sync(kFullWarp, ds, 1);
             ds += __shfl_xor_sync(kFullWarp, ds, 2);
