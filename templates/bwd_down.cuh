@@ -339,9 +339,11 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               uw[j][part] = *reinterpret_cast<const uint2*>(pre + gi + p.inter);
             }
           // A row's 256 columns are four score-gradient slots: of each 128-column part, lanes
-          // 0-15 hold the first 64 and lanes 16-31 the second. The eight rows' two sums per lane
-          // reduce together over each half-warp (warp_sum_each): 15 shuffles.
-          constexpr int kSumRows = 8;
+          // 0-15 hold the first 64 and lanes 16-31 the second. Four rows' two sums per lane reduce
+          // together over each half-warp (warp_sum_each): 8 shuffles. Eight rows' 16 sums at once
+          // took 15 shuffles but kept twice the registers live beside the g and u loads in flight.
+          constexpr int kSumRows = 4;
+          static_assert(kRows % kSumRows == 0, "whole reductions per batch of rows");
           static_assert(kDsSlotColumns == 64, "a half-warp's chunks of a part are one slot");
           float ds[2 * kSumRows];  // [row][part]
 #pragma unroll
@@ -385,12 +387,13 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
               }
             }
             if (j % kSumRows == kSumRows - 1) {
-              // Lane l holds, over its half-warp h = l / 16, row j + 1 - kSumRows + (l % 16) / 2's
-              // sum for part l % 2: the tile's slot 2 (l % 2) + h. One add per slot.
+              // Lanes l and l ^ 1 hold, over their half-warp h = l / 16, row j + 1 - kSumRows +
+              // (l % 16) / 4's sum for part (l / 2) % 2: the tile's slot 2 ((l / 2) % 2) + h. The
+              // even lane adds it, once per slot.
               const float total = warp_sum_each<2 * kSumRows, 16>(ds);
-              const int32 row_pair = __shfl_sync(kFullWarp, lane_pair, i + j + 1 - kSumRows + (lane % 16) / 2);
-              const int slot_col = w.n0 + kDsSlotColumns * (2 * (lane % 2) + lane / 16);
-              if (row_pair >= 0 && slot_col < p.n_end) {
+              const int32 row_pair = __shfl_sync(kFullWarp, lane_pair, i + j + 1 - kSumRows + (lane % 16) / 4);
+              const int slot_col = w.n0 + kDsSlotColumns * (2 * ((lane / 2) % 2) + lane / 16);
+              if (lane % 2 == 0 && row_pair >= 0 && slot_col < p.n_end) {
                 atomicAdd(p.ds_acc + static_cast<int64>(row_pair) * p.ds_slots + slot_col / kDsSlotColumns, total);
               }
             }

@@ -89,14 +89,37 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
   const int64 t = blockIdx.x;
   const int64 first_pair = t * p.topk;
   if (!SCATTER && p.ds_out != nullptr && blockIdx.y == 0) {
+    // A warp sums kDsPairs pairs at once, with all their loads in flight: one pair per round trip
+    // kept this block's rows waiting K round trips (session 39). Lane l adds slots l, l + 32, ...
+    // in order, then the lanes' sums meet in one fixed tree (warp_sum_each): the same bits
+    // whichever warp and block size sum the pair.
     static_assert(THREADS % 32 == 0, "whole warps");
+    // kDsChunks: slots per lane and pair loaded at once; four took the kernel from 71 registers
+    // to 76, and so fewer of its 32-thread blocks fit an SM.
+    constexpr int kDsPairs = 8, kDsChunks = 2;
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(lane_id());
-    for (int k = warp; k < p.topk; k += THREADS / 32) {
-      const float* slots = p.ds_acc + (first_pair + k) * p.ds_slots;
-      float ds = 0.f;
-      for (int j = lane; j < p.ds_slots; j += 32) ds += slots[j];
-      ds = warp_sum(ds);
-      if (lane == 0) store_float(static_cast<T*>(p.ds_out) + first_pair + k, ds);
+    for (int k0 = warp * kDsPairs; k0 < p.topk; k0 += THREADS / 32 * kDsPairs) {
+      float ds[kDsPairs];
+#pragma unroll
+      for (int k = 0; k < kDsPairs; ++k) ds[k] = 0.f;
+      for (int j0 = lane; j0 < p.ds_slots; j0 += 32 * kDsChunks) {
+        float v[kDsChunks][kDsPairs];
+#pragma unroll
+        for (int c = 0; c < kDsChunks; ++c)
+#pragma unroll
+          for (int k = 0; k < kDsPairs; ++k) {
+            const int j = j0 + 32 * c;
+            v[c][k] = k0 + k < p.topk && j < p.ds_slots ? p.ds_acc[(first_pair + k0 + k) * p.ds_slots + j] : 0.f;
+          }
+#pragma unroll
+        for (int c = 0; c < kDsChunks; ++c)
+#pragma unroll
+          for (int k = 0; k < kDsPairs; ++k) ds[k] += v[c][k];
+      }
+      // Lane l holds pair k0 + l / 4's total (32 / kDsPairs lanes each).
+      const float total = warp_sum_each<kDsPairs>(ds);
+      const int k = k0 + lane / (32 / kDsPairs);
+      if (lane % (32 / kDsPairs) == 0 && k < p.topk) store_float(static_cast<T*>(p.ds_out) + first_pair + k, total);
     }
   }
   const int h0 = (static_cast<int>(blockIdx.y) * THREADS + static_cast<int>(threadIdx.x)) * VEC;

@@ -244,6 +244,9 @@ const std::vector<CaseSpec>& issue_shapes() {
       {512, 8, 256, 64, 1}, {128, 8, 256, 64, 8},  {300, 16, 128, 64, 4, DType::kBF16, Routing::kOneExpert},
       {1, 8, 256, 128, 2},  {64, 8, 128, 64, 8},   {384, 16, 128, 96, 2, DType::kBF16, Routing::kEvenExpertsOnly},
       {2053, 8, 128, 64, 4},  // T·K past 2·E·H: training keeps the weighted activation in its workspace
+      // K past the 8 pairs a gather_sum warp sums at once, I past the 64 score-gradient slots
+      // of one round of its lanes (templates/gather_sum.cuh)
+      {40, 16, 64, 4232, 12},
   };
   return shapes;
 }
