@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
           // A row's 256 columns are four score-gradient slots: of each 128-column part, lanes
           // 0-15 hold the first 64 and lanes 16-31 the second. Four rows' two sums per lane reduce
           // together over each half-warp (warp_sum_each): 8 shuffles. Eight rows' 16 sums at once
-          // took 15 shuffles but kept twice the registers live beside the g and u loads in flight.
+          // took 15, but ptxas kept them in local memory (a 64-byte stack frame, not counted as a
+          // spill) beside the g and u loads in flight: 6 % of the role at T=32768 (session 40).
           constexpr int kSumRows = 4;
           static_assert(kRows % kSumRows == 0, "whole reductions per batch of rows");
           static_assert(kDsSlotColumns == 64, "a half-warp's chunks of a part are one slot");

@@ -25,4 +25,10 @@ int CompiledKernel::max_spill_bytes() const {
   return s;
 }
 
+int CompiledKernel::max_stack_bytes() const {
+  int s = 0;
+  for (const auto& k : resources) s = std::max(s, k.stack_bytes);
+  return s;
+}
+
 }  // namespace moejit::jit

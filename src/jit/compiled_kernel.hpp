@@ -24,6 +24,9 @@ struct CompiledKernel {
 
   int max_registers() const;
   int max_spill_bytes() const;  // stores + loads, worst entry
+  // Local memory ptxas gives arrays it cannot keep in registers: no spill in its count, yet every
+  // access a round trip (bwd_down's 16 score-gradient sums took 64 bytes and 6 %, session 40).
+  int max_stack_bytes() const;
 };
 
 }  // namespace moejit::jit

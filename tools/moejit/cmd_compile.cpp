@@ -87,14 +87,15 @@ int run_compile(int argc, char** argv, int start) {
 
   std::vector<jit::KernelSpec> specs;
   int pruned = 0;
-  fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7}  {}\n", "role", "config", "status", "ms", "regs", "spills",
-             "note");
+  // stack: bytes of local memory per thread, which ptxas does not count as spills.
+  fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7} {:>6}  {}\n", "role", "config", "status", "ms", "regs", "spills",
+             "stack", "note");
   for (Role r : roles) {
     for (const PruneDecision& d : prune_space(r, shape, device)) {
       if (d.reason) {
         ++pruned;
-        fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7}  {}\n", role_name(r), d.config.name(), "pruned", "-", "-",
-                   "-", *d.reason);
+        fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7} {:>6}  {}\n", role_name(r), d.config.name(), "pruned", "-",
+                   "-", "-", "-", *d.reason);
       } else {
         specs.push_back({r, d.config, shape.dtype, device.arch()});
       }
@@ -111,8 +112,8 @@ int run_compile(int argc, char** argv, int start) {
       ++failed;
       if (first_failure == nullptr) first_failure = &r;
       std::string first_line = r.error.substr(0, r.error.find('\n'));
-      fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
-                 "FAILED", r.wall_ms, "-", "-", first_line);
+      fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7} {:>6}  {}\n", role_name(r.spec.role), r.spec.config.name(),
+                 "FAILED", r.wall_ms, "-", "-", "-", first_line);
       continue;
     }
     const bool from_cache = r.origin != jit::Origin::kCompiled;
@@ -120,9 +121,9 @@ int run_compile(int argc, char** argv, int start) {
     std::string note = r.kernel->key.stem();
     // The advisory's code, e.g. (C7515): a serialized wgmma pipeline (src/jit/ptxas_info.hpp).
     for (const std::string& loss : r.kernel->performance_losses) note += "  ptxas " + loss.substr(0, loss.find(' '));
-    fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7}  {}\n", role_name(r.spec.role), r.spec.config.name(),
+    fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7} {:>6}  {}\n", role_name(r.spec.role), r.spec.config.name(),
                from_cache ? "cached" : "compiled", r.wall_ms, r.kernel->max_registers(), r.kernel->max_spill_bytes(),
-               note);
+               r.kernel->max_stack_bytes(), note);
   }
   fmt::print("\nplan (heuristic default per role):\n");
   for (Role r : roles) {
