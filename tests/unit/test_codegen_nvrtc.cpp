@@ -138,8 +138,10 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
   CHECK_THAT(losses[1], Catch::StartsWith("(C7510) wgmma.mma_async instructions are serialized"));
 }
 
-TEST_CASE("the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles too; no spills, no local memory",
-          "[codegen][nvrtc]") {
+TEST_CASE(
+    "the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles too; no spills, "
+    "no local memory",
+    "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
   const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
   std::vector<KernelSpec> specs;
