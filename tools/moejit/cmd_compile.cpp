@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "args.hpp"
@@ -64,6 +66,13 @@ void print_cache_costs(const std::vector<jit::CompileResult>& results) {
   fmt::print("in-process cache hit: {:.2f} us per kernel\n", us / (kRounds * ok.size()));
 }
 
+// One row of the table: every column as text, so the four kinds of row share one layout. stack
+// is a kernel's local memory per thread, which ptxas does not count as spills.
+void print_row(std::string_view role, std::string_view config, std::string_view status, std::string_view ms,
+               std::string_view regs, std::string_view spills, std::string_view stack, std::string_view note) {
+  fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7} {:>6}  {}\n", role, config, status, ms, regs, spills, stack, note);
+}
+
 }  // namespace
 
 int run_compile(int argc, char** argv, int start) {
@@ -87,15 +96,12 @@ int run_compile(int argc, char** argv, int start) {
 
   std::vector<jit::KernelSpec> specs;
   int pruned = 0;
-  // stack: bytes of local memory per thread, which ptxas does not count as spills.
-  fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7} {:>6}  {}\n", "role", "config", "status", "ms", "regs", "spills",
-             "stack", "note");
+  print_row("role", "config", "status", "ms", "regs", "spills", "stack", "note");
   for (Role r : roles) {
     for (const PruneDecision& d : prune_space(r, shape, device)) {
       if (d.reason) {
         ++pruned;
-        fmt::print("{:<12} {:<34} {:<10} {:>9} {:>5} {:>7} {:>6}  {}\n", role_name(r), d.config.name(), "pruned", "-",
-                   "-", "-", "-", *d.reason);
+        print_row(role_name(r), d.config.name(), "pruned", "-", "-", "-", "-", *d.reason);
       } else {
         specs.push_back({r, d.config, shape.dtype, device.arch()});
       }
@@ -112,8 +118,8 @@ int run_compile(int argc, char** argv, int start) {
       ++failed;
       if (first_failure == nullptr) first_failure = &r;
       std::string first_line = r.error.substr(0, r.error.find('\n'));
-      fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7} {:>6}  {}\n", role_name(r.spec.role), r.spec.config.name(),
-                 "FAILED", r.wall_ms, "-", "-", "-", first_line);
+      print_row(role_name(r.spec.role), r.spec.config.name(), "FAILED", fmt::format("{:.1f}", r.wall_ms), "-", "-", "-",
+                first_line);
       continue;
     }
     const bool from_cache = r.origin != jit::Origin::kCompiled;
@@ -121,9 +127,9 @@ int run_compile(int argc, char** argv, int start) {
     std::string note = r.kernel->key.stem();
     // The advisory's code, e.g. (C7515): a serialized wgmma pipeline (src/jit/ptxas_info.hpp).
     for (const std::string& loss : r.kernel->performance_losses) note += "  ptxas " + loss.substr(0, loss.find(' '));
-    fmt::print("{:<12} {:<34} {:<10} {:>9.1f} {:>5} {:>7} {:>6}  {}\n", role_name(r.spec.role), r.spec.config.name(),
-               from_cache ? "cached" : "compiled", r.wall_ms, r.kernel->max_registers(), r.kernel->max_spill_bytes(),
-               r.kernel->max_stack_bytes(), note);
+    print_row(role_name(r.spec.role), r.spec.config.name(), from_cache ? "cached" : "compiled",
+              fmt::format("{:.1f}", r.wall_ms), std::to_string(r.kernel->max_registers()),
+              std::to_string(r.kernel->max_spill_bytes()), std::to_string(r.kernel->max_stack_bytes()), note);
   }
   fmt::print("\nplan (heuristic default per role):\n");
   for (Role r : roles) {
