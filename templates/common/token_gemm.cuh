@@ -28,27 +28,27 @@ __device__ __forceinline__ bool token_item_work(const Grid& grid, int64 item, To
     w.store = true;
     return grid.work(item, w.tile, w.n0);
   } else {
-    TokenTile t[2];
-    int n[2];
-    bool ok[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) ok[j] = grid.work(2 * item + j, t[j], n[j]);
-    if (!ok[0] && !ok[1]) return false;
-    const int have = ok[0] ? 0 : 1;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      if (!ok[j]) {
-        t[j] = t[have];
-        n[j] = n[have];
-      }
+    // Two named records and selects, not arrays: indexed by the runtime rank, arrays of them
+    // lived in a 40-byte stack frame (session 40).
+    TokenTile t0, t1;
+    int n0, n1;
+    const bool ok0 = grid.work(2 * item, t0, n0);
+    const bool ok1 = grid.work(2 * item + 1, t1, n1);
+    if (!ok0 && !ok1) return false;
+    if (!ok0) {
+      t0 = t1;
+      n0 = n1;
+    } else if (!ok1) {
+      t1 = t0;
+      n1 = n0;
     }
     const uint32 rank = cluster_rank();
-    w.tile = t[rank];
-    w.n0 = n[rank];
-    w.store = ok[rank];
+    w.tile = rank == 0 ? t0 : t1;
+    w.n0 = rank == 0 ? n0 : n1;
+    w.store = rank == 0 ? ok0 : ok1;
     w.pair.rank = rank;
     w.pair.paired = true;
-    w.pair.shared = t[0].expert == t[1].expert && n[0] == n[1];
+    w.pair.shared = t0.expert == t1.expert && n0 == n1;
     return true;
   }
 }

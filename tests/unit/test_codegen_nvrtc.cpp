@@ -139,8 +139,8 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
 }
 
 TEST_CASE(
-    "the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles too; no spills, "
-    "no local memory",
+    "the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles and pairs too; "
+    "no spills, no local memory",
     "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
   const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
@@ -182,6 +182,18 @@ TEST_CASE(
   group.use_tma = group.persistent = true;
   REQUIRE_FALSE(prune_reason(Role::kBwdDown, group, shape, cuda::fabricated::for_arch("sm_90a")));
   specs.push_back({Role::kBwdDown, group, DType::kBF16, "sm_90a", true, false});
+  // A persistent cluster pair of every token GEMM role: each block picks its tile of the pair's
+  // two by its rank at run time.
+  TileConfig pair = test::hopper_gemm(128, 128, 64, 4, 8, true);
+  pair.use_tma = pair.persistent = true;
+  pair.cluster = 2;
+  int pair_specs = 0;
+  for (Role r : kAllRoles) {
+    if (role_kind(r) != RoleKind::kTokenGemm || prune_reason(r, pair, shape, cuda::fabricated::for_arch("sm_90a"))) continue;
+    specs.push_back({r, pair, DType::kBF16, "sm_90a", true, false});
+    ++pair_specs;
+  }
+  CHECK(pair_specs == 4);
   std::vector<std::string> failures;
   std::mutex mu;
   parallel_for(specs.size(), 2, [&](std::size_t i) {
