@@ -187,9 +187,10 @@ TEST_CASE(
   TileConfig pair = test::hopper_gemm(128, 128, 64, 4, 8, true);
   pair.use_tma = pair.persistent = true;
   pair.cluster = 2;
+  const cuda::DeviceInfo hopper = cuda::fabricated::for_arch("sm_90a");
   int pair_specs = 0;
   for (Role r : kAllRoles) {
-    if (role_kind(r) != RoleKind::kTokenGemm || prune_reason(r, pair, shape, cuda::fabricated::for_arch("sm_90a"))) continue;
+    if (role_kind(r) != RoleKind::kTokenGemm || prune_reason(r, pair, shape, hopper)) continue;
     specs.push_back({r, pair, DType::kBF16, "sm_90a", true, false});
     ++pair_specs;
   }
