@@ -177,17 +177,17 @@ TEST_CASE(
     }
   }
   CHECK(persistent_specs == 6);  // every GEMM role
+  const cuda::DeviceInfo hopper = cuda::fabricated::for_arch("sm_90a");
   // bwd_down's 128 x 256 persistent tile, the one config with an epilogue warpgroup (kGroup).
   TileConfig group = test::hopper_gemm(128, 256, 64, 3, 8, true);
   group.use_tma = group.persistent = true;
-  REQUIRE_FALSE(prune_reason(Role::kBwdDown, group, shape, cuda::fabricated::for_arch("sm_90a")));
+  REQUIRE_FALSE(prune_reason(Role::kBwdDown, group, shape, hopper));
   specs.push_back({Role::kBwdDown, group, DType::kBF16, "sm_90a", true, false});
   // A persistent cluster pair of every token GEMM role: each block picks its tile of the pair's
   // two by its rank at run time.
   TileConfig pair = test::hopper_gemm(128, 128, 64, 4, 8, true);
   pair.use_tma = pair.persistent = true;
   pair.cluster = 2;
-  const cuda::DeviceInfo hopper = cuda::fabricated::for_arch("sm_90a");
   int pair_specs = 0;
   for (Role r : kAllRoles) {
     if (role_kind(r) != RoleKind::kTokenGemm || prune_reason(r, pair, shape, hopper)) continue;
