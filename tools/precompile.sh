@@ -2,9 +2,10 @@
 # Fills build/kcache with the sm_90a kernels of the shipped-table grid (every config the tuner
 # compiles for each E,H,I,K at the grid's token counts), compiled here with build/release's CLI.
 # A GPU call that carries build/kcache starts with them: tools/gpu-round.sh and tools/ab-steps.sh
-# copy it into their kernel cache first, and the GPU machine's NVRTC is the same 13.0. Cache keys
-# hash the unit's source, the NVRTC version and the template hash (src/jit/kernel_key.cpp), so a
-# build whose templates differ misses and compiles there as before.
+# copy it into their kernel cache first, and the GPU machine's NVRTC is the same 13.0 build. Cache
+# keys hash the unit's source, the NVRTC build (version and build id, `moejit info` prints it) and
+# the template hash (src/jit/kernel_key.cpp), so a build whose templates differ misses and
+# compiles there as before.
 #   tools/precompile.sh [SHAPE...]   default: the five models of `tools/gpu-round.sh retune`
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -24,13 +24,15 @@ db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<db::TuningLookup>> lookups;
   const db::Provenance current = db::current_provenance(device.driver_version);
-  const std::string id = env::user_db_path().string() + "|" + env::shipped_db_dir().string() + "|" +
-                         current.template_hash + "|" + current.nvrtc_version;
+  // No user database path: the lookup reads the shipped tables alone (an empty path).
+  const std::filesystem::path user_db = env::user_db_path().value_or(std::filesystem::path());
+  const std::string id = user_db.string() + "|" + env::shipped_db_dir().string() + "|" + current.template_hash + "|" +
+                         current.nvrtc_version;
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = lookups[id];
   if (!slot) {
     // The heuristic level is handled by the resolver (it needs the problem's real shape).
-    slot = std::make_unique<db::TuningLookup>(env::user_db_path(), env::shipped_db_dir(), current,
+    slot = std::make_unique<db::TuningLookup>(user_db, env::shipped_db_dir(), current,
                                               [](const db::TuningKey&) { return TileConfig{}; });
   }
   return *slot;

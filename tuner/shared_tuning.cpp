@@ -14,19 +14,26 @@ namespace moejit {
 // Named by the routing key, which every mode of a shape and bucket shares (as it shares the
 // keys of fwd_down, gather_sum and more): a training and an inference plan that start together
 // tune one after the other, and the second finds the shared rows done.
-std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device) {
+std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, const MoeProblem& problem,
+                                       const cuda::DeviceInfo& device) {
   const db::TuningKey key = tuning_key(Role::kRouting, problem, device);
-  return env::user_db_path().string() + ".locks/" + Hasher().field(key.id()).hex() + ".lock";
+  return user_db.string() + ".locks/" + Hasher().field(key.id()).hex() + ".lock";
 }
 
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
                                        const db::TuningDb::RowFilter& accept) {
+  const std::optional<std::filesystem::path> user_db = env::user_db_path();
   std::optional<fs::FileLock> lock;
-  try {
-    lock.emplace(tuning_lock_path(problem, device), kTuningLockTimeout);
-  } catch (const IoError& e) {
-    log::warn("tuning without a cross-process lock: {}", e.what());
+  if (!user_db) {
+    log::warn("tuning without a cross-process lock or a user database: MOEJIT_DB, XDG_CACHE_HOME and HOME "
+              "unset, no temporary folder");
+  } else {
+    try {
+      lock.emplace(tuning_lock_path(*user_db, problem, device), kTuningLockTimeout);
+    } catch (const IoError& e) {
+      log::warn("tuning without a cross-process lock: {}", e.what());
+    }
   }
   std::vector<db::TuningRow> rows;
   std::vector<Role> still;
@@ -40,11 +47,13 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   }
   if (still.empty()) return rows;
   std::vector<db::TuningRow> tuned = tune(still);
-  try {
-    db::TuningDb user(env::user_db_path());
-    for (const auto& row : tuned) user.record(row);
-  } catch (const Error& e) {
-    log::warn("tuned configs not saved to {}: {}", env::user_db_path().string(), e.what());
+  if (user_db) {
+    try {
+      db::TuningDb user(*user_db);
+      for (const auto& row : tuned) user.record(row);
+    } catch (const Error& e) {
+      log::warn("tuned configs not saved to {}: {}", user_db->string(), e.what());
+    }
   }
   for (auto& row : tuned) {
     lookup.remember(row);

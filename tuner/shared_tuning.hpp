@@ -21,13 +21,15 @@ inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 
-// The lock file of a problem's tuning, the same for all its modes: next to the user database,
-// named by a hash of the routing key.
-std::filesystem::path tuning_lock_path(const MoeProblem& problem, const cuda::DeviceInfo& device);
+// The lock file of a problem's tuning, the same for all its modes: next to the user database
+// `user_db`, named by a hash of the routing key.
+std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, const MoeProblem& problem,
+                                       const cuda::DeviceInfo& device);
 
 // Under the lock: rows for `missing` that are now in the user DB (or this process's memory) and
 // that `accept` allows, plus tune(rest), which are recorded in the user DB and remembered by
-// `lookup`.
+// `lookup`. Without a user database (env::user_db_path() names none) it tunes unlocked and
+// records nothing on disk.
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
                                        const db::TuningDb::RowFilter& accept);

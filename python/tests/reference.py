@@ -66,13 +66,21 @@ def unwritten_as_nan():
     torch.use_deterministic_algorithms(True, warn_only=True)
     fill.fill_uninitialized_memory = True
     try:
-        # The fill must really happen. The probe's block may or may not be the zeroed one just
-        # freed (the allocator's choice), but bf16 memory the fill did not touch is all NaN only
-        # by accident.
-        zeroed = torch.zeros(1024, dtype=torch.bfloat16, device="cuda")
-        del zeroed
-        probe = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
-        assert probe.isnan().all(), "torch.empty did not fill with NaN: outputs would not be poisoned"
+        # The fill must really happen: a block that held zeros when freed must come back as NaN.
+        # Which free block the allocator hands out is its choice (one poisoned by an earlier test
+        # would prove nothing), so every block seen is zeroed before it is freed, until one
+        # comes back.
+        zeroed = set()
+        for _ in range(16):
+            probe = torch.empty(1024, dtype=torch.bfloat16, device="cuda")
+            if probe.data_ptr() in zeroed:
+                assert probe.isnan().all(), "torch.empty did not fill with NaN: outputs would not be poisoned"
+                break
+            probe.zero_()
+            zeroed.add(probe.data_ptr())
+            del probe
+        else:
+            raise AssertionError("the allocator never handed a zeroed block back: the NaN fill is unchecked")
         del probe
         yield
     finally:

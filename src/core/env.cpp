@@ -22,10 +22,14 @@ std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
-std::filesystem::path user_cache_root() {
+// Nothing where no variable names a folder and the temporary folder is missing too.
+std::optional<std::filesystem::path> user_cache_root() {
   if (auto xdg = get("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "moejit";
   if (auto home = get("HOME")) return std::filesystem::path(*home) / ".cache" / "moejit";
-  return std::filesystem::temp_directory_path() / "moejit-cache";
+  std::error_code ec;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) return std::nullopt;
+  return tmp / "moejit-cache";
 }
 
 }  // namespace
@@ -42,9 +46,10 @@ std::optional<long long> get_int(const char* name) {
   return x;
 }
 
-std::filesystem::path kernel_cache_dir() {
-  if (auto v = get("MOEJIT_CACHE_DIR")) return *v;
-  return user_cache_root() / "kernels";
+std::optional<std::filesystem::path> kernel_cache_dir() {
+  if (auto v = get("MOEJIT_CACHE_DIR")) return std::filesystem::path(*v);
+  if (auto root = user_cache_root()) return *root / "kernels";
+  return std::nullopt;
 }
 
 bool disk_cache_enabled() {
@@ -52,9 +57,10 @@ bool disk_cache_enabled() {
   return !v || *v != 0;
 }
 
-std::filesystem::path user_db_path() {
-  if (auto v = get("MOEJIT_DB")) return *v;
-  return user_cache_root() / "tuning.sqlite";
+std::optional<std::filesystem::path> user_db_path() {
+  if (auto v = get("MOEJIT_DB")) return std::filesystem::path(*v);
+  if (auto root = user_cache_root()) return *root / "tuning.sqlite";
+  return std::nullopt;
 }
 
 std::filesystem::path shipped_db_dir() {

@@ -10,12 +10,14 @@ namespace moejit::env {
 
 enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
-// MOEJIT_CACHE_DIR, else $XDG_CACHE_HOME/moejit/kernels, else ~/.cache/moejit/kernels.
-std::filesystem::path kernel_cache_dir();
+// MOEJIT_CACHE_DIR, else $XDG_CACHE_HOME/moejit/kernels, else ~/.cache/moejit/kernels, else
+// moejit-cache/kernels in the temporary folder; nothing where there is none either.
+std::optional<std::filesystem::path> kernel_cache_dir();
 // MOEJIT_DISK_CACHE=0 turns the on-disk cubin cache off (the in-process cache stays).
 bool disk_cache_enabled();
-// MOEJIT_DB, else $XDG_CACHE_HOME/moejit/tuning.sqlite, else ~/.cache/moejit/tuning.sqlite.
-std::filesystem::path user_db_path();
+// MOEJIT_DB, else $XDG_CACHE_HOME/moejit/tuning.sqlite, else ~/.cache/moejit/tuning.sqlite, else
+// moejit-cache/tuning.sqlite in the temporary folder; nothing where there is none either.
+std::optional<std::filesystem::path> user_db_path();
 // MOEJIT_SHIPPED_DB_DIR, else the db/ folder this build was configured from.
 std::filesystem::path shipped_db_dir();
 // MOEJIT_JOBS: NVRTC compile threads; default: hardware threads.

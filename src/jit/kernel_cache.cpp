@@ -68,11 +68,10 @@ struct KernelCache::BuildSettings {
     BuildSettings s;
     s.log_level = env::log_level();
     if (!env::disk_cache_enabled()) return s;
-    try {
-      s.disk_dir = env::kernel_cache_dir();
-    } catch (const std::filesystem::filesystem_error& e) {
-      // No MOEJIT_CACHE_DIR, XDG_CACHE_HOME or HOME, and no usable temporary folder.
-      log::warn("kernel cache on disk off: no folder for it ({})", e.what());
+    s.disk_dir = env::kernel_cache_dir();
+    if (!s.disk_dir) {
+      log::warn("kernel cache on disk off: no folder for it (MOEJIT_CACHE_DIR, XDG_CACHE_HOME and HOME unset, "
+                "no temporary folder)");
     }
     return s;
   }

@@ -1,10 +1,13 @@
 #include "jit/nvrtc.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <nvrtc.h>
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 #include <utility>
@@ -68,17 +71,64 @@ const std::string& nvrtc_version() {
   return v;
 }
 
+namespace {
+
+// The loaded object that holds `address`, and its GNU build id (the ELF note the linker writes,
+// NT_GNU_BUILD_ID) as hex; empty where the object carries none.
+struct ObjectSearch {
+  std::uintptr_t address;
+  bool found = false;
+  std::string build_id;
+};
+
+int find_object(dl_phdr_info* info, std::size_t, void* data) {
+  auto* search = static_cast<ObjectSearch*>(data);
+  bool holds = false;
+  for (int i = 0; i < info->dlpi_phnum && !holds; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const std::uintptr_t begin = info->dlpi_addr + ph.p_vaddr;
+    holds = ph.p_type == PT_LOAD && search->address >= begin && search->address < begin + ph.p_memsz;
+  }
+  if (!holds) return 0;
+  search->found = true;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const auto* p = reinterpret_cast<const unsigned char*>(info->dlpi_addr + ph.p_vaddr);
+    const unsigned char* const end = p + ph.p_memsz;
+    // Each note: a header, then the name and the description, each padded to 4 bytes.
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      ElfW(Nhdr) note;
+      std::memcpy(&note, p, sizeof note);
+      const unsigned char* name = p + sizeof note;
+      const unsigned char* desc = name + ((note.n_namesz + 3u) & ~3u);
+      p = desc + ((note.n_descsz + 3u) & ~3u);
+      if (p > end) break;
+      if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        for (std::size_t j = 0; j < note.n_descsz; ++j) search->build_id += fmt::format("{:02x}", desc[j]);
+        return 1;
+      }
+    }
+  }
+  return 1;
+}
+
+}  // namespace
+
 const std::string& nvrtc_build_id() {
   static const std::string id = [] {
+    ObjectSearch search{reinterpret_cast<std::uintptr_t>(&nvrtcVersion)};
+    dl_iterate_phdr(find_object, &search);
+    if (!search.build_id.empty()) return fmt::format("{} {}", nvrtc_version(), search.build_id);
+    // No build id: the file's size stands for the patch release, not its name, which differs
+    // between the paths one library is loaded through (a soname link, a wheel's copy).
     Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) == 0 || info.dli_fname == nullptr) {
-      return nvrtc_version() + " ?";
-    }
     std::error_code ec;
-    const std::filesystem::path path = std::filesystem::canonical(info.dli_fname, ec);
-    if (ec) return fmt::format("{} {}", nvrtc_version(), info.dli_fname);
-    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
-    return fmt::format("{} {} {}", nvrtc_version(), path.filename().string(), ec ? 0 : bytes);
+    std::uintmax_t bytes = 0;
+    if (dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) != 0 && info.dli_fname != nullptr) {
+      bytes = std::filesystem::file_size(std::filesystem::canonical(info.dli_fname, ec), ec);
+    }
+    return fmt::format("{} size {}", nvrtc_version(), ec ? 0 : bytes);
   }();
   return id;
 }

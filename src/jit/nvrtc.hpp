@@ -21,9 +21,10 @@ struct NvrtcOutput {
 // "13.0": the linked NVRTC's version, recorded with every tuned row.
 const std::string& nvrtc_version();
 
-// "13.0 libnvrtc.so.13 109338064": the version, then the loaded library's file name and size,
-// which stand for the patch release nvrtcVersion does not report; part of every kernel key, so
-// a cubin from another build of NVRTC (one that fixes a miscompile, say) is never reused.
+// "13.0 65be0db3...": the version, then the loaded library's GNU build id (else "size" and its
+// file size), which stand for the patch release nvrtcVersion does not report; part of every
+// kernel key, so a cubin from another build of NVRTC (one that fixes a miscompile, say) is never
+// reused, while one NVRTC keys the same whatever path loaded it (a soname link, a wheel's copy).
 const std::string& nvrtc_build_id();
 
 // Options for a target arch ("sm_90a", "sm_80"); part of every kernel key.

@@ -633,6 +633,10 @@ TEST_CASE("a step run again gives every output bit for bit", "[gpu][moe]") {
       one.config_overrides["bwd_down"] = d.config.name();
       const Outputs first = run_case(data, Mode::kTraining, one);
       const Outputs again = run_case(data, Mode::kTraining, one);
+      CHECK(test::differences(again.out, first.out) == "none");
+      CHECK(test::differences(again.dx, first.dx) == "none");
+      CHECK(test::differences(again.dw1, first.dw1) == "none");
+      CHECK(test::differences(again.dw2, first.dw2) == "none");
       CHECK(test::differences(again.ds, first.ds) == "none");
       CHECK(rel_l2(first.ds, want.bwd.d_topk_weights) <= kTolerance);
       const TileConfig& c = d.config;

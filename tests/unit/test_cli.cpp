@@ -66,6 +66,35 @@ TEST_CASE("moejit info exits 0 and names the device or its absence", "[cli]") {
   CHECK_THAT(r.output, Catch::Contains("nvrtc") && Catch::Contains("kernel cache") && Catch::Contains("device"));
 }
 
+TEST_CASE("without a folder for the kernel cache or the user database the CLI says so and goes on", "[cli]") {
+  const std::string bare = "env -u HOME -u XDG_CACHE_HOME -u MOEJIT_CACHE_DIR -u MOEJIT_DB TMPDIR=/nonexistent/moejit " + cli();
+  auto r = run_command(bare + " info");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("kernel cache  (none") && Catch::Contains("tuning db     (none"));
+  r = run_command(bare + " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("(disk cache off: no folder for it)") && Catch::Contains("0 failed"));
+  r = run_command(bare + " db list");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--db") && Catch::Contains("MOEJIT_DB"));
+}
+
+TEST_CASE("moejit compile --jobs stands without reading MOEJIT_JOBS", "[cli]") {
+  TempDir dir("cli-jobs");
+  auto r = run_command("MOEJIT_JOBS=0 MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                       " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2 --jobs 2");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("on 2 threads"));
+  r = run_command("MOEJIT_JOBS=0 MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                  " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains("MOEJIT_JOBS"));
+}
+
 TEST_CASE("moejit compile fills the cache, then serves the second run from it", "[cli]") {
   TempDir dir("cli");
   const std::string cmd = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +

@@ -6,6 +6,7 @@
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptxas_info.hpp"
+#include "support/process.hpp"
 #include "support/tile_configs.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
@@ -14,7 +15,9 @@
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
 
+#include <fstream>
 #include <mutex>
+#include <string>
 
 using namespace moejit;
 using namespace moejit::jit;
@@ -102,6 +105,31 @@ TEST_CASE("a compile error carries the NVRTC log and the source", "[nvrtc]") {
     CHECK(e.source() == bad.source);
     CHECK(e.code() == ErrorCode::kCompile);
   }
+}
+
+// The NVRTC part of every kernel key names the loaded library's build, not the path that loaded
+// it: checked against readelf's reading of the mapped file's build-id note.
+TEST_CASE("the NVRTC build id is the loaded library's GNU build id", "[nvrtc]") {
+  const std::string& id = nvrtc_build_id();
+  REQUIRE(id.rfind(nvrtc_version() + " ", 0) == 0);
+  CHECK(id.find("libnvrtc") == std::string::npos);
+  CHECK(id.find('/') == std::string::npos);
+  std::ifstream maps("/proc/self/maps");
+  std::string line, path;
+  while (path.empty() && std::getline(maps, line)) {
+    const auto slash = line.find('/');
+    if (slash != std::string::npos && line.find("libnvrtc.so", slash) != std::string::npos) path = line.substr(slash);
+  }
+  REQUIRE_FALSE(path.empty());
+  const test::ProcessResult notes = test::run_command("readelf -n '" + path + "'");
+  if (notes.exit_code != 0) {
+    WARN("readelf unavailable: the id's form alone is checked (" << notes.output << ")");
+    return;
+  }
+  const auto at = notes.output.find("Build ID: ");
+  REQUIRE(at != std::string::npos);  // NVIDIA's libraries carry one; the fallback is the file size
+  const std::string expected = notes.output.substr(at + 10, notes.output.find('\n', at) - at - 10);
+  CHECK(id == nvrtc_version() + " " + expected);
 }
 
 TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {

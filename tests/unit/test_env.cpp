@@ -2,6 +2,7 @@
 // naming the variable, never a silent default or an overflowing deadline.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <thread>
 
 #include "core/env.hpp"
@@ -50,6 +51,24 @@ TEST_CASE("integer variables: out-of-range values are errors, thread counts are 
   {
     ScopedEnv v("MOEJIT_DISK_CACHE", "off");
     CHECK_THROWS_WITH(env::disk_cache_enabled(), Catch::Contains("MOEJIT_DISK_CACHE"));
+  }
+}
+
+TEST_CASE("the cache folders: the variables in order, the temporary folder last, else none", "[env]") {
+  ScopedEnv cache("MOEJIT_CACHE_DIR", ""), db("MOEJIT_DB", ""), xdg("XDG_CACHE_HOME", "/x"), home("HOME", "/h"),
+      tmp("TMPDIR", "/nonexistent/moejit-test");
+  CHECK(env::kernel_cache_dir() == std::filesystem::path("/x/moejit/kernels"));
+  CHECK(env::user_db_path() == std::filesystem::path("/x/moejit/tuning.sqlite"));
+  {
+    ScopedEnv no_xdg("XDG_CACHE_HOME", "");
+    CHECK(env::kernel_cache_dir() == std::filesystem::path("/h/.cache/moejit/kernels"));
+    ScopedEnv no_home("HOME", "");
+    // The temporary folder does not exist: nothing, not a filesystem error.
+    CHECK_FALSE(env::kernel_cache_dir());
+    CHECK_FALSE(env::user_db_path());
+    ScopedEnv named_cache("MOEJIT_CACHE_DIR", "/c"), named_db("MOEJIT_DB", "/d.sqlite");
+    CHECK(env::kernel_cache_dir() == std::filesystem::path("/c"));
+    CHECK(env::user_db_path() == std::filesystem::path("/d.sqlite"));
   }
 }
 

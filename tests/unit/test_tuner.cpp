@@ -231,18 +231,19 @@ TEST_CASE("processes starting together tune a problem once and share its rows", 
 
 TEST_CASE("a problem's modes share one tuning lock; other shapes and buckets have their own", "[tuner]") {
   TempDir dir("locks");
-  ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
   const auto h200 = cuda::fabricated::h200();
   MoeProblem infer = kProblem, memeff = kProblem, wider = kProblem, more = kProblem;
   infer.mode = Mode::kInference;
   memeff.mode = Mode::kMemoryEfficient;
   wider.hidden *= 2;
   more.tokens *= 16;
-  const auto lock = tuning_lock_path(kProblem, h200);
-  CHECK(tuning_lock_path(infer, h200) == lock);
-  CHECK(tuning_lock_path(memeff, h200) == lock);
-  CHECK(tuning_lock_path(wider, h200) != lock);
-  CHECK(tuning_lock_path(more, h200) != lock);
+  const std::filesystem::path user_db = dir / "tuning.sqlite";
+  const auto lock = tuning_lock_path(user_db, kProblem, h200);
+  CHECK(lock.parent_path() == dir / "tuning.sqlite.locks");
+  CHECK(tuning_lock_path(user_db, infer, h200) == lock);
+  CHECK(tuning_lock_path(user_db, memeff, h200) == lock);
+  CHECK(tuning_lock_path(user_db, wider, h200) != lock);
+  CHECK(tuning_lock_path(user_db, more, h200) != lock);
 }
 
 TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not taken as tuned", "[tuner]") {

@@ -1,6 +1,7 @@
 // Command-line parsing for the moejit CLI: positionals plus --name value / --name=value options.
 #pragma once
 
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
@@ -27,6 +28,10 @@ struct Args {
   // list is an error, not silently cut to its first item.
   long long get_int(const std::string& name, long long fallback, long long lo, long long hi) const;
 };
+
+// The database a command reads or writes: --db, else the user database (env::user_db_path()).
+// Throws InvalidArgument when neither names one.
+std::filesystem::path database_path(const Args& a);
 
 // `text` as a whole decimal integer in [lo, hi]; trailing text ("1x"), a blank or a value out of
 // range throws InvalidArgument naming `option` (stoi and strtoll would ignore, accept or clamp).

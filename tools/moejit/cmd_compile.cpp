@@ -87,12 +87,15 @@ int run_compile(int argc, char** argv, int start) {
   } else {
     roles.assign(kAllRoles.begin(), kAllRoles.end());
   }
-  const auto jobs =
-      static_cast<unsigned>(a.get_int("jobs", env::compile_jobs(), 1, std::numeric_limits<unsigned>::max()));
+  // MOEJIT_JOBS is read only without --jobs, so a bad value there does not fail a call that names its count.
+  const auto jobs = static_cast<unsigned>(
+      a.has("jobs") ? a.get_int("jobs", 1, 1, std::numeric_limits<unsigned>::max()) : env::compile_jobs());
 
   fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\ncache   {}\n\n", device.arch(), device.name,
              shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens, dtype_name(shape.dtype),
-             env::disk_cache_enabled() ? env::kernel_cache_dir().string() : "(disk cache disabled)");
+             !env::disk_cache_enabled()   ? "(disk cache disabled)"
+             : env::kernel_cache_dir() ? env::kernel_cache_dir()->string()
+                                       : "(disk cache off: no folder for it)");
 
   std::vector<jit::KernelSpec> specs;
   int pruned = 0;

@@ -19,8 +19,6 @@
 namespace moejit::cli {
 namespace {
 
-std::filesystem::path db_path(const Args& a) { return a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path(); }
-
 // The subcommand's positional arguments, which must number exactly `count`.
 void expect_positionals(const Args& a, const char* sub, std::size_t count, const char* what) {
   if (a.positional.size() < count) throw InvalidArgument(fmt::format("db {}", sub), fmt::format("needs {}", what));
@@ -41,7 +39,7 @@ void print_stats(const std::string& what, const db::TuningDb::MergeStats& s) {
 
 int list(const Args& a) {
   expect_positionals(a, "list", 0, "no arguments");
-  const std::filesystem::path path = db_path(a);
+  const std::filesystem::path path = database_path(a);
   fmt::print("database: {}\n", path.string());
   if (!std::filesystem::exists(path)) {
     fmt::print("(empty)\n");
@@ -76,7 +74,7 @@ int list(const Args& a) {
 int export_rows(const Args& a) {
   expect_positionals(a, "export", 0, "no arguments");
   if (!a.has("out") || a.get("out").empty()) throw InvalidArgument("--out", "db export needs --out FILE (or '-')");
-  const std::filesystem::path path = db_path(a);
+  const std::filesystem::path path = database_path(a);
   const std::string text = open_existing(path).export_json();
   const std::string out = a.get("out");
   if (out == "-") {
@@ -95,7 +93,7 @@ int import_rows(const Args& a) {
   const std::string file = a.positional[0];
   std::optional<std::string> text = fs::read_all(file);
   if (!text) throw IoError(fmt::format("cannot read {}", file));
-  db::TuningDb target(db_path(a));
+  db::TuningDb target(database_path(a));
   print_stats(fmt::format("imported {} into {}", file, target.path()),
               target.import_json(*text, db::current_provenance(0)));
   return 0;
@@ -104,7 +102,7 @@ int import_rows(const Args& a) {
 int merge(const Args& a) {
   expect_positionals(a, "merge", 1, "the database file to merge in");
   const db::TuningDb other = open_existing(a.positional[0]);
-  db::TuningDb target(db_path(a));
+  db::TuningDb target(database_path(a));
   print_stats(fmt::format("merged {} into {}", other.path(), target.path()),
               target.merge(other, db::current_provenance(0)));
   return 0;

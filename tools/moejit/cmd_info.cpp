@@ -17,9 +17,12 @@ int run_info(int argc, char** argv, int start) {
   fmt::print("moejit        {}\n", kLibraryVersion);
   fmt::print("nvrtc         {}\n", jit::nvrtc_build_id());
   fmt::print("templates     {} files, hash {}\n", jit::embedded_template_files().size(), jit::template_hash());
-  fmt::print("kernel cache  {}{}\n", env::kernel_cache_dir().string(),
+  const auto cache = env::kernel_cache_dir();
+  const auto user_db = env::user_db_path();
+  constexpr const char* kNoFolder = "(none: no variable names a folder, and there is no temporary folder)";
+  fmt::print("kernel cache  {}{}\n", cache ? cache->string() : kNoFolder,
              env::disk_cache_enabled() ? "" : " (disabled by MOEJIT_DISK_CACHE=0)");
-  fmt::print("tuning db     {}\n", env::user_db_path().string());
+  fmt::print("tuning db     {}\n", user_db ? user_db->string() : kNoFolder);
   fmt::print("shipped dbs   {}\n", env::shipped_db_dir().string());
   std::string why;
   if (!cuda::device_available(&why)) {

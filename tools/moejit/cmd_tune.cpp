@@ -111,7 +111,7 @@ int run_tune(int argc, char** argv, int start) {
   if (timing != "burst" && timing != "sustained") {
     throw InvalidArgument("--timing", "expected burst or sustained, got '" + timing + "'");
   }
-  const std::filesystem::path db_path = a.has("db") ? std::filesystem::path(a.get("db")) : env::user_db_path();
+  const std::filesystem::path db_path = database_path(a);
   // Incumbents: the earlier table's winners, replaced below by this database's current rows.
   std::map<std::string, TileConfig> incumbents = prior_winners(a);
 
