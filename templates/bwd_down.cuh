@@ -58,8 +58,8 @@ struct BwdDownParams {
 
 // The score gradient of a pair, sum_i d_act * act, is summed over each 64 columns of I apart, into
 // a slot of its own that gather_sum then adds up in one fixed order: every slot is written by one warp,
-// by two for warps 32 columns wide (two fp32 adds onto zero commute), or by four or more in turn
-// behind a barrier, so the sum comes out the same bits on every run, where one fp32 atomic per row
+// by two for warps 32 columns wide (two fp32 adds onto zero commute), or by four (16 wide) in
+// turn behind a barrier, so the sum comes out the same bits on every run, where one fp32 atomic per row
 // and column tile summed in the order they landed. Every config sums the same columns into a slot,
 // so the tuner compares slots directly.
 constexpr int kDsSlotColumns = 64;
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(GemmLaunch<WS, WARPS, kBwdDownEpilogueGroup<PE
   static_assert(Mma::kWarpN % kDsSlotColumns == 0 || kDsSlotColumns % Mma::kWarpN == 0,
                 "a warp's columns are whole slots, or a slot is whole warps'");
   static_assert(BN % kDsSlotColumns == 0, "tiles start on slot boundaries");
-  // Warps adding into each slot: two adds onto zero commute; four or more (the mma.sync path's
-  // 16- and 32-row tiles, whose warps lie mostly along N) add in turn. A turn is the warp's place
+  // Warps adding into each slot: two adds onto zero commute; four (the mma.sync path's 16- and
+  // 32-row tiles, whose warps lie mostly along N, 16 columns each) add in turn. A turn is the warp's place
   // within its slot, from the tile-local column: tiles and launches start on slot boundaries
   // (BLOCK_N and n_begin multiples of 64).
   constexpr int kSlotWriters = Mma::kWarpN >= kDsSlotColumns ? 1 : kDsSlotColumns / Mma::kWarpN;

@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(THREADS) gather_sum_kernel(const __grid_consta
     // in order, then the lanes' sums meet in one fixed tree (warp_sum_each): the same bits
     // whichever warp and block size sum the pair.
     static_assert(THREADS % 32 == 0, "whole warps");
-    // kDsChunks: slots per lane and pair loaded at once; four took the kernel from 71 registers
-    // to 76, and so fewer of its 32-thread blocks fit an SM.
+    // kDsChunks: slots per lane and pair loaded at once; four took the kernel from 70-71 registers
+    // to 74-76, and so fewer of its 32-thread blocks fit an SM.
     constexpr int kDsPairs = 8, kDsChunks = 2;
     const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(lane_id());
     for (int k0 = warp * kDsPairs; k0 < p.topk; k0 += THREADS / 32 * kDsPairs) {

@@ -79,7 +79,9 @@ __device__ void routing_count(const RoutingParams& p, int32* smem) {
 }
 
 // Per bucket: totals[b] = its pairs in all chunks, before[b] = its pairs in chunks before this
-// block's. One warp per bucket, lanes across chunks (coalesced over a bucket-major row).
+// block's. Scanned (p.scanned: routing_scan_bucket ran first), one thread per bucket reads its
+// prefix and total; else one warp per bucket sums it, lanes across chunks (coalesced over a
+// bucket-major row).
 // chunk_counts is only read: other blocks read it concurrently.
 template <int THREADS>
 __device__ void routing_chunk_sums(const RoutingParams& p, int32* totals, int32* before) {

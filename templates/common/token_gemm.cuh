@@ -19,7 +19,8 @@ struct TokenWork {
 
 // Item `item` of a persistent grid of CLUSTER-block clusters: tile `item` alone, or, for a pair,
 // tiles 2 * item and 2 * item + 1 to ranks 0 and 1 (neighbouring m tiles of the same columns,
-// mostly of one expert). False when no tile exists. A pair's block whose tile does not exist
+// mostly of one expert, within a group of GROUP_M m tiles; a short last group of odd height pairs
+// tiles of two column blocks, which share nothing). False when no tile exists. A pair's block whose tile does not exist
 // computes its partner's and stores nothing, so both blocks always run the same k tiles.
 template <int CLUSTER, typename Grid>
 __device__ __forceinline__ bool token_item_work(const Grid& grid, int64 item, TokenWork& w) {
