@@ -77,7 +77,6 @@ namespace {
 // NT_GNU_BUILD_ID) as hex; empty where the object carries none.
 struct ObjectSearch {
   std::uintptr_t address;
-  bool found = false;
   std::string build_id;
 };
 
@@ -90,7 +89,6 @@ int find_object(dl_phdr_info* info, std::size_t, void* data) {
     holds = ph.p_type == PT_LOAD && search->address >= begin && search->address < begin + ph.p_memsz;
   }
   if (!holds) return 0;
-  search->found = true;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_NOTE) continue;

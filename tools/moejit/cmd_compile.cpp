@@ -91,11 +91,12 @@ int run_compile(int argc, char** argv, int start) {
   const auto jobs = static_cast<unsigned>(
       a.has("jobs") ? a.get_int("jobs", 1, 1, std::numeric_limits<unsigned>::max()) : env::compile_jobs());
 
+  const auto cache_dir = env::kernel_cache_dir();
   fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\ncache   {}\n\n", device.arch(), device.name,
              shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens, dtype_name(shape.dtype),
-             !env::disk_cache_enabled()   ? "(disk cache disabled)"
-             : env::kernel_cache_dir() ? env::kernel_cache_dir()->string()
-                                       : "(disk cache off: no folder for it)");
+             !env::disk_cache_enabled() ? "(disk cache disabled)"
+             : cache_dir                ? cache_dir->string()
+                                        : "(disk cache off: no folder for it)");
 
   std::vector<jit::KernelSpec> specs;
   int pruned = 0;
