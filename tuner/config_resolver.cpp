@@ -114,8 +114,19 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       return rows;
     };
-    for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal)) {
-      if (legal(row)) out[row.key.role] = {row.winner, "tuned"};
+    try {
+      for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal)) {
+        if (legal(row)) out[row.key.role] = {row.winner, "tuned"};
+      }
+    } catch (const CudaError& e) {
+      // The tuner's scratch is a whole step's tensors beside the caller's; a process whose
+      // allocator holds the rest of the device (PyTorch's cache) leaves it no room. The plan
+      // still runs, on the levels below, and the next plan of this problem tries again.
+      if (e.result() != CUDA_ERROR_OUT_OF_MEMORY) throw;
+      log::warn("self-tuning E={} H={} I={} K={} T={} skipped, no device memory for its scratch ({}); using the "
+                "nearest tuned bucket or the heuristic config. Free memory first (torch.cuda.empty_cache()), "
+                "or tune ahead with `moejit tune`",
+                problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.tokens, e.what());
     }
   } else if (tuning) {
     static std::atomic<bool> said{false};

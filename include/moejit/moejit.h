@@ -3,7 +3,8 @@
  * throws or aborts; moejit_last_error() gives the message of this thread's last call if it failed.
  * A CUDA context must be current on the calling thread (the CUDA runtime's primary context,
  * e.g. PyTorch's, works). Streams are CUstream / cudaStream_t passed as void*, NULL for the
- * legacy default stream. */
+ * legacy default stream. A plan is not safe for concurrent calls from several threads; distinct
+ * plans are. */
 #ifndef MOEJIT_MOEJIT_H_
 #define MOEJIT_MOEJIT_H_
 

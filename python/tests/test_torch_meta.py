@@ -256,3 +256,11 @@ def test_from_experts_says_why_not():
     biased.gate_up_proj_bias = torch.nn.Parameter(torch.empty(E, 2 * I, device="meta"))
     with pytest.raises(ValueError, match="gate_up_proj_bias"):
         mt.MoEExperts.from_experts(biased)
+
+
+def test_experts_module_names_a_wrong_hidden_size():
+    experts = mt.MoEExperts(E, H, I, device="meta", dtype=torch.bfloat16)
+    states = torch.empty(2, 8, 2 * H, device="meta", dtype=torch.bfloat16)
+    ids = torch.zeros(2, 8, K, device="meta", dtype=torch.int64)
+    with pytest.raises(moejit.InvalidArgumentError, match="hidden_states .* must end in hidden_dim = 128"):
+        experts(states, ids, torch.empty(2, 8, K, device="meta", dtype=torch.bfloat16))

@@ -2,6 +2,7 @@
 // orchestration of DESIGN.md's kernel roles on the caller's stream.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -85,14 +86,17 @@ struct FusedMoe::Impl {
     CUstream stream = args.stream;
     const cuda::Driver& d = cuda::driver();
     std::int32_t dropped = 0;
-    MOEJIT_CU(d.cuMemcpyDtoHAsync(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4, stream));
-    MOEJIT_CU(d.cuStreamSynchronize(stream));
-    if (dropped > 0) {
-      throw InvalidArgument("topk_ids", fmt::format("{} expert id(s) outside [0, {})", dropped, problem.experts));
-    }
     std::vector<std::int32_t> ids(static_cast<std::size_t>(args.tokens * args.topk));
+    MOEJIT_CU(d.cuMemcpyDtoHAsync(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4, stream));
     MOEJIT_CU(d.cuMemcpyDtoHAsync(ids.data(), args.topk_ids, ids.size() * sizeof(std::int32_t), stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));
+    if (dropped > 0) {
+      const auto bad = std::find_if(ids.begin(), ids.end(), [&](std::int32_t e) { return e < 0 || e >= problem.experts; });
+      const long long at = bad - ids.begin();
+      throw InvalidArgument("topk_ids", fmt::format("{} expert id(s) outside [0, {}), the first at token {}, slot {} ({})",
+                                                    dropped, problem.experts, at / args.topk, at % args.topk,
+                                                    bad == ids.end() ? 0 : *bad));
+    }
     check_distinct_experts(ids.data(), args.tokens, args.topk);
   }
 

@@ -7,8 +7,10 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "db/tuning_db.hpp"
 #include "support/gpu.hpp"
@@ -125,6 +127,44 @@ TEST_CASE("the first plan tunes and stores; a second process reads the rows", "[
   CHECK(r.exit_code == 0);
   CHECK(count(r.output, "user_db") == 8);
   CHECK(count(r.output, "tuned") == 0);
+}
+
+TEST_CASE("a self-tune with no device memory for its scratch falls back, and the plan runs", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("oom");
+  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string()),
+      shipped("MOEJIT_SHIPPED_DB_DIR", dir.path().string());  // no tables there
+  // The tuner's scratch here is tens of MB (a whole training step's tensors); the filler leaves
+  // 12 MB, room for the plan's modules but not for that, as PyTorch's cache can.
+  const CaseSpec spec{2048, 8, 512, 256, 2, DType::kBF16, Routing::kRandom, 44};
+  const MoeProblem problem{2048, 8, 512, 256, 2};
+  std::vector<cuda::DeviceBuffer> filler;
+  for (std::size_t chunk : {std::size_t{1} << 30, std::size_t{64} << 20, std::size_t{2} << 20}) {
+    for (;;) {
+      try {
+        filler.emplace_back(chunk);
+      } catch (const CudaError& e) {
+        REQUIRE(e.result_name() == "CUDA_ERROR_OUT_OF_MEMORY");
+        break;
+      }
+    }
+  }
+  REQUIRE(filler.size() > 6);
+  filler.resize(filler.size() - 6);  // the last six are 2 MB each
+  std::map<std::string, std::string> sources;
+  {
+    FusedMoe plan(problem);
+    sources = plan.config_sources();
+  }
+  filler.clear();
+  for (const auto& [role, source] : sources) {
+    INFO(role);
+    CHECK(source == "heuristic");
+  }
+  CHECK(db::TuningDb((dir / "tuning.sqlite").string()).rows().empty());
+  FusedMoe plan(problem);  // memory back: this one tunes
+  for (const auto& [role, source] : plan.config_sources()) CHECK(source == "tuned");
+  check_against_reference(plan, make_case(spec));
 }
 
 TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune][graph]") {

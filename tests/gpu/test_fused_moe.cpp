@@ -806,7 +806,12 @@ TEST_CASE("expert ids outside [0, E) are dropped, or rejected in checking mode",
   CHECK(o.ds[7] == 0.0);
   Options checking;
   checking.check_expert_ids = true;
-  CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking), Catch::Contains("topk_ids") && Catch::Contains("3 expert id"));
+  CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking),
+                    Catch::Contains("topk_ids") && Catch::Contains("3 expert id") &&
+                        Catch::Contains("the first at token 0, slot 0 (-1)"));
+  data.tensors.topk_ids[0] = 3;
+  CHECK_THROWS_WITH(run_case(data, Mode::kTraining, checking),
+                    Catch::Contains("2 expert id") && Catch::Contains("the first at token 3, slot 1 (8)"));
 }
 
 TEST_CASE("a token naming one expert twice counts as two pairs, or is rejected in checking mode", "[gpu][moe]") {

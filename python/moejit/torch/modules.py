@@ -9,6 +9,7 @@ state carry over) and runs moejit's fused op.
 import torch
 from torch import nn
 
+from ..errors import InvalidArgumentError
 from .functional import fused_moe
 
 
@@ -26,6 +27,10 @@ class MoEExperts(nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """hidden_states [..., H]; top_k_index and top_k_weights [..., K] with the same leading dims."""
+        if hidden_states.shape[-1] != self.hidden_dim:
+            raise InvalidArgumentError(
+                f"moejit.torch.MoEExperts: hidden_states {tuple(hidden_states.shape)} must end in hidden_dim "
+                f"= {self.hidden_dim}", status="invalid_argument")
         k = top_k_index.shape[-1]
         out = fused_moe(hidden_states.reshape(-1, self.hidden_dim), self.gate_up_proj, self.down_proj,
                         top_k_index.reshape(-1, k), top_k_weights.reshape(-1, k),
