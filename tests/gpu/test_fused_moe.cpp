@@ -159,6 +159,15 @@ void check_zero_weight_gradients(const Outputs& o, const CaseSpec& s, const std:
   }
 }
 
+// Every output of two training steps, bit for bit.
+void check_same_bits(const Outputs& a, const Outputs& b) {
+  CHECK(test::differences(a.out, b.out) == "none");
+  CHECK(test::differences(a.dx, b.dx) == "none");
+  CHECK(test::differences(a.dw1, b.dw1) == "none");
+  CHECK(test::differences(a.dw2, b.dw2) == "none");
+  CHECK(test::differences(a.ds, b.ds) == "none");
+}
+
 // Each output against the reference, whole and row by row: an error confined to a few rows (one
 // token, one expert's tile) hardly moves the whole tensor's, so every row is held to 3x the bound.
 // fp16 keeps three more mantissa bits than bf16, and is held to half the bound.
@@ -610,11 +619,7 @@ TEST_CASE("a step run again gives every output bit for bit", "[gpu][moe]") {
     const CaseData data = make_case(spec);
     const Outputs first = run_case(data, Mode::kTraining);
     const Outputs again = run_case(data, Mode::kTraining);
-    CHECK(test::differences(again.out, first.out) == "none");
-    CHECK(test::differences(again.dx, first.dx) == "none");
-    CHECK(test::differences(again.dw1, first.dw1) == "none");
-    CHECK(test::differences(again.dw2, first.dw2) == "none");
-    CHECK(test::differences(again.ds, first.ds) == "none");
+    check_same_bits(again, first);
   }
   // I = 320: five slots, the last filled by a 256-column tile's first 64. 128-row tiles, then
   // 16-row ones, whose mma.sync warps all lie along N, then 32-row ones (two rows of warps).
@@ -633,11 +638,7 @@ TEST_CASE("a step run again gives every output bit for bit", "[gpu][moe]") {
       one.config_overrides["bwd_down"] = d.config.name();
       const Outputs first = run_case(data, Mode::kTraining, one);
       const Outputs again = run_case(data, Mode::kTraining, one);
-      CHECK(test::differences(again.out, first.out) == "none");
-      CHECK(test::differences(again.dx, first.dx) == "none");
-      CHECK(test::differences(again.dw1, first.dw1) == "none");
-      CHECK(test::differences(again.dw2, first.dw2) == "none");
-      CHECK(test::differences(again.ds, first.ds) == "none");
+      check_same_bits(again, first);
       CHECK(rel_l2(first.ds, want.bwd.d_topk_weights) <= kTolerance);
       const TileConfig& c = d.config;
       if (c.arch_tag != ArchTag::kHopper) {
@@ -674,11 +675,7 @@ TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
     same_dw2.config_overrides["bwd_dw2"] = default_config(Role::kBwdDw2, shape, gpu->info).name();
     const Outputs def = run_case(data, Mode::kTraining, same_dw2);
     const Outputs eff = run_case(data, Mode::kMemoryEfficient, same_dw2);
-    CHECK(test::differences(def.out, eff.out) == "none");
-    CHECK(test::differences(def.dx, eff.dx) == "none");
-    CHECK(test::differences(def.dw1, eff.dw1) == "none");
-    CHECK(test::differences(def.dw2, eff.dw2) == "none");
-    CHECK(test::differences(def.ds, eff.ds) == "none");
+    check_same_bits(def, eff);
     // Both against the reference too: a bug the two modes share shows only there.
     check_outputs(def, reference_of(data));
   }
