@@ -92,13 +92,20 @@ def tune(shape=None, tokens=None, *, dtype=None, modes=None, roles=None, db=None
 
 
 def run_cli(args):
-    """Runs the CLI with `args`; stdout passes through, stderr becomes the message of a failure."""
+    """Runs the CLI with `args`. Its stdout passes through; its stderr (warnings, the per-item
+    lines of a long tune) is copied to sys.stderr line by line as it comes, and becomes the
+    message of a failure."""
     sys.stdout.flush()
-    done = subprocess.run([str(cli_path())] + list(args), stderr=subprocess.PIPE, text=True)
-    if done.stderr:
-        sys.stderr.write(done.stderr)
-    if done.returncode != 0:
-        message = done.stderr.strip() or f"moejit {args[0]} exited with status {done.returncode}"
-        error = InvalidArgumentError if done.returncode == 2 else MoejitError
-        status = "invalid_argument" if done.returncode == 2 else "internal"
+    with subprocess.Popen([str(cli_path())] + list(args), stderr=subprocess.PIPE, text=True,
+                          errors="replace") as child:
+        lines = []
+        for line in child.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            lines.append(line)
+        returncode = child.wait()
+    if returncode != 0:
+        message = "".join(lines).strip() or f"moejit {args[0]} exited with status {returncode}"
+        error = InvalidArgumentError if returncode == 2 else MoejitError
+        status = "invalid_argument" if returncode == 2 else "internal"
         raise error(message, status=status, function=f"moejit {args[0]}")

@@ -66,3 +66,36 @@ def test_cli_lookup(monkeypatch, tmp_path):
     monkeypatch.setenv("MOEJIT_CLI", str(tmp_path / "missing"))
     with pytest.raises(moejit.LibraryNotFoundError, match="MOEJIT_CLI"):
         moejit.cli_path()
+
+
+def test_cli_stderr_is_shown_while_the_cli_runs(monkeypatch, tmp_path):
+    # The fake CLI waits for its first stderr line to be seen before going on: a run_cli that
+    # reported stderr only at exit would let it time out, and it would then exit 0.
+    seen = tmp_path / "seen"
+    cli = tmp_path / "moejit"
+    cli.write_text("#!/bin/sh\n"
+                   "echo 'moejit tune: gpu0 T=64: first item failed' >&2\n"
+                   "for _ in $(seq 100); do\n"
+                   f"  if [ -e '{seen}' ]; then echo 'moejit tune: second' >&2; exit 1; fi\n"
+                   "  sleep 0.1\n"
+                   "done\n")
+    cli.chmod(0o755)
+    monkeypatch.setenv("MOEJIT_CLI", str(cli))
+
+    class Watcher:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, text):
+            self.text += text
+            if "first item failed" in text:
+                seen.touch()
+
+        def flush(self):
+            pass
+
+    watcher = Watcher()
+    monkeypatch.setattr(tuning.sys, "stderr", watcher)
+    with pytest.raises(moejit.MoejitError, match="first item failed\nmoejit tune: second"):
+        moejit.tune(tokens=64)
+    assert watcher.text.splitlines() == ["moejit tune: gpu0 T=64: first item failed", "moejit tune: second"]

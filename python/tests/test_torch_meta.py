@@ -1,6 +1,7 @@
 # The PyTorch front end without a GPU: op registration, input checks, fake (meta) shapes through
 # autograd and torch.compile tracing, and the HF experts drop-in on the meta device.
 import re
+import threading
 
 import pytest
 
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 from moejit import _library  # noqa: E402
-from moejit.torch import functional  # noqa: E402
+from moejit.torch import functional, plans  # noqa: E402
 
 E, H, I, K = 8, 128, 64, 2
 
@@ -178,6 +179,32 @@ def test_autocast_casts_float32_inputs_and_returns_float32_gradients(monkeypatch
         mt.fused_moe(*meta_inputs(64, dtype=torch.float32))
 
 
+def test_no_tokens_under_autocast_leaves_the_weights_uncast(monkeypatch):
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: True)
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.bfloat16)
+    casts = []
+    to = torch.Tensor.to
+
+    def recording_to(self, *args, **kwargs):
+        casts.append(tuple(self.shape))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", recording_to)
+    x, w1, w2, ids, weights = meta_inputs(0, dtype=torch.float32)
+    out = mt.fused_moe(x, w1, w2, ids, weights)
+    assert out.dtype == torch.bfloat16 and out.shape == (0, H)
+    assert w1.shape not in casts and w2.shape not in casts, casts
+    out.float().sum().backward()
+    assert w1.grad.dtype == torch.float32 and w1.grad.shape == w1.shape and w2.grad.dtype == torch.float32
+    # The weights are still checked: autocast leaves an integer weight as it is.
+    with pytest.raises(moejit.InvalidArgumentError, match="gate_up_proj is torch.int32"):
+        mt.fused_moe(x, w1.int(), w2, ids, weights)
+    # With tokens they are cast, as F.linear casts them.
+    x, w1, w2, ids, weights = meta_inputs(4, dtype=torch.float32)
+    mt.fused_moe(x, w1, w2, ids, weights)
+    assert w1.shape in casts and w2.shape in casts
+
+
 def test_bad_inputs_raise_before_the_library():
     x, w1, w2, ids, weights = meta_inputs(16, requires_grad=False)
     _expect_invalid("x must have 2 dimensions", x[None], w1, w2, ids, weights)
@@ -264,3 +291,38 @@ def test_experts_module_names_a_wrong_hidden_size():
     ids = torch.zeros(2, 8, K, device="meta", dtype=torch.int64)
     with pytest.raises(moejit.InvalidArgumentError, match="hidden_states .* must end in hidden_dim = 128"):
         experts(states, ids, torch.empty(2, 8, K, device="meta", dtype=torch.bfloat16))
+
+
+def test_plans_of_different_problems_build_at_once_and_each_once(monkeypatch):
+    # Three keys, two threads each: the three builds must meet at the barrier (a build of one
+    # key holding back another's would break it), and each key is built once.
+    meeting = threading.Barrier(3, timeout=10)
+    built = []
+
+    class FakePlan:
+        def __init__(self, problem):
+            built.append(problem.key())
+            meeting.wait()
+
+    monkeypatch.setattr(plans, "Plan", FakePlan)
+    monkeypatch.setattr(plans, "_plans", {})
+    monkeypatch.setattr(plans, "_building", {})
+    monkeypatch.setattr(plans._context, "make_current", lambda ordinal: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    problems = [_library.make_problem(t, E, H, I, K) for t in (16, 32, 48) for _ in range(2)]
+    results = [None] * len(problems)
+
+    def build(i):
+        try:
+            results[i] = plans.plan_for(problems[i], torch.device("cuda", 0))
+        except Exception as e:  # reported below
+            results[i] = e
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(len(problems))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(r, FakePlan) for r in results), results
+    assert sorted(built) == sorted({p.key() for p in problems})
+    assert results[0] is results[1] and results[2] is results[3] and results[4] is results[5]

@@ -23,15 +23,20 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
                         naming one expert twice (synchronises the stream once per forward, so
                         not inside CUDA graphs)
     """
-    x, gate_up_proj, down_proj = _autocast(x, gate_up_proj, down_proj)
-    _check(x, gate_up_proj, down_proj, topk_ids, topk_weights)
+    cast = _autocast_dtype()
+    x = _cast(x, cast)
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 0):
+        gate_up_proj, down_proj = _cast(gate_up_proj, cast), _cast(down_proj, cast)
+        cast = None
+    _check(x, gate_up_proj, down_proj, topk_ids, topk_weights, pending_cast=cast)
     x = x.contiguous()
     topk_ids = _ids_int32(topk_ids, gate_up_proj.shape[0])
     topk_weights = topk_weights.to(x.dtype).contiguous()
     if x.shape[0] == 0:
         # No tokens (an expert-parallel rank may receive none): every gradient is zero. Empty
-        # slices keep the weights in the graph without reading them (1.2 GB a layer at Qwen3-30B).
-        return x * 0 + (gate_up_proj.flatten()[:0].sum() + down_proj.flatten()[:0].sum() + topk_weights.sum()) * 0
+        # slices keep the weights in the graph without reading them (1.2 GB a layer at Qwen3-30B),
+        # nor casting them under autocast.
+        return x * 0 + (gate_up_proj[:0].sum() + down_proj[:0].sum() + topk_weights.sum()) * 0
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, gate_up_proj, down_proj, topk_weights))
     if not needs_grad:
@@ -44,17 +49,22 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
     return out
 
 
-def _autocast(*tensors):
-    """Under torch.autocast (CUDA) the floating inputs in its dtype, as F.linear casts them: float32
-    master weights then train through the bf16 kernels, and autograd returns float32 gradients.
-    The weights are cast on every call; pass them in bf16 or fp16 to skip that copy."""
+def _autocast_dtype():
+    """The dtype torch.autocast (CUDA) casts floating inputs to, as F.linear casts them, or None
+    when it is off or its dtype is not one the kernels take (then _check names the inputs): under
+    it float32 master weights train through the bf16 kernels, and autograd returns float32
+    gradients. The weights are cast on every call; pass them in bf16 or fp16 to skip that copy."""
     if not torch.is_autocast_enabled("cuda"):
-        return tensors
+        return None
     dtype = torch.get_autocast_dtype("cuda")
-    if dtype not in ops.DTYPES:
-        return tensors
-    # Anything else is left for _check to name.
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors)
+    return dtype if dtype in ops.DTYPES else None
+
+
+def _cast(t, dtype):
+    """t in dtype when dtype is set and t is a floating tensor; anything else is left for _check."""
+    if dtype is None or not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        return t
+    return t.to(dtype)
 
 
 def _ids_int32(topk_ids, experts):
@@ -73,7 +83,10 @@ def _fail(message):
     raise InvalidArgumentError(f"moejit.torch.fused_moe: {message}", status="invalid_argument")
 
 
-def _check(x, w1, w2, topk_ids, topk_weights):
+def _check(x, w1, w2, topk_ids, topk_weights, pending_cast=None):
+    """Names the first bad input. pending_cast: autocast's dtype when the floating weights were
+    left uncast because there are no tokens; it stands for their dtype, and their layout does
+    not matter, since nothing reads them."""
     names = ("x", "gate_up_proj", "down_proj", "topk_ids", "topk_weights")
     tensors = (x, w1, w2, topk_ids, topk_weights)
     for name, t, dims in zip(names, tensors, (2, 3, 3, 2, 2)):
@@ -89,9 +102,10 @@ def _check(x, w1, w2, topk_ids, topk_weights):
     if x.dtype not in ops.DTYPES:
         _fail(f"x must be bfloat16 or float16, got {x.dtype}")
     for name, t in (("gate_up_proj", w1), ("down_proj", w2)):
-        if t.dtype != x.dtype:
+        pending = pending_cast is not None and t.is_floating_point()
+        if (pending_cast if pending else t.dtype) != x.dtype:
             _fail(f"{name} is {t.dtype}, x is {x.dtype}: the weights must have x's dtype")
-        if not t.is_contiguous():
+        if not pending and not t.is_contiguous():
             _fail(f"{name} must be contiguous (copying the weights each call would be silent and slow)")
     if topk_ids.is_floating_point() or topk_ids.is_complex() or topk_ids.dtype == torch.bool:
         _fail(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")

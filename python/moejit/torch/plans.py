@@ -2,6 +2,9 @@
 
 Building a plan compiles or loads kernels and may self-tune (seconds), so it happens once per
 (T, E, H, I, K, dtype, mode, check_expert_ids, device); later calls cost only the launches.
+Plans of different keys build at once (one thread per GPU tunes its own); threads asking for
+one key wait for its single build. A plan holds no device memory (the library's compiled
+kernels are shared by all plans), so the cache keeps every plan it built.
 """
 
 import threading
@@ -12,8 +15,9 @@ from .._library import Plan
 from ..errors import StateError
 from . import _context
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _building
 _plans = {}
+_building = {}  # key -> the lock held while that key's plan is built (kept, like the plans)
 
 
 def plan_for(problem, device):
@@ -21,25 +25,27 @@ def plan_for(problem, device):
     _context.make_current(device.index)
     key = problem.key() + (device.index,)
     plan = _plans.get(key)
-    if plan is None:
-        with _lock:
-            plan = _plans.get(key)
-            if plan is None:
-                if torch.cuda.is_current_stream_capturing():
-                    # Building compiles, loads modules and may tune: none of it belongs in a graph.
-                    raise StateError(
-                        "moejit: no plan yet for this problem "
-                        f"(T={problem.tokens} E={problem.experts} H={problem.hidden} I={problem.intermediate} "
-                        f"K={problem.topk}) and the stream is capturing a CUDA graph; run the op once before "
-                        "capturing (the usual warm-up)",
-                        status="state",
-                    )
-                plan = Plan(problem)
-                _plans[key] = plan
+    if plan is not None:
+        return plan
+    if torch.cuda.is_current_stream_capturing():
+        # Building compiles, loads modules and may tune: none of it belongs in a graph.
+        raise StateError(
+            "moejit: no plan yet for this problem "
+            f"(T={problem.tokens} E={problem.experts} H={problem.hidden} I={problem.intermediate} "
+            f"K={problem.topk}) and the stream is capturing a CUDA graph; run the op once before "
+            "capturing (the usual warm-up)",
+            status="state",
+        )
+    with _lock:
+        building = _building.setdefault(key, threading.Lock())
+    with building:
+        plan = _plans.get(key)
+        if plan is None:
+            plan = Plan(problem)
+            _plans[key] = plan
     return plan
 
 
 def clear_plans():
     """Drops every cached plan, so changed MOEJIT_* settings apply to the next calls."""
-    with _lock:
-        _plans.clear()
+    _plans.clear()
