@@ -75,14 +75,14 @@ void DenseCeiling::forward(int step) const {
   gemm(blas_, dtype_, tk, hidden_, inter_, act_, false, w2_, true, y_);
 }
 
-void DenseCeiling::backward(int step) const {
+void DenseCeiling::backward(int step, bool weight_grads) const {
   const int tk = static_cast<int>(tk_);
   const cuda::DeviceBuffer& x = x_[step % copies()];
   const cuda::DeviceBuffer& d_out = d_out_[step % copies()];
   gemm(blas_, dtype_, tk, inter_, hidden_, d_out, false, w2_, false, d_act_);
-  gemm(blas_, dtype_, hidden_, inter_, tk, d_out, true, act_, false, dw2_);
+  if (weight_grads) gemm(blas_, dtype_, hidden_, inter_, tk, d_out, true, act_, false, dw2_);
   gemm(blas_, dtype_, tk, hidden_, 2 * inter_, pre_act_, false, w1_, false, dx_);
-  gemm(blas_, dtype_, 2 * inter_, hidden_, tk, pre_act_, true, x, false, dw1_);
+  if (weight_grads) gemm(blas_, dtype_, 2 * inter_, hidden_, tk, pre_act_, true, x, false, dw1_);
 }
 
 Stats DenseCeiling::measure(StepKind kind, StreamTimer& timer, int warmup, int iters) const {
@@ -93,11 +93,13 @@ Stats DenseCeiling::measure(StepKind kind, StreamTimer& timer, int warmup, int i
     case StepKind::kInference: return timer.measure(warmup, iters, {}, fwd);
     case StepKind::kBackward: return timer.measure(warmup, iters, fwd, bwd);
     case StepKind::kFull:
-    case StepKind::kMemEff: break;
+    case StepKind::kMemEff:
+    case StepKind::kFrozen: break;
   }
-  return timer.measure(warmup, iters, {}, [this](int step) {
+  const bool weight_grads = kind != StepKind::kFrozen;
+  return timer.measure(warmup, iters, {}, [this, weight_grads](int step) {
     forward(step);
-    backward(step);
+    backward(step, weight_grads);
   });
 }
 

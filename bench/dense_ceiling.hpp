@@ -40,12 +40,13 @@ class DenseCeiling {
   // [TK x H]·[H x 2I] and [TK x I]·[I x H]: 6·TK·H·I FLOPs.
   void forward(int step) const;
   // dO·W2 [TK x H]·[H x I], dW2 [H x TK]·[TK x I], dX [TK x 2I]·[2I x H], dW1 [2I x TK]·[TK x H]:
-  // 12·TK·H·I FLOPs.
-  void backward(int step) const;
+  // 12·TK·H·I FLOPs; without weight_grads (frozen) dO·W2 and dX alone, 6·TK·H·I.
+  void backward(int step, bool weight_grads = true) const;
   int copies() const { return static_cast<int>(x_.size()); }
 
   // Times the sequence matching `kind`: forward for forward and inference, forward + backward
-  // for full and memeff, backward after an untimed forward for backward (as the fused step runs).
+  // for full and memeff (frozen: without weight gradients), backward after an untimed forward
+  // for backward (as the fused step runs).
   Stats measure(StepKind kind, StreamTimer& timer, int warmup, int iters) const;
 
  private:

@@ -152,6 +152,13 @@ Stats MoeSteps::measure(StepKind kind, StreamTimer& timer, int warmup, int iters
     case StepKind::kBackward: return timer.measure(warmup, iters, forward, backward);
     case StepKind::kFull:
     case StepKind::kMemEff: break;
+    case StepKind::kFrozen:
+      return timer.measure(warmup, iters, {}, [&](int step) {
+        forward(step);
+        BackwardArgs a = backward_args(step, scratch);
+        a.dw1 = a.dw2 = nullptr;
+        plan.backward(a);
+      });
   }
   return timer.measure(warmup, iters, {}, [&](int step) {
     forward(step);

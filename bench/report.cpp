@@ -164,7 +164,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
   j["iters"] = info.iters;
   j["rounds"] = info.rounds;
   j["config_overrides"] = info.overrides;
-  j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward 12*H*I, full and memeff 18*H*I";
+  j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward and frozen 12*H*I, full and memeff 18*H*I";
   j["weight_bytes_model"] = "W1 and W2 read by the forward and again by the backward, dW1 and dW2 written once";
   nlohmann::json rows = nlohmann::json::array();
   for (const TokenResult& r : results) {

@@ -76,7 +76,9 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
 /* dx, dw1, dw2 and d_topk_weights are written, never accumulated into. dw1 also holds an
  * intermediate during the call (written over last; in training mode where T*K <= 2*E*H, in
  * memory-efficient mode unless bwd_dw2 recomputes the activation), so like every output it must
- * not overlap another argument. topk_ids is checked like the forward's but not read: the routing
+ * not overlap another argument. dw1 and dw2 both NULL (frozen experts): neither weight gradient
+ * is computed, and the call runs only what dx and d_topk_weights need; one NULL alone is
+ * MOEJIT_ERROR_INVALID_ARGUMENT. topk_ids is checked like the forward's but not read: the routing
  * comes from `saved`. */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,

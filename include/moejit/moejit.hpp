@@ -85,7 +85,9 @@ struct BackwardArgs {
   void* dx = nullptr;
   // Written, never accumulated into. backward() also keeps an intermediate here while it runs
   // (written over last; training mode where T*K <= 2*E*H, memory-efficient mode unless bwd_dw2
-  // recomputes the activation), so it must not overlap any other argument.
+  // recomputes the activation), so it must not overlap any other argument. Both null (frozen
+  // experts): neither weight gradient is computed, and the backward runs only what dx and
+  // d_topk_weights need; one null alone is an InvalidArgument.
   void* dw1 = nullptr;
   void* dw2 = nullptr;
   void* d_topk_weights = nullptr;

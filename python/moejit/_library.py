@@ -164,8 +164,9 @@ def problem_memory(problem):
 
 class Plan:
     """One moejit_plan: kernels compiled (or tuned) and loaded into the CUDA context current at
-    creation. Calls take raw device addresses (ints) and a CUstream (int, 0 = legacy default).
-    One plan serialises its calls (the library's plan is not thread-safe)."""
+    creation. Calls take raw device addresses (ints) and a CUstream (int, 0 = legacy default);
+    backward's dw1 and dw2 may both be None (frozen experts: neither is computed). One plan
+    serialises its calls (the library's plan is not thread-safe)."""
 
     def __init__(self, problem):
         self.problem = problem

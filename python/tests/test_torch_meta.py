@@ -79,6 +79,17 @@ def test_no_tokens_gives_empty_output_and_zero_weight_grads():
     assert w1.grad.shape == w1.shape and w2.grad.shape == w2.shape and weights.grad.shape == weights.shape
 
 
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_frozen_experts_get_no_weight_gradients(memory_efficient):
+    x, w1, w2, ids, weights = meta_inputs(16)
+    w1.requires_grad_(False)
+    w2.requires_grad_(False)
+    out = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=memory_efficient)
+    out.float().sum().backward()
+    assert w1.grad is None and w2.grad is None
+    assert x.grad.shape == x.shape and weights.grad.shape == weights.shape
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_torch_compile_traces_one_opaque_op(dynamic):
     graphs = []

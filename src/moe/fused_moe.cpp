@@ -207,7 +207,8 @@ void FusedMoe::backward(const BackwardArgs& a) {
     s.unusable_saved[a.saved] = "a memory-efficient backward() already consumed it";
   }
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
-  if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) || s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut)) {
+  if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
+      (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {
     s.scatter(b.scatter_d_out, stream);
   }
   if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
@@ -229,10 +230,11 @@ void FusedMoe::backward(const BackwardArgs& a) {
     }
   } else {
     s.launch(Role::kBwdDown, &b.bwd_down, stream);
-    if (!b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+    if (b.weight_grads && !b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
   }
   s.launch(Role::kBwdDx, &b.bwd_dx, stream);
   s.launch(Role::kGatherSum, &b.gather_dx, stream);
+  if (!b.weight_grads) return;
   if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);
   s.launch(Role::kBwdDw1, &b.bwd_dw1, stream);
 }

@@ -49,7 +49,14 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   const bool memeff = p.mode == Mode::kMemoryEfficient;
   void* pre_act = at(a.saved, l.pre_act);
   void* d_pre_act = memeff ? pre_act : at(a.workspace, l.d_pre_act);
-  void* weighted_act = l.weighted_act_in_dw1 ? a.dw1 : memeff ? nullptr : at(a.workspace, l.weighted_act);
+  const bool weight_grads = a.dw1 != nullptr;
+  // The chunks exist to fit the weighted activation in dW1's buffer; without dW1 there is none.
+  const int chunk_experts = weight_grads ? l.chunk_experts : p.experts;
+  const int chunk_columns = weight_grads ? l.chunk_columns : p.intermediate;
+  void* weighted_act = !weight_grads            ? nullptr
+                       : l.weighted_act_in_dw1 ? a.dw1
+                       : memeff                ? nullptr
+                                               : at(a.workspace, l.weighted_act);
   void* dx_rows = at(a.workspace, l.dx_rows);
   BackwardSteps s{};
   const int ds_slots = score_gradient_slots(shape_of(p));
@@ -61,17 +68,18 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.bwd_down.expert_begin = 0;
   s.bwd_down.weighted_act_rows = s.bwd_dw2.weighted_act_rows = static_cast<std::int32_t>(l.weighted_act_rows);
   s.bwd_down.n_begin = s.bwd_dw2.n_begin = 0;
-  s.bwd_down.n_end = s.bwd_dw2.n_end = l.chunk_columns;  // the first column chunk's, where there are several
-  s.bwd_down.wact_ld = s.bwd_dw2.wact_ld = l.weighted_act_in_dw1 ? l.chunk_columns : i;
+  s.bwd_down.n_end = s.bwd_dw2.n_end = chunk_columns;  // the first column chunk's, where there are several
+  s.bwd_down.wact_ld = s.bwd_dw2.wact_ld = l.weighted_act_in_dw1 ? chunk_columns : i;
   s.bwd_down.ds_slots = ds_slots;
-  s.chunk_experts = l.chunk_experts;
-  s.chunk_columns = l.chunk_columns;
+  s.chunk_experts = chunk_experts;
+  s.chunk_columns = chunk_columns;
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
                  h,       p.topk,  p.experts,        ds_slots};
   s.scatter_x = scatter(a.x, dx_rows, rb, p);
   s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
-  s.dw2_first = memeff && !l.weighted_act_in_dw1;  // it reads pre_act before bwd_down overwrites it
+  s.weight_grads = weight_grads;
+  s.dw2_first = weight_grads && memeff && !l.weighted_act_in_dw1;  // it reads pre_act before bwd_down overwrites it
   return s;
 }
 

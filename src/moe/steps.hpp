@@ -32,6 +32,9 @@ struct BackwardSteps {
   params::GatherSum gather_dx;  // unweighted; also writes d_topk_weights
   params::GatherSum scatter_x;  // x into dx_rows once gather_dx has read it, for bwd_dw1's x_rows
   params::BwdDw1 bwd_dw1;
+  // dW1 and dW2 are asked for (BackwardArgs: both or neither). Without them bwd_dw2, bwd_dw1 and
+  // its scatter of x do not run, bwd_down stores no weighted activation, and it runs whole.
+  bool weight_grads;
   // Memory-efficient mode where bwd_dw2 recomputes the activation (memeff_recomputes_act): it
   // reads pre_act, which bwd_down then overwrites, so dW2 runs first.
   bool dw2_first;

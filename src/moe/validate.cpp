@@ -126,9 +126,11 @@ std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProbl
   // Memory-efficient mode writes d_pre_act over pre_act inside saved: there saved is written, so
   // it may overlap no input either; otherwise it is only read.
   const bool memeff = p.mode == Mode::kMemoryEfficient;
+  // Both weight gradients null: frozen experts, neither is computed (validate_backward).
+  const bool weight_grads = a.dw1 != nullptr || a.dw2 != nullptr;
   std::vector<TensorRegion> t = {{"dx", a.dx, z.tokens_h, tensor, true},
-                                 {"dw1", a.dw1, z.w1, tensor, true},
-                                 {"dw2", a.dw2, z.w2, tensor, true},
+                                 {"dw1", a.dw1, weight_grads ? z.w1 : 0, tensor, true},
+                                 {"dw2", a.dw2, weight_grads ? z.w2 : 0, tensor, true},
                                  {"d_topk_weights", a.d_topk_weights, z.pairs * z.elt, 2, true},
                                  {"workspace", a.workspace, m.backward_workspace_bytes, kBuffer, true}};
   if (memeff) t.push_back({"saved", a.saved, m.saved_bytes, kBuffer, true});
@@ -150,6 +152,12 @@ std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProble
 std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
                                             bool vector_aligned) {
   if (p.mode == Mode::kInference) throw StateError("an inference plan has no backward; build it with a training mode");
+  if ((a.dw1 == nullptr) != (a.dw2 == nullptr)) {
+    throw InvalidArgument(a.dw1 == nullptr ? "dw1" : "dw2",
+                          fmt::format("null device pointer while {} is given: pass both weight gradients, or neither "
+                                      "(frozen experts: dx and d_topk_weights only)",
+                                      a.dw1 == nullptr ? "dw2" : "dw1"));
+  }
   std::vector<TensorRegion> tensors = backward_tensors(a, p, m, vector_aligned);
   require_size(a.saved_bytes, m.saved_bytes, "saved_bytes");
   require_size(a.workspace_bytes, m.backward_workspace_bytes, "workspace_bytes");

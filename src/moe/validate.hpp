@@ -31,8 +31,9 @@ std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProbl
 
 void validate_problem(const MoeProblem& p);
 
-// A call's arguments: sizes given, every tensor non-null and aligned, no written one overlapping
-// another tensor. Returns the call's tensors (forward_tensors, backward_tensors).
+// A call's arguments: sizes given, every tensor non-null and aligned (except backward's dw1 and
+// dw2 when both are null), no written one overlapping another tensor. Returns the call's tensors
+// (forward_tensors, backward_tensors).
 std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
                                            bool vector_aligned);
 std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,

@@ -691,6 +691,41 @@ TEST_CASE("memory-efficient mode equals the default mode", "[gpu][moe]") {
   stream.synchronize();
 }
 
+TEST_CASE("frozen experts: a backward without weight gradients gives dx and d_topk_weights bit for bit",
+          "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // The memory-efficient layouts of the case above (dW1's buffer, chunks of experts, of columns,
+  // recomputed), where the full backward runs bwd_down in pieces and the frozen one runs it whole.
+  for (const CaseSpec& spec : {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1024, 2, 256, 136, 2},
+                               CaseSpec{600, 8, 128, 72, 4}, CaseSpec{1100, 2, 256, 640, 2},
+                               CaseSpec{1100, 2, 256, 136, 2}}) {
+    const CaseData data = make_case(spec);
+    for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+      INFO(describe(spec) << ", " << mode_name(mode));
+      const Outputs full = run_case(data, mode);
+      FusedMoe plan(problem_of(spec, mode));
+      DeviceRun run(data, plan.memory());  // poisoned: dx or d_topk_weights left unwritten read NaN
+      cuda::Stream stream;
+      plan.forward(run.forward_args(stream.get()));
+      BackwardArgs frozen = run.backward_args(stream.get());
+      frozen.dw1 = frozen.dw2 = nullptr;
+      plan.backward(frozen);
+      stream.synchronize();
+      CHECK(test::differences(download(run.dx, spec.dtype, full.dx.size()), full.dx) == "none");
+      CHECK(test::differences(download(run.d_weights, spec.dtype, full.ds.size()), full.ds) == "none");
+    }
+  }
+  const CaseSpec spec{64, 4, 64, 32, 2};
+  FusedMoe plan(problem_of(spec, Mode::kTraining));
+  DeviceRun run(make_case(spec), plan.memory());
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  BackwardArgs one = run.backward_args(stream.get());
+  one.dw2 = nullptr;
+  CHECK_THROWS_WITH(plan.backward(one), Catch::StartsWith("dw2: null device pointer while dw1 is given"));
+  stream.synchronize();
+}
+
 TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", "[gpu][moe][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 11};

@@ -282,3 +282,32 @@ TEST_CASE("the score gradient takes one fp32 slot a pair for each 64 columns of 
   CHECK(bs.chunk_columns % 64 == 0);
   CHECK(expert_chunk(bs, 0, bs.chunk_columns).bwd_down.ds_slots == 10);
 }
+
+TEST_CASE("a backward without weight gradients runs bwd_down whole and stores no weighted activation", "[steps]") {
+  // Training with the weighted activation in dW1's buffer, memory-efficient in expert chunks
+  // (T = 98304 at Qwen3-30B-A3B), and in column chunks (T = 2^20).
+  for (const MoeProblem& p : {MoeProblem{8192, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining},
+                              MoeProblem{98304, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient},
+                              MoeProblem{1 << 20, 128, 2048, 768, 8, DType::kBF16, Mode::kMemoryEfficient}}) {
+    INFO("T = " << p.tokens << ", " << mode_name(p.mode));
+    const MemoryLayout l = memory_layout(p);
+    const BackwardSteps full = backward_steps(backward_args(), p, l);
+    REQUIRE(full.weight_grads);
+    REQUIRE(full.bwd_down.weighted_act == backward_args().dw1);
+    BackwardArgs b = backward_args();
+    b.dw1 = b.dw2 = nullptr;
+    const BackwardSteps bs = backward_steps(b, p, l);
+    CHECK_FALSE(bs.weight_grads);
+    CHECK_FALSE(bs.dw2_first);
+    CHECK(bs.bwd_down.weighted_act == nullptr);
+    CHECK(bs.chunk_experts == p.experts);
+    CHECK(bs.chunk_columns == p.intermediate);
+    CHECK(bs.bwd_down.n_begin == 0);
+    CHECK(bs.bwd_down.n_end == p.intermediate);
+    // What dx and the score gradient need is unchanged.
+    CHECK(bs.bwd_down.d_pre_act == full.bwd_down.d_pre_act);
+    CHECK(bs.bwd_dx.d_pre_act == full.bwd_dx.d_pre_act);
+    CHECK(bs.gather_dx.tokens == full.gather_dx.tokens);
+    CHECK(bs.ds_acc == full.ds_acc);
+  }
+}

@@ -296,3 +296,28 @@ TEST_CASE("a call's tensors must be non-null and aligned, its buffers as large a
   CHECK(std::string(t.back().name) == "topk_weights");
   CHECK(t.back().bytes == std::size_t{4096} * 6 * 2);
 }
+
+TEST_CASE("a backward takes both weight gradients or neither (frozen experts)", "[validate]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
+    const MemoryLayout l = memory_layout(p);
+    const MemoryPlan m = memory_plan(l);
+    BackwardArgs frozen = separate_backward_args(l);
+    frozen.dw1 = frozen.dw2 = nullptr;
+    CHECK_NOTHROW(validate_backward(frozen, p, m, true));
+    for (const TensorRegion& t : backward_tensors(frozen, p, m, true)) {
+      if (t.begin == nullptr) CHECK(t.bytes == 0);
+    }
+    BackwardArgs one = separate_backward_args(l);
+    one.dw2 = nullptr;
+    CHECK_THROWS_WITH(validate_backward(one, p, m, true),
+                      Catch::StartsWith("dw2: null device pointer while dw1 is given") && Catch::Contains("neither"));
+    one = separate_backward_args(l);
+    one.dw1 = nullptr;
+    CHECK_THROWS_WITH(validate_backward(one, p, m, true), Catch::StartsWith("dw1: null device pointer while dw2"));
+    // The other outputs stay required.
+    frozen.dx = nullptr;
+    CHECK_THROWS_WITH(validate_backward(frozen, p, m, true), Catch::StartsWith("dx: null device pointer"));
+  }
+}

@@ -1,7 +1,8 @@
 """The moejit custom ops (torch.library): opaque to torch.compile and CUDA graphs.
 
   moejit::fused_moe_forward(x, W1, W2, topk_ids, topk_weights, plan_mode, check_expert_ids) -> (out, saved)
-  moejit::fused_moe_backward(d_out, x, W1, W2, topk_ids, topk_weights, saved, ...) -> (dx, dW1, dW2, ds)
+  moejit::fused_moe_backward(d_out, x, W1, W2, topk_ids, topk_weights, saved, ..., weight_grads)
+      -> (dx, dW1, dW2, ds); without weight_grads (frozen experts) dW1 and dW2 are empty and not computed
   moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
       overwrites `saved` (declared as a mutation so the compiler never reuses it).
 
@@ -77,27 +78,36 @@ def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode,
     return torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8)
 
 
+def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
+    if weight_grads:
+        return torch.empty_like(gate_up_proj), torch.empty_like(down_proj)
+    return gate_up_proj.new_empty(0), down_proj.new_empty(0)
+
+
 def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
-              check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              check_expert_ids: bool, weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor]:
     device = x.device
     d_out, x = _aligned(d_out), _aligned(x)
     with torch.cuda.device(device):
         plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
         m = plan.memory
-        dx, dw1, dw2 = torch.empty_like(x), torch.empty_like(gate_up_proj), torch.empty_like(down_proj)
-        d_topk_weights = torch.empty_like(topk_weights)
+        dx, d_topk_weights = torch.empty_like(x), torch.empty_like(topk_weights)
+        dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
         workspace = _bytes(m.backward_workspace_bytes, device)
+        # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need.
         plan.backward(d_out.data_ptr(), x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(),
                       topk_ids.data_ptr(), topk_weights.data_ptr(), saved.data_ptr(), saved.numel(), dx.data_ptr(),
-                      dw1.data_ptr(), dw2.data_ptr(), d_topk_weights.data_ptr(), workspace.data_ptr(),
-                      m.backward_workspace_bytes, _stream(device))
+                      dw1.data_ptr() if weight_grads else None, dw2.data_ptr() if weight_grads else None,
+                      d_topk_weights.data_ptr(), workspace.data_ptr(), m.backward_workspace_bytes, _stream(device))
     return dx, dw1, dw2, d_topk_weights
 
 
-def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, plan_mode, check_expert_ids):
-    return (torch.empty_like(x), torch.empty_like(gate_up_proj), torch.empty_like(down_proj),
-            torch.empty_like(topk_weights))
+def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, plan_mode, check_expert_ids,
+                   weight_grads):
+    dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
+    return torch.empty_like(x), dw1, dw2, torch.empty_like(topk_weights)
 
 
 fused_moe_backward = torch.library.custom_op("moejit::fused_moe_backward", _backward, mutates_args=(),
@@ -131,10 +141,12 @@ def _autograd_backward(ctx, d_out, _d_saved, eager=False):
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
     op = _backward if eager else fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
-    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
-                          ctx.mode, ctx.check_expert_ids)
-    ctx.consumed = True
     needs = ctx.needs_input_grad
+    # Frozen experts skip the weight-gradient GEMMs; one weight needing its gradient computes
+    # both (the library takes both or neither).
+    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
+                          ctx.mode, ctx.check_expert_ids, needs[1] or needs[2])
+    ctx.consumed = True
     return (dx if needs[0] else None, dw1 if needs[1] else None, dw2 if needs[2] else None, None,
             ds if needs[4] else None, None, None)
 
