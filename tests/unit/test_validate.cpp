@@ -56,6 +56,17 @@ BackwardArgs separate_backward_args(const MemoryLayout& l) {
 // What plan_memory reports for the problem's layout.
 MemoryPlan memory_plan(const MemoryLayout& l) { return {l.saved_bytes, l.forward_bytes, l.backward_bytes}; }
 
+// DeepSeek-V2-Lite at T=4096 in a training mode: the problem, its memory plan and a backward
+// whose every buffer lies in a GiB of its own.
+struct BackwardCase {
+  explicit BackwardCase(Mode mode)
+      : p{4096, 64, 2048, 1408, 6, DType::kBF16, mode}, m(memory_plan(memory_layout(p))),
+        args(separate_backward_args(memory_layout(p))) {}
+  MoeProblem p;
+  MemoryPlan m;
+  BackwardArgs args;
+};
+
 // The argument validate_problem names, or "" when it accepts the problem.
 std::string rejected_argument(const MoeProblem& p) {
   try {
@@ -131,10 +142,7 @@ TEST_CASE("a forward whose outputs overlap an input is rejected", "[validate]") 
 TEST_CASE("a backward whose outputs overlap another argument is rejected, naming both", "[validate]") {
   for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
     INFO(mode_name(mode));
-    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
-    const MemoryLayout l = memory_layout(p);
-    const MemoryPlan m = memory_plan(l);
-    const BackwardArgs a = separate_backward_args(l);
+    const auto [p, m, a] = BackwardCase(mode);
     CHECK_NOTHROW(validate_backward(a, p, m, true));
 
     BackwardArgs bad = a;
@@ -161,10 +169,7 @@ TEST_CASE("a backward whose outputs overlap another argument is rejected, naming
 TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved over an input", "[validate]") {
   for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
     INFO(mode_name(mode));
-    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
-    const MemoryLayout l = memory_layout(p);
-    const MemoryPlan m = memory_plan(l);
-    BackwardArgs a = separate_backward_args(l);
+    auto [p, m, a] = BackwardCase(mode);
     a.saved = gib(1);  // saved over dO
     if (mode == Mode::kTraining) {
       // Training's backward only reads saved: two inputs may share bytes.
@@ -300,20 +305,18 @@ TEST_CASE("a call's tensors must be non-null and aligned, its buffers as large a
 TEST_CASE("a backward takes both weight gradients or neither (frozen experts)", "[validate]") {
   for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
     INFO(mode_name(mode));
-    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
-    const MemoryLayout l = memory_layout(p);
-    const MemoryPlan m = memory_plan(l);
-    BackwardArgs frozen = separate_backward_args(l);
+    const auto [p, m, a] = BackwardCase(mode);
+    BackwardArgs frozen = a;
     frozen.dw1 = frozen.dw2 = nullptr;
     CHECK_NOTHROW(validate_backward(frozen, p, m, true));
     for (const TensorRegion& t : backward_tensors(frozen, p, m, true)) {
       if (t.begin == nullptr) CHECK(t.bytes == 0);
     }
-    BackwardArgs one = separate_backward_args(l);
+    BackwardArgs one = a;
     one.dw2 = nullptr;
     CHECK_THROWS_WITH(validate_backward(one, p, m, true),
                       Catch::StartsWith("dw2: null device pointer while dw1 is given") && Catch::Contains("neither"));
-    one = separate_backward_args(l);
+    one = a;
     one.dw1 = nullptr;
     CHECK_THROWS_WITH(validate_backward(one, p, m, true), Catch::StartsWith("dw1: null device pointer while dw2"));
     // The other outputs stay required.
