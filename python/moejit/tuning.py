@@ -99,10 +99,16 @@ def run_cli(args):
     with subprocess.Popen([str(cli_path())] + list(args), stderr=subprocess.PIPE, text=True,
                           errors="replace") as child:
         lines = []
-        for line in child.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            lines.append(line)
+        try:
+            for line in child.stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                lines.append(line)
+        except BaseException:
+            # Interrupted (Ctrl-C in a notebook reaches only this process): a tune left running
+            # would hold the GPU and keep writing the database.
+            child.kill()
+            raise
         returncode = child.wait()
     if returncode != 0:
         message = "".join(lines).strip() or f"moejit {args[0]} exited with status {returncode}"

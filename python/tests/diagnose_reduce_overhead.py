@@ -137,12 +137,14 @@ class Recorder:
                             workspace_bytes, stream):
             t, e, h, i, k = (plan.problem.tokens, plan.problem.experts, plan.problem.hidden,
                              plan.problem.intermediate, plan.problem.topk)
-            self.record(plan, "backward", {
+            buffers = {
                 "d_out": (d_out, t * h * 2), "x": (x, t * h * 2), "W1": (w1, e * 2 * i * h * 2),
                 "W2": (w2, e * h * i * 2), "topk_ids": (ids, t * k * 4), "topk_weights": (weights, t * k * 2),
                 "saved": (saved, saved_bytes), "dx": (dx, t * h * 2), "dW1": (dw1, e * 2 * i * h * 2),
                 "dW2": (dw2, e * h * i * 2), "d_topk_weights": (ds, t * k * 2),
-                "workspace": (workspace, workspace_bytes)}, stream)
+                "workspace": (workspace, workspace_bytes)}
+            # Frozen experts pass no weight gradients.
+            self.record(plan, "backward", {n: b for n, b in buffers.items() if b[0] is not None}, stream)
             backward(plan, d_out, x, w1, w2, ids, weights, saved, saved_bytes, dx, dw1, dw2, ds, workspace,
                      workspace_bytes, stream)
 

@@ -1,5 +1,6 @@
 # MOEJIT_* settings from Python and moejit.tune's mapping onto the CLI (no torch, no GPU).
 import os
+import time
 
 import pytest
 
@@ -99,3 +100,28 @@ def test_cli_stderr_is_shown_while_the_cli_runs(monkeypatch, tmp_path):
     with pytest.raises(moejit.MoejitError, match="first item failed\nmoejit tune: second"):
         moejit.tune(tokens=64)
     assert watcher.text.splitlines() == ["moejit tune: gpu0 T=64: first item failed", "moejit tune: second"]
+
+
+def test_an_interrupted_run_stops_the_cli(monkeypatch, tmp_path):
+    # The fake CLI would run 30 s; an exception while its output is copied (Ctrl-C in a notebook
+    # reaches only this process) must stop it, not wait for it.
+    pid_file = tmp_path / "pid"
+    cli = tmp_path / "moejit"
+    cli.write_text(f"#!/bin/sh\necho $$ > '{pid_file}'\necho 'moejit tune: started' >&2\nexec sleep 30\n")
+    cli.chmod(0o755)
+    monkeypatch.setenv("MOEJIT_CLI", str(cli))
+
+    class Interrupting:
+        def write(self, text):
+            raise KeyboardInterrupt
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(tuning.sys, "stderr", Interrupting())
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        moejit.tune(tokens=64)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)

@@ -1,7 +1,9 @@
 # The PyTorch front end without a GPU: op registration, input checks, fake (meta) shapes through
 # autograd and torch.compile tracing, and the HF experts drop-in on the meta device.
+import collections
 import re
 import threading
+import time
 
 import pytest
 
@@ -80,14 +82,26 @@ def test_no_tokens_gives_empty_output_and_zero_weight_grads():
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True])
-def test_frozen_experts_get_no_weight_gradients(memory_efficient):
-    x, w1, w2, ids, weights = meta_inputs(16)
-    w1.requires_grad_(False)
-    w2.requires_grad_(False)
-    out = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=memory_efficient)
-    out.float().sum().backward()
-    assert w1.grad is None and w2.grad is None
-    assert x.grad.shape == x.shape and weights.grad.shape == weights.shape
+def test_frozen_experts_ask_for_no_weight_gradients(monkeypatch, memory_efficient):
+    from moejit.torch import ops
+    asked = []
+    for name in ("fused_moe_backward", "fused_moe_backward_consuming"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *args, op=op: asked.append(args[-1]) or op(*args))
+    for frozen in (False, True):
+        x, w1, w2, ids, weights = meta_inputs(16)
+        w1.requires_grad_(not frozen)
+        w2.requires_grad_(not frozen)
+        out = mt.fused_moe(x, w1, w2, ids, weights, memory_efficient=memory_efficient)
+        out.float().sum().backward()
+        assert x.grad.shape == x.shape and weights.grad.shape == weights.shape
+        assert (w1.grad is None) == frozen and (w2.grad is None) == frozen
+    assert asked == [True, False]  # the op's weight_grads
+    # The fake's weight gradients are empty when not asked for.
+    x, w1, w2, ids, weights = meta_inputs(16, requires_grad=False)
+    _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 0, False)
+    grads = torch.ops.moejit.fused_moe_backward(x, x, w1, w2, ids.int(), weights.bfloat16(), saved, 0, False, False)
+    assert [tuple(g.shape) for g in grads] == [(16, H), (0,), (0,), (16, K)]
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -304,36 +318,72 @@ def test_experts_module_names_a_wrong_hidden_size():
         experts(states, ids, torch.empty(2, 8, K, device="meta", dtype=torch.bfloat16))
 
 
-def test_plans_of_different_problems_build_at_once_and_each_once(monkeypatch):
-    # Three keys, two threads each: the three builds must meet at the barrier (a build of one
-    # key holding back another's would break it), and each key is built once.
+def test_plans_build_at_once_on_different_gpus_and_in_turn_on_one(monkeypatch):
+    # GPUs 0-2 each get two threads asking for T=16, and GPU 0 a third asking for T=32. The three
+    # GPUs' T=16 builds must meet at the barrier (a build on one GPU holding back another's would
+    # break it); GPU 0's two builds, each held 0.3 s, must never overlap; each is built once.
     meeting = threading.Barrier(3, timeout=10)
-    built = []
+    guard = threading.Lock()
+    here = threading.local()
+    built, active, overlapped = [], collections.Counter(), []
 
     class FakePlan:
         def __init__(self, problem):
-            built.append(problem.key())
-            meeting.wait()
+            with guard:
+                built.append((problem.tokens, here.gpu))
+                active[here.gpu] += 1
+                overlapped.append(active[here.gpu] > 1)
+            if problem.tokens == 16:
+                meeting.wait()
+            time.sleep(0.3)
+            with guard:
+                active[here.gpu] -= 1
 
     monkeypatch.setattr(plans, "Plan", FakePlan)
     monkeypatch.setattr(plans, "_plans", {})
-    monkeypatch.setattr(plans, "_building", {})
+    monkeypatch.setattr(plans, "_device_locks", {})
     monkeypatch.setattr(plans._context, "make_current", lambda ordinal: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    problems = [_library.make_problem(t, E, H, I, K) for t in (16, 32, 48) for _ in range(2)]
-    results = [None] * len(problems)
+    asks = [(16, gpu) for gpu in (0, 1, 2) for _ in range(2)] + [(32, 0)]
+    results = [None] * len(asks)
 
     def build(i):
+        here.gpu = asks[i][1]
         try:
-            results[i] = plans.plan_for(problems[i], torch.device("cuda", 0))
+            results[i] = plans.plan_for(_library.make_problem(asks[i][0], E, H, I, K), torch.device("cuda", here.gpu))
         except Exception as e:  # reported below
             results[i] = e
 
-    threads = [threading.Thread(target=build, args=(i,)) for i in range(len(problems))]
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(len(asks))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert all(isinstance(r, FakePlan) for r in results), results
-    assert sorted(built) == sorted({p.key() for p in problems})
+    assert sorted(built) == sorted(set(asks))
+    assert not any(overlapped)
     assert results[0] is results[1] and results[2] is results[3] and results[4] is results[5]
+
+
+def test_a_build_under_way_during_clear_plans_is_not_cached(monkeypatch):
+    started, cleared = threading.Event(), threading.Event()
+
+    class FakePlan:
+        def __init__(self, problem):
+            started.set()
+            cleared.wait(10)
+
+    monkeypatch.setattr(plans, "Plan", FakePlan)
+    monkeypatch.setattr(plans, "_plans", {})
+    monkeypatch.setattr(plans._context, "make_current", lambda ordinal: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    problem, device = _library.make_problem(16, E, H, I, K), torch.device("cuda", 0)
+    result = []
+    builder = threading.Thread(target=lambda: result.append(plans.plan_for(problem, device)))
+    builder.start()
+    assert started.wait(10)
+    plans.clear_plans()
+    cleared.set()
+    builder.join(10)
+    assert isinstance(result[0], FakePlan)  # the caller still gets its plan
+    assert plans._plans == {}  # built under the old settings: the next call builds again

@@ -2,9 +2,10 @@
 
 Building a plan compiles or loads kernels and may self-tune (seconds), so it happens once per
 (T, E, H, I, K, dtype, mode, check_expert_ids, device); later calls cost only the launches.
-Plans of different keys build at once (one thread per GPU tunes its own); threads asking for
-one key wait for its single build. A plan holds no device memory (the library's compiled
-kernels are shared by all plans), so the cache keeps every plan it built.
+Builds on different GPUs run at once (a thread per GPU tunes its own); on one GPU they take
+turns, since two self-tunes there would skew each other's timings and share its memory. A plan
+holds no device memory (the library's compiled kernels are shared by all plans), so the cache
+keeps every plan it built.
 """
 
 import threading
@@ -15,9 +16,10 @@ from .._library import Plan
 from ..errors import StateError
 from . import _context
 
-_lock = threading.Lock()  # guards _building
+_lock = threading.Lock()  # guards _device_locks and _generation
 _plans = {}
-_building = {}  # key -> the lock held while that key's plan is built (kept, like the plans)
+_device_locks = {}  # device index -> the lock held while a plan is built there
+_generation = 0  # clear_plans() count: a build that began before a clear is not cached
 
 
 def plan_for(problem, device):
@@ -27,25 +29,33 @@ def plan_for(problem, device):
     plan = _plans.get(key)
     if plan is not None:
         return plan
-    if torch.cuda.is_current_stream_capturing():
-        # Building compiles, loads modules and may tune: none of it belongs in a graph.
-        raise StateError(
-            "moejit: no plan yet for this problem "
-            f"(T={problem.tokens} E={problem.experts} H={problem.hidden} I={problem.intermediate} "
-            f"K={problem.topk}) and the stream is capturing a CUDA graph; run the op once before "
-            "capturing (the usual warm-up)",
-            status="state",
-        )
     with _lock:
-        building = _building.setdefault(key, threading.Lock())
+        building = _device_locks.setdefault(device.index, threading.Lock())
     with building:
         plan = _plans.get(key)
-        if plan is None:
-            plan = Plan(problem)
-            _plans[key] = plan
+        if plan is not None:
+            return plan
+        if torch.cuda.is_current_stream_capturing():
+            # Building compiles, loads modules and may tune: none of it belongs in a graph.
+            raise StateError(
+                "moejit: no plan yet for this problem "
+                f"(T={problem.tokens} E={problem.experts} H={problem.hidden} I={problem.intermediate} "
+                f"K={problem.topk}) and the stream is capturing a CUDA graph; run the op once before "
+                "capturing (the usual warm-up)",
+                status="state",
+            )
+        generation = _generation
+        plan = Plan(problem)
+        with _lock:
+            if generation == _generation:
+                _plans[key] = plan
     return plan
 
 
 def clear_plans():
-    """Drops every cached plan, so changed MOEJIT_* settings apply to the next calls."""
-    _plans.clear()
+    """Drops every cached plan, so changed MOEJIT_* settings apply to the next calls (a build
+    under way keeps its plan for its own call only)."""
+    global _generation
+    with _lock:
+        _generation += 1
+        _plans.clear()
