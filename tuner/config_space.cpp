@@ -14,6 +14,12 @@ constexpr int kGroupM = 8;
 // (BLOCK_K, stages): two-stage cp.async pipelines never won in measurements and deeper BK=64
 // pipelines exceed the register and shared-memory budget, so the space keeps three depths.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
+// Token tiles under 64 rows (decode-sized T) hold a few rows per weight tile: such a role streams
+// the touched experts' weights, at a rate set by the bytes each block keeps in flight, and with
+// few experts touched there are few blocks. These tiles' stages are small enough to go deeper:
+// session 44's retune took 35 of 80 such keys' winners from these depths (fwd_up and fwd_down up
+// to 8 % faster); BK 64 x 8 and BK 128 x 6 won none.
+constexpr std::pair<int, int> kStreamingDepths[] = {{64, 4}, {64, 6}, {128, 3}, {128, 4}};
 
 // Hopper wgmma configs (sm_90a only; gated on every other device), in two pipelines; one k
 // tile stays in flight in the tensor cores, so either keeps stages - 2 tiles loading.
@@ -74,9 +80,9 @@ int fit(int edge, long long extent, int minimum) {
   return edge;
 }
 
-// A Hopper default is used only when it passes pruning (a wgmma warp layout, the device's shared
-// memory, a BLOCK_K no deeper than the problem); otherwise the portable default is.
-bool hopper_default_fits(Role role, const TileConfig& c, const MoeShape& shape, const cuda::DeviceInfo& device) {
+// A measured default is used only when it passes pruning (a wgmma or mma.sync warp layout, the
+// device's shared memory, a BLOCK_K no deeper than the problem); otherwise the portable default is.
+bool default_fits(Role role, const TileConfig& c, const MoeShape& shape, const cuda::DeviceInfo& device) {
   return !prune_reason(role, c, shape, device);
 }
 
@@ -122,9 +128,14 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
     case RoleKind::kTokenGemm: {
       const int bm = token_block_m(shape);
       const int n_min = min_block_n(role);
-      for (int bn : {n_min, 2 * n_min, 4 * n_min})
+      for (int bn : {n_min, 2 * n_min, 4 * n_min}) {
         for (auto [bk, stages] : kDepths)
           for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+        if (bm < 64) {
+          for (auto [bk, stages] : kStreamingDepths)
+            for (int warps : {4, 8}) out.push_back(gemm(bm, bn, bk, stages, warps));
+        }
+      }
       if (bm >= 64) {  // a warpgroup's MMA is 64 rows high; pruning drops what does not fit
         for (int bn : {2 * n_min, 4 * n_min}) {
           for (auto [bk, stages] : kHopperDepths)
@@ -217,7 +228,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
         // tile: its persistent form's d_act does not fit beside four stages of BK 64).
         for (bool persistent : {true, false}) {
           c.persistent = persistent && persistent_eligible(role, c);
-          if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && hopper_default_fits(role, c, shape, device)) {
+          if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && default_fits(role, c, shape, device)) {
             return c;
           }
         }
@@ -229,7 +240,19 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       if (device.is_hopper() && bm >= 64 && fit(wg_bn, d.n, min_block_n(role)) == wg_bn) {
         const bool deep_k = role == Role::kFwdUp || bm < 128;
         c = hopper(gemm(bm, wg_bn, deep_k ? 64 : 32, deep_k ? 4 : 6, bm >= 128 ? 8 : 4));
-        if (hopper_default_fits(role, c, shape, device)) return c;
+        if (default_fits(role, c, shape, device)) return c;
+      }
+      // Token tiles under 64 rows, which have no wgmma config: per role, the config whose worst
+      // slowdown against the winner of the H200 table's 16- and 32-row keys is least (session 44:
+      // 3.6 to 5.2 %; the default below ran up to 1.6x slower there).
+      if (bm < 64) {
+        switch (role) {
+          case Role::kFwdUp: c = gemm(bm, 32, 128, 3, 4); break;
+          case Role::kFwdDown: c = gemm(bm, 128, 64, 4, 4); break;
+          case Role::kBwdDown: c = gemm(bm, 128, 64, 4, 8); break;
+          default: c = gemm(bm, 256, 64, 4, 8); break;
+        }
+        if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
       c.block_n = fit(c.block_n, d.n, min_block_n(role));
@@ -252,7 +275,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
         } else {
           c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
         }
-        if (hopper_default_fits(role, c, shape, device)) return c;
+        if (default_fits(role, c, shape, device)) return c;
       }
       c = device.is_hopper() && recomputed_b ? gemm(128, 64, 64, 3, 8) : gemm(128, 128, 32, 3, 8);
       c.block_m = fit(c.block_m, d.m, min_block_m(role));

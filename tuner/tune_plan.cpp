@@ -2,10 +2,32 @@
 
 #include <algorithm>
 
+#include <map>
+#include <utility>
+
+#include "db/tuning_key.hpp"
 #include "moejit/error.hpp"
+#include "tuner/role_traits.hpp"
 #include "tuner/tuning_keys.hpp"
 
 namespace moejit {
+
+std::vector<long long> table_token_counts(int experts, int topk, long long max_tokens) {
+  if (experts <= 0 || topk <= 0 || topk > experts || max_tokens <= 0) {
+    throw InvalidArgument("table_token_counts", "needs 0 < topk <= experts and max_tokens > 0");
+  }
+  // The key moves with T only through the pairs per expert, which grow by at most one per T: a
+  // walk over every T sees every key. Later T of a key replace earlier ones.
+  std::map<std::pair<int, int>, long long> largest;
+  for (long long t = 1; t <= max_tokens; ++t) {
+    const MoeShape shape{t, experts, 1, 1, topk, DType::kBF16};
+    largest[{db::tpe_bucket(shape.pairs(), experts), token_block_m(shape)}] = t;
+  }
+  std::vector<long long> out;
+  for (const auto& [key, t] : largest) out.push_back(t);
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 std::vector<TuneItem> plan_tuning(const TunePlanRequest& r, const cuda::DeviceInfo& device,
                                   const std::set<std::string>& done) {

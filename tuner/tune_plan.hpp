@@ -27,6 +27,14 @@ struct TunePlanRequest {
   bool force = false;       // retune keys that already have a fresh row
 };
 
+// The token counts a table tunes by default for a shape with `experts` and `topk`: for every
+// (tokens-per-expert bucket, token tile height) that some T in [1, max_tokens] reaches, the
+// largest such T, ascending. Every T up to max_tokens then finds its own key's row: a fixed list
+// (once 128, 512, 1024, ...) left T = 160 to 352 and 520 to 784 of Qwen3-30B-A3B, whose token tiles
+// are 32 and 64 rows high, to the heuristic defaults.
+std::vector<long long> table_token_counts(int experts, int topk, long long max_tokens);
+inline constexpr long long kTableMaxTokens = 32768;  // `moejit tune`'s default max_tokens
+
 // Keys already tuned (ids in `done`) are skipped unless force; a key shared by several modes
 // (e.g. fwd_down is "train" for inference too) is tuned once, in the first mode listed. Items
 // are ordered by token count, then mode; shard i of n takes items i, i+n, ... of the list before

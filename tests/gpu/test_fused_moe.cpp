@@ -414,6 +414,25 @@ TEST_CASE("every bwd_dw2 and bwd_down config in memory-efficient column chunks g
         40);
 }
 
+TEST_CASE("every token GEMM config of decode-sized problems (16- and 32-row tiles) gives the reference's answer",
+          "[gpu][moe][configs]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // One pair per expert or less (16-row tiles, most experts empty), then 16 (32-row tiles); H =
+  // 264 and I = 136 leave partial k tiles at every BLOCK_K, 128 included, and partial n tiles.
+  for (const CaseSpec& spec : {CaseSpec{3, 16, 264, 136, 4, DType::kBF16, Routing::kRandom, 71},
+                               CaseSpec{64, 8, 264, 136, 2, DType::kBF16, Routing::kRandom, 72}}) {
+    INFO(describe(spec));
+    int deep = 0;
+    const int runs = sweep_configs(*gpu, spec, [&](Role r, const TileConfig& c) {
+      if (role_kind(r) != RoleKind::kTokenGemm) return false;
+      deep += c.block_k * c.stages > 192;  // more bytes in flight than the 128-row tiles' depths allow
+      return true;
+    });
+    CHECK(runs >= 120);
+    CHECK(deep >= 60);
+  }
+}
+
 TEST_CASE("every Hopper config at 128-row tiles, H and I not multiples of the tile", "[gpu][moe][configs]") {
   MOEJIT_REQUIRE_HOPPER(gpu, "the wgmma and TMA configs need an sm_90 device");
   // 512 pairs per expert: 128-row token tiles (two warpgroups along M, TMA boxes of 128 rows);

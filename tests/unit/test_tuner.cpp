@@ -177,6 +177,34 @@ TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tun
   CHECK_THROWS_AS(plan_tuning(r, h200, {}), InvalidArgument);
 }
 
+TEST_CASE("the default tuning grid gives every T up to the largest a row of its own key", "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  // Qwen3-30B-A3B, worked by hand from token_block_m's rule (tile >= mean + 2 spreads): 16-row
+  // tiles up to 9 pairs per expert (T = 144), 32 up to 22 (T = 352), 64 up to 49 (T = 784); the
+  // buckets turn at 16, 32, 64, ... pairs per expert.
+  CHECK(table_token_counts(128, 8, 32768) ==
+        std::vector<long long>{144, 256, 352, 512, 784, 1024, 2048, 4096, 8192, 16384, 32768});
+  for (auto [e, k] : {std::pair{128, 8}, std::pair{8, 2}, std::pair{32, 4}, std::pair{64, 6}, std::pair{1, 1}}) {
+    INFO("E=" << e << " K=" << k);
+    const std::vector<long long> grid = table_token_counts(e, k, 32768);
+    REQUIRE(!grid.empty());
+    CHECK(std::is_sorted(grid.begin(), grid.end()));
+    CHECK(grid.back() == 32768);
+    std::set<std::string> keys;
+    for (long long t : grid) {
+      const MoeProblem p{t, e, 2048, 768, k, DType::kBF16, Mode::kTraining};
+      CHECK(keys.insert(tuning_key(Role::kFwdUp, p, h200).id()).second);  // one T per key
+    }
+    for (long long t = 1; t <= 32768; t += 1 + t / 64) {  // every T's key is in the grid
+      const MoeProblem p{t, e, 2048, 768, k, DType::kBF16, Mode::kTraining};
+      INFO("T=" << t);
+      CHECK(keys.count(tuning_key(Role::kFwdUp, p, h200).id()) == 1);
+    }
+  }
+  CHECK_THROWS_AS(table_token_counts(8, 9, 1024), InvalidArgument);
+  CHECK_THROWS_AS(table_token_counts(8, 2, 0), InvalidArgument);
+}
+
 TEST_CASE("processes starting together tune a problem once and share its rows", "[tuner][multiprocess]") {
   TempDir dir("shared");
   ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());

@@ -97,7 +97,7 @@ int run_tune(int argc, char** argv, int start) {
   req.intermediate = dims.intermediate;
   req.topk = dims.topk;
   req.dtype = dims.dtype;
-  req.tokens = parse_tokens(a, dims, {128, 512, 1024, 2048, 4096, 8192, 16384, 32768});
+  req.tokens = parse_tokens(a, dims, table_token_counts(dims.experts, dims.topk, kTableMaxTokens));
   const auto modes = a.has("modes") ? a.get_list("modes") : std::vector<std::string>{"train", "infer"};
   for (const std::string& m : modes) req.modes.push_back(parse_mode(m));
   // No --roles means every role; get_list rejects --roles= rather than read it as that default.
