@@ -14,7 +14,7 @@
 #                                       (tools/liger-wheel.sh)
 #   tools/gpu-round.sh sass GLOB        matrix instructions of cached kernels (tools/sass-check.py)
 #   tools/gpu-round.sh retune [--timing sustained] SHAPE...
-#                                       tune the shipped-table grid (8 token counts x train, infer,
+#                                       tune the shipped-table grid (moejit tune's default token counts x train, infer,
 #                                       memeff) for each E,H,I,K into /tmp/h200.sqlite, after
 #                                       importing build/release/retune-part.json if present, with
 #                                       db/'s winners as incumbents (kept on ties), and export

@@ -17,7 +17,7 @@ constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 // Token tiles under 64 rows (decode-sized T) hold a few rows per weight tile: such a role streams
 // the touched experts' weights, at a rate set by the bytes each block keeps in flight, and with
 // few experts touched there are few blocks. These tiles' stages are small enough to go deeper:
-// session 44's retune took 35 of 80 such keys' winners from these depths (fwd_up and fwd_down up
+// session 44's retune took 35 of 75 such keys' winners from these depths (fwd_up and fwd_down up
 // to 8 % faster); BK 64 x 8 and BK 128 x 6 won none.
 constexpr std::pair<int, int> kStreamingDepths[] = {{64, 4}, {64, 6}, {128, 3}, {128, 4}};
 

@@ -31,7 +31,9 @@ constexpr Command kCommands[] = {
      "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--modes train,infer,memeff] [--roles R,...]\n"
      "[--db PATH] [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
      "[--incumbents TABLE.json]",
-     "offline tuning into a database, resumable and shardable", ""},
+     "offline tuning into a database, resumable and shardable",
+     "  --tokens T,...       default: for every tuning key (tokens-per-expert bucket, token tile\n"
+     "                       height) a T up to 32768 reaches, the largest such T\n"},
     {"bench", run_bench, "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--mode M] [--reps N] [--device N]",
      "per role: heuristic default vs the stored (tuned) config", ""},
     {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER [--db PATH]",
