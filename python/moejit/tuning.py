@@ -76,7 +76,8 @@ def tune(shape=None, tokens=None, *, dtype=None, modes=None, roles=None, db=None
     database; keys already tuned are skipped unless force. Mirrors the CLI's options:
 
       shape    (E, H, I, K) or "E,H,I,K", default the CLI's (128, 2048, 768, 8)
-      tokens   token counts (int or list), default 128..32768
+      tokens   token counts (int or list), default the CLI's: for every tuning key a T up to
+               32768 reaches, the largest such T
       dtype    "bf16" or "fp16";  modes: "train", "infer", "memeff" (default train and infer)
       roles    kernel roles to tune (default all);  db: database path (default $MOEJIT_DB)
       devices  "all", a GPU ordinal or a list of them;  shard: (i, n) or "i/n";  budget: seconds per item
