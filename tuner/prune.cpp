@@ -125,18 +125,28 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
 
 constexpr std::string_view kFirstCallExclusion =
     "outside the first call's space (TMA warp-specialized configs only; moejit tune times all)";
+constexpr std::string_view kFirstCallShallowExclusion =
+    "outside the first call's space (small token tiles: BK 64 and deeper; moejit tune times all)";
 
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space) {
+  const auto legal_where = [&](auto pred) {
+    return std::any_of(space.begin(), space.end(), [&](const PruneDecision& d) { return !d.reason && pred(d.config); });
+  };
   const auto tma_ws = [](const TileConfig& c) { return c.use_tma && c.warp_specialized; };
   if (tma_ws(config)) return std::nullopt;
-  const bool any = std::any_of(space.begin(), space.end(), [&](const PruneDecision& d) { return !d.reason && tma_ws(d.config); });
-  if (!any) return std::nullopt;
-  return std::string(kFirstCallExclusion);
+  if (legal_where(tma_ws)) return std::string(kFirstCallExclusion);
+  // Token GEMM tiles under 64 rows: expert GEMM tiles are 64 rows or more, routing's and
+  // gather_sum's configs have no BLOCK_K.
+  const auto small_token_tile = [](const TileConfig& c) { return c.block_k > 0 && c.block_m < 64; };
+  const auto deep = [&](const TileConfig& c) { return small_token_tile(c) && c.block_k >= 64; };
+  if (small_token_tile(config) && !deep(config) && legal_where(deep)) return std::string(kFirstCallShallowExclusion);
+  return std::nullopt;
 }
 
 bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates) {
-  return std::any_of(candidates.begin(), candidates.end(),
-                     [](const db::CandidateResult& c) { return c.rejected && c.reason == kFirstCallExclusion; });
+  return std::any_of(candidates.begin(), candidates.end(), [](const db::CandidateResult& c) {
+    return c.rejected && (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion);
+  });
 }
 
 }  // namespace moejit

@@ -651,13 +651,28 @@ TEST_CASE("the first call's space: TMA warp-specialized configs where a role has
       CHECK(same == all);
     }
   }
-  // 16-row token tiles (T=128, 8 pairs per expert): the token GEMMs have no TMA config, so keep
-  // every legal one; the dW roles do.
-  for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx}) {
-    INFO(role_name(r));
-    const auto [legal, tma_ws, first_call] = kept(r, shape(128, 128, 8), fab::h200());
-    CHECK(tma_ws == 0);
-    CHECK(first_call == legal);
+  // 16- and 32-row token tiles (T=128 and 256: 8 and 16 pairs per expert): the token GEMMs have
+  // no TMA config, so they keep every legal config of BK 64 or more and leave out BK 32; the dW
+  // roles have TMA configs.
+  for (long long t : {128LL, 256LL}) {
+    for (Role r : {Role::kFwdUp, Role::kFwdDown, Role::kBwdDown, Role::kBwdDx}) {
+      INFO(role_name(r) << " T=" << t);
+      const std::vector<PruneDecision> space = prune_space(r, shape(t, 128, 8), fab::h200());
+      int legal = 0, deep = 0, first_call = 0;
+      for (const PruneDecision& p : space) {
+        if (p.reason) continue;
+        CHECK(p.config.block_m < 64);
+        CHECK_FALSE(p.config.use_tma);
+        ++legal;
+        deep += p.config.block_k >= 64;
+        const bool stays = !first_call_exclusion(p.config, space);
+        CHECK(stays == (p.config.block_k >= 64));
+        first_call += stays;
+      }
+      CHECK(deep > 0);
+      CHECK(first_call == deep);
+      CHECK(first_call < legal);
+    }
   }
   const auto [legal, tma_ws, first_call] = kept(Role::kBwdDw1, shape(128, 128, 8), fab::h200());
   CHECK(tma_ws > 0);
@@ -683,6 +698,19 @@ TEST_CASE("a row timed over the first call's space only is told from a whole-spa
   }
   CHECK(tuned_first_call_space_only(narrow));
   CHECK_FALSE(tuned_first_call_space_only(whole));
+  // Likewise a small token tile's row, narrowed to BK 64 and deeper.
+  const std::vector<PruneDecision> small = prune_space(Role::kFwdUp, shape(128, 128, 8), fab::h200());
+  std::vector<db::CandidateResult> small_narrow;
+  for (const PruneDecision& p : small) {
+    if (p.reason) continue;
+    db::CandidateResult c{p.config, 0.1, 0.0, false, ""};
+    if (auto why = first_call_exclusion(p.config, small)) {
+      c.rejected = true;
+      c.reason = *why;
+    }
+    small_narrow.push_back(c);
+  }
+  CHECK(tuned_first_call_space_only(small_narrow));
   // Rejections for other reasons (pruning, a wrong answer) do not make a row narrow.
   whole.front().rejected = true;
   whole.front().reason = "wrong result";
