@@ -1,9 +1,10 @@
 #include "tuner/tune_plan.hpp"
 
 #include <algorithm>
-
 #include <map>
 #include <utility>
+
+#include <fmt/format.h>
 
 #include "db/tuning_key.hpp"
 #include "moejit/error.hpp"
@@ -13,9 +14,11 @@
 namespace moejit {
 
 std::vector<long long> table_token_counts(int experts, int topk, long long max_tokens) {
-  if (experts <= 0 || topk <= 0 || topk > experts || max_tokens <= 0) {
-    throw InvalidArgument("table_token_counts", "needs 0 < topk <= experts and max_tokens > 0");
+  if (experts <= 0) throw InvalidArgument("experts", fmt::format("must be positive, got {}", experts));
+  if (topk <= 0 || topk > experts) {
+    throw InvalidArgument("topk", fmt::format("must be in [1, experts = {}], got {}", experts, topk));
   }
+  if (max_tokens <= 0) throw InvalidArgument("max_tokens", fmt::format("must be positive, got {}", max_tokens));
   // The key moves with T only through the pairs per expert, which grow by at most one per T: a
   // walk over every T sees every key. Later T of a key replace earlier ones.
   std::map<std::pair<int, int>, long long> largest;
