@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fills build/kcache with the sm_90a kernels of the shipped-table grid (every config the tuner
-# compiles for each E,H,I,K at the grid's token counts), compiled here with build/release's CLI.
+# compiles for each E,H,I,K at the token counts `moejit grid` prints, those `moejit tune` takes by
+# default), compiled here with build/release's CLI.
 # A GPU call that carries build/kcache starts with them: tools/gpu-round.sh and tools/ab-steps.sh
 # copy it into their kernel cache first, and the GPU machine's NVRTC is the same 13.0 build. Cache
 # keys hash the unit's source, the NVRTC build (version and build id, `moejit info` prints it) and
@@ -13,9 +14,11 @@ shapes=("$@")
 ((${#shapes[@]})) || shapes=(128,2048,768,8 32,2880,2880,4 64,2048,1408,6 128,4096,1536,8 8,4096,14336,2)
 export MOEJIT_CACHE_DIR=$PWD/build/kcache
 mkdir -p "$MOEJIT_CACHE_DIR"
+cli=build/release/tools/moejit/moejit
 for shape in "${shapes[@]}"; do
-  for tokens in 128 512 1024 2048 4096 8192 16384 32768; do
-    build/release/tools/moejit/moejit compile --arch sm_90a --shape "$shape" --tokens "$tokens" --jobs "$(nproc)" |
+  grid=$("$cli" grid --shape "$shape")
+  for tokens in ${grid//,/ }; do
+    "$cli" compile --arch sm_90a --shape "$shape" --tokens "$tokens" --jobs "$(nproc)" |
       grep " compiled, " | sed "s/^/$shape T=$tokens: /"
   done
 done

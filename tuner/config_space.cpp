@@ -11,14 +11,16 @@ namespace moejit {
 namespace {
 
 constexpr int kGroupM = 8;
-// (BLOCK_K, stages): two-stage cp.async pipelines never won in measurements and deeper BK=64
-// pipelines exceed the register and shared-memory budget, so the space keeps three depths.
+// (BLOCK_K, stages): two-stage cp.async pipelines never won in measurements and, for tiles of 64
+// rows and more, deeper BK=64 pipelines exceed the register and shared-memory budget, so the
+// space keeps three depths there.
 constexpr std::pair<int, int> kDepths[] = {{32, 3}, {32, 4}, {64, 3}};
 // Token tiles under 64 rows (decode-sized T) hold a few rows per weight tile: such a role streams
 // the touched experts' weights, at a rate set by the bytes each block keeps in flight, and with
 // few experts touched there are few blocks. These tiles' stages are small enough to go deeper:
 // session 44's retune took 35 of 75 such keys' winners from these depths (fwd_up and fwd_down up
-// to 8 % faster); BK 64 x 8 and BK 128 x 6 won none.
+// to 8 % faster). BK 128 x 4 won none of them but every token role's tune at T=1 itself, where
+// only 8 experts' weights stream; BK 64 x 8 and BK 128 x 6 won neither and were left out.
 constexpr std::pair<int, int> kStreamingDepths[] = {{64, 4}, {64, 6}, {128, 3}, {128, 4}};
 
 // Hopper wgmma configs (sm_90a only; gated on every other device), in two pipelines; one k
@@ -244,7 +246,8 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       }
       // Token tiles under 64 rows, which have no wgmma config: per role, the config whose worst
       // slowdown against the winner of the H200 table's 16- and 32-row keys is least (session 44:
-      // 3.6 to 5.2 %; the default below ran up to 1.6x slower there).
+      // 3.6 to 5.2 %; the default below ran up to 1.6x slower there). Measured on the H200 only;
+      // elsewhere pruning (shared memory) decides whether they run.
       if (bm < 64) {
         switch (role) {
           case Role::kFwdUp: c = gemm(bm, 32, 128, 3, 4); break;
@@ -252,7 +255,8 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
           case Role::kBwdDown: c = gemm(bm, 128, 64, 4, 8); break;
           default: c = gemm(bm, 256, 64, 4, 8); break;
         }
-        if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && default_fits(role, c, shape, device)) return c;
+        c.block_n = fit(c.block_n, d.n, min_block_n(role));
+        if (default_fits(role, c, shape, device)) return c;
       }
       c = gemm(bm, bn, 32, 4, bm >= 128 ? 8 : 4);
       c.block_n = fit(c.block_n, d.n, min_block_n(role));

@@ -27,13 +27,14 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
 
 // Why a legal config stays out of the space a self-tune on a plan's first call times, where
 // NVRTC compiling the whole space is most of the cold start: of a role's legal configs, only the
-// TMA warp-specialized ones where there are any. In the shipped H200 table they won every row
-// at 128-row token tiles (217) and 25 of 28 at 64-row tiles, the other three within 5 %. Where
+// TMA warp-specialized ones where there are any. In the shipped H200 table (session 44's) they
+// won every token GEMM row at 128-row tiles (165) and 41 of 50 at 64-row tiles, the best of them
+// within 5.6 % at the other nine. Where
 // none is legal, every legal config stays, except that token tiles under 64 rows (no wgmma
 // config) leave out BK 32 where a deeper BLOCK_K is legal: over the table's 75 such keys the best
 // of the rest came within 2.1 % of the winner (0.2 % on average), and the cut takes back most of
-// the cold start the deeper small-tile pipelines added (session 44). `moejit tune` times the
-// whole space. nullopt: the config stays.
+// the cold start the deeper small-tile pipelines added (session 44; measured on the H200 only, a
+// rule for every device). `moejit tune` times the whole space. nullopt: the config stays.
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space);
 
 // Whether a row's candidates were timed over the first call's space only (some carry

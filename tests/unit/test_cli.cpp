@@ -171,7 +171,7 @@ TEST_CASE("a missing driver library is reported, not fatal", "[cli][driver]") {
 }
 
 TEST_CASE("every moejit command prints its usage for -h and --help and exits 0", "[cli]") {
-  for (const std::string command : {"info", "compile", "plan", "tune", "bench", "db", "db list"}) {
+  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db", "db list"}) {
     for (const char* help : {"-h", "--help"}) {
       const auto r = run_command(cli() + " " + command + " " + help);
       INFO(command << " " << help << "\n" << r.output);
@@ -186,7 +186,7 @@ TEST_CASE("moejit --help, each command's --help and README's CLI section list th
           "[cli]") {
   const std::string overview = run_command(cli() + " --help").output, readme = readme_cli();
   REQUIRE_THAT(readme, Catch::Contains("moejit tune"));
-  for (const std::string command : {"info", "compile", "plan", "tune", "bench", "db"}) {
+  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db"}) {
     const std::string help =
         synopsis_in(run_command(cli() + " " + command + " --help").output, "usage: moejit " + command);
     const std::set<std::string> documented = option_names(help);
@@ -256,4 +256,16 @@ TEST_CASE("moejit compile and plan reject a --tokens list rather than use only i
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.output, Catch::Contains("--tokens: takes one value here, got '5,99'"));
   }
+}
+
+TEST_CASE("moejit grid prints moejit tune's default token counts, without a GPU", "[cli]") {
+  // Qwen3-30B-A3B's keys, as tuner/tune_plan's unit test works them out.
+  auto r = run_command(cli() + " grid --shape 128,2048,768,8");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output == "144,256,352,512,784,1024,2048,4096,8192,16384,32768\n");
+  r = run_command(cli() + " grid --shape 8,4096,14336,9");  // K > E
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("topk"));
 }

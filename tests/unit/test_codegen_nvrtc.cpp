@@ -167,11 +167,13 @@ TEST_CASE("ptxas -v figures are parsed per entry function", "[nvrtc]") {
 }
 
 TEST_CASE(
-    "the default config of every role compiles for sm_90a and sm_80, aligned or not; persistent tiles and pairs too; "
-    "no spills, no local memory",
+    "the default config of every role compiles for sm_90a and sm_80, aligned or not, 16- to 128-row token tiles; "
+    "persistent tiles and pairs too; no spills, no local memory",
     "[codegen][nvrtc]") {
   const MoeShape shape{1024, 128, 2048, 768, 8, DType::kBF16};
   const MoeShape unaligned{1024, 128, 2052, 772, 8, DType::kFP16};  // rows not 16-byte multiples
+  // 8 and 16 pairs per expert: the token GEMMs' 16- and 32-row tiles and their measured defaults.
+  const MoeShape small_tiles[] = {{128, 128, 2048, 768, 8, DType::kBF16}, {256, 128, 2048, 768, 8, DType::kBF16}};
   std::vector<KernelSpec> specs;
   int persistent_specs = 0;
   for (const std::string arch : {"sm_90a", "sm_80"}) {
@@ -179,6 +181,9 @@ TEST_CASE(
     for (Role r : kAllRoles) {
       const TileConfig c = default_config(r, shape, device);
       specs.push_back({r, c, DType::kBF16, arch, true, false});
+      if (role_kind(r) == RoleKind::kTokenGemm) {
+        for (const MoeShape& s : small_tiles) specs.push_back({r, default_config(r, s, device), DType::kBF16, arch, true, false});
+      }
       if (arch == "sm_90a") {
         specs.push_back({r, default_config(r, unaligned, device), DType::kFP16, arch, false, false});
         if (r == Role::kBwdDw2) specs.push_back({r, c, DType::kBF16, arch, true, true});

@@ -619,7 +619,8 @@ TEST_CASE("TMA tensor maps stay inside the driver's limits, or the shape takes n
   CHECK(tensor_map_problem(bad));
 }
 
-TEST_CASE("the first call's space: TMA warp-specialized configs where a role has any legal, else all", "[prune][tma]") {
+TEST_CASE("the first call's space: TMA warp-specialized configs where a role has any legal, else BK 64 and deeper for small token tiles, else all",
+          "[prune][tma]") {
   const auto kept = [](Role r, const MoeShape& s, const cuda::DeviceInfo& d) {
     const std::vector<PruneDecision> space = prune_space(r, s, d);
     int legal = 0, tma_ws = 0, first_call = 0;

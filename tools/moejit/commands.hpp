@@ -11,6 +11,7 @@ int run_compile(int argc, char** argv, int start);
 int run_db(int argc, char** argv, int start);
 int run_plan(int argc, char** argv, int start);
 int run_tune(int argc, char** argv, int start);
+int run_grid(int argc, char** argv, int start);
 int run_bench(int argc, char** argv, int start);
 
 // What `moejit <command> --help` prints (main.cpp); `command` is one of the names above.

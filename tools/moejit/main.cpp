@@ -34,6 +34,7 @@ constexpr Command kCommands[] = {
      "offline tuning into a database, resumable and shardable",
      "  --tokens T,...       default: for every tuning key (tokens-per-expert bucket, token tile\n"
      "                       height) a T up to 32768 reaches, the largest such T\n"},
+    {"grid", run_grid, "[--shape E,H,I,K]", "the token counts moejit tune takes by default (no GPU needed)", ""},
     {"bench", run_bench, "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--mode M] [--reps N] [--device N]",
      "per role: heuristic default vs the stored (tuned) config", ""},
     {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER [--db PATH]",
