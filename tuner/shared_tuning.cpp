@@ -7,6 +7,7 @@
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "db/tuning_db.hpp"
+#include "tuner/prune.hpp"
 #include "tuner/tuning_keys.hpp"
 
 namespace moejit {
@@ -50,7 +51,17 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   if (user_db) {
     try {
       db::TuningDb user(*user_db);
-      for (const auto& row : tuned) user.record(row);
+      for (auto& row : tuned) {
+        // `moejit tune` takes no tuning lock: a whole-space row it recorded while this first
+        // call's narrower tune ran stays, and this process runs it too.
+        const bool narrow = tuned_first_call_space_only(row.candidates);
+        const auto whole_space = [&](const db::TuningRow& existing) {
+          return narrow && !db::is_stale(existing, row.provenance) && !tuned_first_call_space_only(existing.candidates);
+        };
+        if (!user.record(row, whole_space)) {
+          if (std::optional<db::TuningRow> existing = user.lookup(row.key)) row = std::move(*existing);
+        }
+      }
     } catch (const Error& e) {
       log::warn("tuned configs not saved to {}: {}", user_db->string(), e.what());
     }

@@ -4,8 +4,10 @@
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/log.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit::db {
@@ -80,7 +82,14 @@ constexpr const char* kUpsertCandidate =
 class Cursor {
  public:
   Cursor(const Statement& s, int first_col) : s_(s), col_(first_col) {}
-  int i() { return static_cast<int>(s_.column_int(col_++)); }
+  int i() {
+    const long long v = s_.column_int(col_);
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+      throw DatabaseError(fmt::format("column {} holds {}, past an int", col_, v));
+    }
+    ++col_;
+    return static_cast<int>(v);
+  }
   bool b() { return s_.column_int(col_++) != 0; }
   double d() { return s_.column_double(col_++); }
   std::string t() { return s_.column_text(col_++); }
@@ -173,12 +182,54 @@ CandidateResult read_candidate(const Statement& s) {
   return r;
 }
 
+// A candidate this build cannot read (a newer moejit's arch tag, a size out of range) is left
+// out with a warning: candidates inform, the winner decides, and recording the key again
+// replaces only candidates of the same config name, so a whole row skipped for one would stay
+// unreadable.
+template <typename Warn>
+std::optional<CandidateResult> readable_candidate(const Statement& s, Warn warn) {
+  try {
+    CandidateResult c = read_candidate(s);
+    validate_config(c.config);
+    return c;
+  } catch (const Error& e) {
+    warn(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    warn(e.what());
+  }
+  return std::nullopt;
+}
+
 std::vector<CandidateResult> read_candidates(const Connection& conn, const std::string& key_id) {
   Statement s = conn.prepare(std::string(kSelectCandidates) + "WHERE key_id = :key_id ORDER BY config_name");
   s.bind(":key_id", key_id);
   std::vector<CandidateResult> out;
-  while (s.step()) out.push_back(read_candidate(s));
+  while (s.step()) {
+    const auto warn = [&](const char* why) {
+      log::warn("{}: a candidate of {} skipped: {}", conn.path(), key_id, why);
+    };
+    if (auto c = readable_candidate(s, warn)) out.push_back(std::move(*c));
+  }
   return out;
+}
+
+// A row read back (winner and readable candidates) and checked as record() checks what it writes,
+// its key id matching its fields; nullopt, with a warning, for a row this build cannot read: a
+// newer moejit's role, dtype or arch tag, or a hand-edited value out of range. One such row then
+// costs its key alone (tuned again, or looked up elsewhere), not the whole database.
+template <typename Read>
+std::optional<TuningRow> readable(const std::string& path, const std::string& key_id, Read read) {
+  try {
+    TuningRow row = read();
+    validate(row);
+    if (row.key.id() != key_id) throw DatabaseError(fmt::format("its fields make the key {}", row.key.id()));
+    return row;
+  } catch (const Error& e) {
+    log::warn("{}: row {} skipped: {}", path, key_id, e.what());
+  } catch (const nlohmann::json::exception& e) {
+    log::warn("{}: row {} skipped: {}", path, key_id, e.what());
+  }
+  return std::nullopt;
 }
 
 // Writes the row's winner and its candidates; a key's candidates of other config names, from
@@ -266,41 +317,72 @@ TuningDb::TuningDb(Connection conn) : conn_(std::move(conn)) { initialise(conn_)
 int TuningDb::schema_version() const { return static_cast<int>(conn_.query_int("PRAGMA user_version")); }
 
 void TuningDb::record(const TuningRow& row) {
+  record(row, {});
+}
+
+bool TuningDb::record(const TuningRow& row, const RowFilter& keep_existing) {
   validate(row);
   Transaction t(conn_, Transaction::Kind::kWrite);
+  if (keep_existing) {
+    const std::string id = row.key.id();
+    Statement s = conn_.prepare(std::string(kSelectWinners) + "WHERE key_id = :key_id");
+    s.bind(":key_id", id);
+    if (s.step()) {
+      const std::optional<TuningRow> existing = readable(conn_.path(), id, [&] {
+        TuningRow r = read_winner(s);
+        r.candidates = read_candidates(conn_, id);
+        return r;
+      });
+      if (existing && keep_existing(*existing)) return false;
+    }
+  }
   upsert(conn_, row);
   t.commit();
+  return true;
 }
 
 std::optional<TuningRow> TuningDb::lookup(const TuningKey& key) const {
   Transaction t(conn_, Transaction::Kind::kRead);
+  const std::string id = key.id();
   Statement s = conn_.prepare(std::string(kSelectWinners) + "WHERE key_id = :key_id");
-  s.bind(":key_id", key.id());
+  s.bind(":key_id", id);
   if (!s.step()) return std::nullopt;
-  TuningRow row = read_winner(s);
-  row.candidates = read_candidates(conn_, key.id());
+  std::optional<TuningRow> row = readable(conn_.path(), id, [&] {
+    TuningRow r = read_winner(s);
+    r.candidates = read_candidates(conn_, id);
+    return r;
+  });
   t.commit();
   return row;
 }
 
 std::vector<TuningRow> TuningDb::rows() const {
   Transaction t(conn_, Transaction::Kind::kRead);
-  std::vector<TuningRow> out;
+  // Winners, then one pass over the candidates in key order instead of one query per row; a row
+  // whose winner this build cannot read is left out (readable()), a candidate likewise.
   std::vector<std::string> ids;
+  std::vector<std::optional<TuningRow>> read;
   Statement w = conn_.prepare(std::string(kSelectWinners) + "ORDER BY key_id");
   while (w.step()) {
     ids.push_back(w.column_text(0));
-    out.push_back(read_winner(w));
+    read.push_back(readable(conn_.path(), ids.back(), [&] { return read_winner(w); }));
   }
-  // One pass over both tables in key order instead of one candidate query per row.
   Statement c = conn_.prepare(std::string(kSelectCandidates) + "ORDER BY key_id, config_name");
   std::size_t at = 0;
   while (c.step()) {
     const std::string id = c.column_text(0);
     while (at < ids.size() && ids[at] < id) ++at;
-    if (at < ids.size() && ids[at] == id) out[at].candidates.push_back(read_candidate(c));
+    if (at == ids.size() || ids[at] != id || !read[at]) continue;
+    const auto warn = [&](const char* why) { log::warn("{}: a candidate of {} skipped: {}", conn_.path(), id, why); };
+    if (auto candidate = readable_candidate(c, warn)) read[at]->candidates.push_back(std::move(*candidate));
   }
   t.commit();
+  std::vector<TuningRow> out;
+  for (std::size_t r = 0; r < read.size(); ++r) {
+    if (!read[r]) continue;
+    // Checked whole once its candidates are in (validate() covers them too).
+    if (auto row = readable(conn_.path(), ids[r], [&] { return std::move(*read[r]); })) out.push_back(std::move(*row));
+  }
   return out;
 }
 
@@ -314,8 +396,14 @@ std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Ro
   std::optional<TuningRow> best;
   double best_distance = 0;
   while (s.step()) {
-    TuningRow row = read_winner(s);
-    row.candidates = read_candidates(conn_, row.key.id());
+    const std::string id = s.column_text(0);
+    std::optional<TuningRow> read = readable(conn_.path(), id, [&] {
+      TuningRow r = read_winner(s);
+      r.candidates = read_candidates(conn_, id);
+      return r;
+    });
+    if (!read) continue;
+    TuningRow& row = *read;
     if (accept && !accept(row)) continue;
     const double distance = std::abs(std::log2(static_cast<double>(row.key.tpe_bucket)) -
                                      std::log2(static_cast<double>(key.tpe_bucket)));

@@ -49,8 +49,14 @@ class TuningDb {
   // Upserts the row's winner and each of its candidates in one transaction. Throws
   // InvalidArgument for an invalid row (see validate()).
   void record(const TuningRow& row);
+  // The same, unless the key already has a row that `keep_existing` accepts: decided inside the
+  // write transaction, so another process's row recorded meanwhile is weighed too. Returns
+  // whether `row` was written.
+  bool record(const TuningRow& row, const RowFilter& keep_existing);
 
-  // The row of exactly this key.
+  // The row of exactly this key. Here and below, a row this build cannot read (a newer moejit's
+  // role, dtype or arch tag; a value out of range; a key id that does not match its fields) is
+  // skipped with a warning, as if absent.
   std::optional<TuningRow> lookup(const TuningKey& key) const;
 
   // Every row, ordered by key id; candidates ordered by config name.

@@ -41,6 +41,29 @@ bool is_stale(const TuningRow& row, const Provenance& current) {
   return row.provenance.template_hash != current.template_hash || row.provenance.nvrtc_version != current.nvrtc_version;
 }
 
+void validate_config(const TileConfig& c) {
+  // Far past any real tile: an edited table's negative or huge sizes are refused here, before
+  // a lookup could hand them to pruning's arithmetic or to NVRTC.
+  struct Range {
+    const char* field;
+    int value, lo, hi;
+  };
+  for (const auto& [field, value, lo, hi] :
+       {Range{"block_m", c.block_m, 0, 4096}, Range{"block_n", c.block_n, 0, 4096},
+        Range{"block_k", c.block_k, 0, 4096}, Range{"stages", c.stages, 0, 64}, Range{"warps", c.warps, 0, 32},
+        Range{"group_m", c.group_m, 0, 4096}, Range{"cluster", c.cluster, 1, 16}, Range{"items", c.items, 0, 1024}}) {
+    if (value < lo || value > hi) {
+      throw InvalidArgument(field, fmt::format("{}: must be in [{}, {}], got {}", c.name(), lo, hi, value));
+    }
+  }
+  // Config names key the candidates table and spell warp specialization only with the Hopper
+  // tag, the one pipeline that has it: any other config carrying it would share a name.
+  if (c.warp_specialized && c.arch_tag != ArchTag::kHopper) {
+    throw InvalidArgument("warp_specialized", fmt::format("{}: only Hopper (sm_90a) configs are warp-specialized",
+                                                          c.name()));
+  }
+}
+
 void validate(const TuningRow& row) {
   row.key.validate();
   auto check_time = [](const char* field, double ms) {
@@ -48,30 +71,8 @@ void validate(const TuningRow& row) {
   };
   check_time("median_ms", row.median_ms);
   check_time("spread_ms", row.spread_ms);
-  // Config names key the candidates table and spell warp specialization only with the Hopper
-  // tag, the one pipeline that has it: any other config carrying it would share a name.
-  auto check_config = [](const TileConfig& c) {
-    // Far past any real tile: an edited table's negative or huge sizes are refused here, before
-    // a lookup could hand them to pruning's arithmetic or to NVRTC.
-    struct Range {
-      const char* field;
-      int value, lo, hi;
-    };
-    for (const auto& [field, value, lo, hi] :
-         {Range{"block_m", c.block_m, 0, 4096}, Range{"block_n", c.block_n, 0, 4096},
-          Range{"block_k", c.block_k, 0, 4096}, Range{"stages", c.stages, 0, 64}, Range{"warps", c.warps, 0, 32},
-          Range{"group_m", c.group_m, 0, 4096}, Range{"cluster", c.cluster, 1, 16}, Range{"items", c.items, 0, 1024}}) {
-      if (value < lo || value > hi) {
-        throw InvalidArgument(field, fmt::format("{}: must be in [{}, {}], got {}", c.name(), lo, hi, value));
-      }
-    }
-    if (c.warp_specialized && c.arch_tag != ArchTag::kHopper) {
-      throw InvalidArgument("warp_specialized", fmt::format("{}: only Hopper (sm_90a) configs are warp-specialized",
-                                                            c.name()));
-    }
-  };
-  check_config(row.winner);
-  for (const CandidateResult& c : row.candidates) check_config(c.config);
+  validate_config(row.winner);
+  for (const CandidateResult& c : row.candidates) validate_config(c.config);
 }
 
 void to_json(nlohmann::json& j, const CandidateResult& c) {

@@ -51,6 +51,8 @@ bool is_stale(const TuningRow& row, const Provenance& current);
 // Throws InvalidArgument naming the field: an invalid key, a winner time that is not a finite,
 // non-negative number, or a config warp-specialized without the Hopper tag.
 void validate(const TuningRow& row);
+// The config part of validate(): sizes in range, warp specialization only with the Hopper tag.
+void validate_config(const TileConfig& config);
 
 // Times that are NaN are written as null and read back as NaN.
 void to_json(nlohmann::json& j, const CandidateResult& c);

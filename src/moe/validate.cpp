@@ -97,10 +97,14 @@ void validate_problem(const MoeProblem& p) {
     throw InvalidArgument("intermediate", fmt::format("must stay below 2^28, got {}", p.intermediate));
   }
   // W1's bytes, a size_t product every size check relies on: each factor is bounded above, their
-  // product is not (4096 experts at H = I = 2^27 would wrap it to a small number).
-  if (4.0 * p.experts * p.intermediate * p.hidden > 0x1p62) {
-    throw InvalidArgument("hidden", fmt::format("experts * 2 * intermediate * hidden = {} * 2 * {} * {} weights must "
-                                                "be at most 2^61", p.experts, p.intermediate, p.hidden));
+  // product is not (4096 experts at H = I = 2^27 would wrap it to a small number). Exact in 128
+  // bits, where a double product rounds past 2^61 by a few weights.
+  const unsigned __int128 weights = static_cast<unsigned __int128>(2) * static_cast<unsigned>(p.experts) *
+                                    static_cast<unsigned>(p.intermediate) * static_cast<unsigned>(p.hidden);
+  if (weights > static_cast<unsigned __int128>(1) << 61) {
+    throw InvalidArgument("experts * 2 * intermediate * hidden",
+                          fmt::format("{} * 2 * {} * {} weights must be at most 2^61", p.experts, p.intermediate,
+                                      p.hidden));
   }
   if (p.dtype != DType::kBF16 && p.dtype != DType::kFP16) throw InvalidArgument("dtype", "must be bf16 or fp16");
   if (p.mode != Mode::kTraining && p.mode != Mode::kInference && p.mode != Mode::kMemoryEfficient) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "core/fs.hpp"
@@ -15,6 +16,8 @@
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/config_resolver.hpp"
+#include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
 #include "tuner/shared_tuning.hpp"
 #include "tuner/tune_plan.hpp"
 #include "tuner/tuning_keys.hpp"
@@ -304,6 +307,47 @@ TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not ta
   CHECK(tuned == 0);
 }
 
+TEST_CASE("a first call's narrow row does not replace a whole-space row recorded while it tuned", "[tuner]") {
+  TempDir dir("narrow-after-whole");
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string()), shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  const auto h200 = cuda::fabricated::h200();
+  // A first call's candidates: the configs outside its space carry first_call_exclusion's reason.
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape, h200);
+  db::TuningRow narrow;
+  narrow.key = tuning_key(Role::kFwdUp, kProblem, h200);
+  narrow.winner = gemm(128, 64, 32);
+  narrow.median_ms = 0.5;
+  narrow.provenance = db::current_provenance(0);
+  for (const PruneDecision& p : space) {
+    if (p.reason) continue;
+    const auto why = first_call_exclusion(p.config, space);
+    narrow.candidates.push_back({p.config, why ? std::nan("") : 0.5, why ? std::nan("") : 0.01, why.has_value(),
+                                 why.value_or("")});
+  }
+  REQUIRE(tuned_first_call_space_only(narrow.candidates));
+  db::TuningRow whole = narrow;
+  whole.winner = gemm(128, 128, 64);
+  whole.median_ms = 0.4;
+  whole.candidates = {timed(whole.winner, 0.4), timed(narrow.winner, 0.5)};
+  for (bool whole_first : {true, false}) {
+    INFO((whole_first ? "moejit tune records while the plan tunes" : "no row meanwhile"));
+    std::filesystem::remove(db_path);
+    db::TuningLookup lookup(db_path, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+    const TuneFn first_call = [&](const std::vector<Role>&) {
+      if (whole_first) db::TuningDb(db_path).record(whole);  // another process, not under the lock
+      return std::vector<db::TuningRow>{narrow};
+    };
+    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, first_call, {});
+    REQUIRE(rows.size() == 1);
+    const TileConfig expected = whole_first ? whole.winner : narrow.winner;
+    CHECK(rows[0].winner == expected);
+    CHECK(db::TuningDb(db_path).lookup(narrow.key)->winner == expected);
+  }
+}
+
 TEST_CASE("config overrides naming no role are rejected; a role the mode does not run is ignored", "[tuner]") {
   TempDir dir("overrides");
   ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
@@ -320,6 +364,30 @@ TEST_CASE("config overrides naming no role are rejected; a role the mode does no
   const auto configs = resolve_configs(infer, h200, o, false);
   CHECK(configs.count(Role::kFwdUp) == 1);
   CHECK(configs.count(Role::kBwdDown) == 0);
+}
+
+TEST_CASE("a stored winner outside its role's space is passed over, not handed to NVRTC", "[tuner]") {
+  TempDir dir("outside-space");
+  ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", (dir / "no-shipped-tables").string());
+  const auto h200 = cuda::fabricated::h200();
+  // A hand-edited row: BLOCK_K 48 passes the row checks and pruning, but no template takes it.
+  db::TuningRow edited;
+  edited.key = tuning_key(Role::kFwdDown, kProblem, h200);
+  edited.winner = gemm(128, 128, 48);
+  edited.median_ms = 0.1;
+  edited.provenance = db::current_provenance(0);
+  db::TuningDb((dir / "tuning.sqlite")).record(edited);
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  REQUIRE_FALSE(prune_reason(Role::kFwdDown, edited.winner, shape, h200));
+  const auto configs = resolve_configs(kProblem, h200, Options{}, false);
+  CHECK(configs.at(Role::kFwdDown).source == "heuristic");
+  CHECK(configs.at(Role::kFwdDown).config == default_config(Role::kFwdDown, shape, h200));
+  // The same row with a config of the space is taken.
+  edited.winner = gemm(128, 128, 64);
+  db::TuningDb((dir / "tuning.sqlite")).record(edited);
+  CHECK(resolve_configs(kProblem, h200, Options{}, false).at(Role::kFwdDown).source == "user_db");
 }
 
 TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][cli]") {
@@ -342,4 +410,36 @@ TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][c
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("fwd_up") && Catch::Contains("1 row"));
   CHECK_THAT(r.output, !Catch::Contains("fwd_down"));
+}
+
+TEST_CASE("every shipped H200 row's winner is in its role's space and passes pruning, so plans take it", "[tuner][db]") {
+  // The resolver passes over a stored winner outside the space (a hand-edited BLOCK_K) or pruned
+  // since; a shipped row it passed over would leave its key to self-tuning.
+  const auto h200 = cuda::fabricated::h200();
+  std::ifstream in(std::filesystem::path(MOEJIT_TEST_SHIPPED_DB_DIR) / "NVIDIA_H200.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  db::TuningDb table = db::TuningDb::in_memory();
+  table.import_json(text.str(), db::current_provenance(0));
+  int checked = 0;
+  for (const db::TuningRow& row : table.rows()) {
+    const db::TuningKey& k = row.key;
+    INFO(k.id() << " " << row.winner.name());
+    // A T of the row's key: the grid's for its bucket and token tile height.
+    std::optional<MoeProblem> problem;
+    for (long long t : table_token_counts(k.experts, k.topk, kTableMaxTokens)) {
+      const MoeProblem p{t, k.experts, k.hidden, k.intermediate, k.topk, k.dtype, Mode::kTraining};
+      if (tuning_key(k.role, p, h200).tpe_bucket == k.tpe_bucket &&
+          tuning_key(k.role, p, h200).block_m == k.block_m) {
+        problem = p;
+      }
+    }
+    REQUIRE(problem);
+    const MoeShape shape{problem->tokens, k.experts, k.hidden, k.intermediate, k.topk, k.dtype};
+    const std::vector<TileConfig> space = config_space(k.role, shape);
+    CHECK(std::find(space.begin(), space.end(), row.winner) != space.end());
+    CHECK_FALSE(prune_reason(k.role, row.winner, shape, h200));
+    ++checked;
+  }
+  CHECK(checked > 500);
 }

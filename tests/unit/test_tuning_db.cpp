@@ -606,6 +606,59 @@ TEST_CASE("the lookup chain passes over rows the caller refuses, at every level"
   CHECK(lookup.resolve(key_at(64), none).source == Resolved::Source::kHeuristic);
 }
 
+TEST_CASE("a row this build cannot read is skipped alone, at every read; the rest of the database serves", "[db]") {
+  const TempDir dir("unreadable-rows");
+  const auto path = dir / "tuning.sqlite";
+  {
+    TuningDb db(path);
+    for (int tpe : {16, 32, 64, 128, 256}) db.record(row_for(key_at(tpe), 128, 0.1 * tpe));
+  }
+  // What a newer moejit or a hand edit may leave: an arch tag this build does not know (in a
+  // winner; in one candidate, which alone is left out), a size past an int (which would read back
+  // as 128), a negative bucket, a key id that is not the fields' own.
+  Connection raw(path, OpenMode::kReadWrite);
+  raw.exec("UPDATE winners SET arch_tag = 'blackwell_gb' WHERE key_id = '" + key_at(16).id() + "'");
+  raw.exec("UPDATE candidates SET arch_tag = 'blackwell_gb' WHERE key_id = '" + key_at(128).id() +
+           "' AND config_name = '" + config(256).name() + "'");
+  raw.exec("UPDATE winners SET block_n = 4294967424 WHERE key_id = '" + key_at(32).id() + "'");
+  raw.exec("UPDATE winners SET tpe_bucket = -5 WHERE key_id = '" + key_at(64).id() + "'");
+  raw.exec("UPDATE winners SET key_id = '" + key_at(512).id() + "' WHERE key_id = '" + key_at(256).id() + "'");
+  raw.exec("UPDATE candidates SET key_id = '" + key_at(512).id() + "' WHERE key_id = '" + key_at(256).id() + "'");
+  const TuningDb db(path, OpenMode::kReadOnly);
+  for (int tpe : {16, 32, 64, 512}) {
+    INFO("tpe " << tpe);
+    CHECK_FALSE(db.lookup(key_at(tpe)));
+  }
+  REQUIRE(db.lookup(key_at(128)));
+  CHECK(db.lookup(key_at(128))->winner == config(128));
+  CHECK(candidate_names(*db.lookup(key_at(128))) == std::vector<std::string>{config(128).name()});
+  const std::vector<TuningRow> rows = db.rows();
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].key == key_at(128));
+  CHECK(candidate_names(rows[0]) == std::vector<std::string>{config(128).name()});
+  // Nearest to 64: the unreadable 32, 64 and mislabelled rows are passed over for 128.
+  const auto near = db.nearest_bucket(key_at(64));
+  REQUIRE(near);
+  CHECK(near->key.tpe_bucket == 128);
+  // Recording the key again heals it.
+  TuningDb writable(path);
+  writable.record(row_for(key_at(16), 256, 0.5));
+  REQUIRE(writable.lookup(key_at(16)));
+  CHECK(writable.lookup(key_at(16))->winner == config(256));
+}
+
+TEST_CASE("a conditional record leaves a row its filter keeps, decided in the write transaction", "[db]") {
+  TuningDb db = TuningDb::in_memory();
+  const TuningRow first = row_for(key_at(64), 128, 0.2), second = row_for(key_at(64), 256, 0.1);
+  const auto keep_128 = [](const TuningRow& existing) { return existing.winner == config(128); };
+  CHECK(db.record(first, keep_128));  // nothing there yet
+  CHECK_FALSE(db.record(second, keep_128));
+  CHECK(db.lookup(key_at(64))->winner == config(128));
+  CHECK(db.lookup(key_at(64))->candidates.size() == 2);  // the kept row's own candidates only
+  CHECK(db.record(second, [](const TuningRow&) { return false; }));
+  CHECK(db.lookup(key_at(64))->winner == config(256));
+}
+
 TEST_CASE("an unreadable shipped table is skipped, not fatal", "[db]") {
   TempDir dir("db");
   fs::atomic_write(dir / "NVIDIA_H200.json", "{\"schema_version\": 1, \"rows\": [ {\"id\": 3} ]}");

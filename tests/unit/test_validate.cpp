@@ -107,8 +107,11 @@ TEST_CASE("the weights are at most 2^61 elements, so their byte counts cannot wr
     return MoeProblem{1, experts, 1 << 27, 1 << 27, 1, DType::kBF16, Mode::kInference};
   };
   CHECK(rejected_argument(problem(64)).empty());
-  CHECK(rejected_argument(problem(65)) == "hidden");
+  CHECK(rejected_argument(problem(65)) == "experts * 2 * intermediate * hidden");
   CHECK_THROWS_WITH(validate_problem(problem(4096)), Catch::Contains("at most 2^61"));
+  // 2^61 + 16 weights, which a double product rounds to 2^61.
+  CHECK(rejected_argument(MoeProblem{1, 36, 199579346, 160465489, 1, DType::kBF16, Mode::kInference}) ==
+        "experts * 2 * intermediate * hidden");
 }
 
 TEST_CASE("checking mode rejects the first token that names one expert twice", "[validate]") {
