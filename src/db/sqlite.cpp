@@ -42,6 +42,7 @@ Connection::Connection(const std::filesystem::path& path, OpenMode mode)
 
 Connection Connection::memory() {
   Connection c(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY, false);
+  c.in_memory_ = true;
   c.path_ = "(in memory)";  // for messages; SQLite's own name ":memory:" reads badly after "path: "
   return c;
 }
@@ -74,7 +75,6 @@ Connection::Connection(std::string path, int flags, bool read_only) : path_(std:
   }
   try {
     sqlite3_busy_timeout(db_, kBusyTimeoutMs);
-    if (!read_only_ && (flags & SQLITE_OPEN_MEMORY) == 0) use_wal();
     // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and
     // saves an fsync per commit.
     exec("PRAGMA synchronous=NORMAL");
@@ -85,6 +85,7 @@ Connection::Connection(std::string path, int flags, bool read_only) : path_(std:
 }
 
 void Connection::use_wal() const {
+  if (read_only_ || in_memory_) return;
   // WAL lets readers proceed while one writer commits. Switching a new file to it needs an
   // exclusive lock, and SQLite answers SQLITE_BUSY at once, without the busy handler, while
   // other processes are opening the same file: retry for as long as the busy timeout.
@@ -107,7 +108,10 @@ void Connection::use_wal() const {
 Connection::~Connection() { close(); }
 
 Connection::Connection(Connection&& other) noexcept
-    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)), read_only_(other.read_only_) {}
+    : db_(std::exchange(other.db_, nullptr)),
+      path_(std::move(other.path_)),
+      read_only_(other.read_only_),
+      in_memory_(other.in_memory_) {}
 
 Connection& Connection::operator=(Connection&& other) noexcept {
   if (this != &other) {
@@ -115,6 +119,7 @@ Connection& Connection::operator=(Connection&& other) noexcept {
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
     read_only_ = other.read_only_;
+    in_memory_ = other.in_memory_;
   }
   return *this;
 }

@@ -13,7 +13,7 @@ struct sqlite3_stmt;
 namespace moejit::db {
 
 enum class OpenMode {
-  kReadWrite,  // creates the file and its parent directories; switches the file to WAL
+  kReadWrite,  // creates the file and its parent directories
   kReadOnly,   // the file must exist; nothing is written
 };
 
@@ -21,8 +21,9 @@ class Statement;
 
 class Connection {
  public:
-  // Opens a database file with a 30 s busy timeout, WAL journal and synchronous=NORMAL, so
-  // several processes can write one file: each writer waits for the lock instead of failing.
+  // Opens a database file with a 30 s busy timeout and synchronous=NORMAL, so several processes
+  // can write one file: each writer waits for the lock instead of failing. The journal mode is
+  // left as the file has it until use_wal().
   Connection(const std::filesystem::path& path, OpenMode mode);
   // A private database in memory (no file, no WAL).
   static Connection memory();
@@ -52,14 +53,19 @@ class Connection {
   // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>".
   [[noreturn]] void fail(std::string_view what) const;
 
+  // Switches a file opened read-write to WAL, so readers proceed while one writer commits;
+  // nothing for a read-only or in-memory connection. Not done on open: the tuning database first
+  // checks that the file is its own, and another program's database keeps its journal mode.
+  void use_wal() const;
+
  private:
   Connection(std::string path, int flags, bool read_only);
-  void use_wal() const;
   void close() noexcept;
 
   sqlite3* db_ = nullptr;
   std::string path_;
   bool read_only_ = false;
+  bool in_memory_ = false;
 };
 
 // A prepared statement. Parameters are bound by name (":key_id"); columns are read by index.

@@ -272,11 +272,24 @@ void check_not_newer(const std::string& path, long long version) {
   if (version < 0) throw DatabaseError(fmt::format("{}: invalid schema version {}", path, version));
 }
 
+// Version 0 with tables is another program's database (a mistyped $MOEJIT_DB): refused, and left
+// as it is.
+void refuse_foreign(const Connection& conn, long long version) {
+  if (version == 0 && conn.query_int("SELECT count(*) FROM sqlite_master") > 0) {
+    throw DatabaseError(
+        fmt::format("{}: not a moejit tuning database (it holds another schema's tables)", conn.path()));
+  }
+}
+
 // Brings the schema to kSchemaVersion. The version is re-read inside the write transaction
 // because another process may have created or migrated the file meanwhile.
 void initialise(const Connection& conn) {
   long long version = conn.query_int("PRAGMA user_version");
   check_not_newer(conn.path(), version);
+  // Refused before anything of it changes, its journal mode included (a moejit schema and its
+  // version are written in one transaction, so a file being created reads as empty or as ours).
+  refuse_foreign(conn, version);
+  conn.use_wal();
   if (version == kSchemaVersion) return;
   // A read-only file of an older schema is read through a migrated copy (open_connection), so
   // only version 0 gets here.
@@ -287,11 +300,7 @@ void initialise(const Connection& conn) {
   version = conn.query_int("PRAGMA user_version");
   check_not_newer(conn.path(), version);
   if (version == kSchemaVersion) return;
-  // Version 0 with tables is another program's database (a mistyped $MOEJIT_DB): left as it is.
-  if (version == 0 && conn.query_int("SELECT count(*) FROM sqlite_master") > 0) {
-    throw DatabaseError(
-        fmt::format("{}: not a moejit tuning database (it holds another schema's tables)", conn.path()));
-  }
+  refuse_foreign(conn, version);
   for (; version < kSchemaVersion; ++version) conn.exec(kMigrations[static_cast<std::size_t>(version)]);
   conn.exec(fmt::format("PRAGMA user_version = {}", kSchemaVersion));
   t.commit();

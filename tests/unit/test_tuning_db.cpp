@@ -231,10 +231,14 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   const auto empty = dir / "empty.sqlite";
   Connection(empty, OpenMode::kReadWrite).exec("CREATE TABLE other (x INTEGER)");
   CHECK_THROWS_WITH(TuningDb(empty, OpenMode::kReadOnly), Catch::Contains("not a moejit tuning database"));
-  // Nor does read-write take over another program's tables: the file is left as it was.
+  // Nor does read-write take over another program's tables: the file is left as it was, its
+  // journal mode included.
   CHECK_THROWS_WITH(TuningDb(empty), Catch::Contains("not a moejit tuning database"));
   CHECK(Connection(empty, OpenMode::kReadOnly).query_int("PRAGMA user_version") == 0);
   CHECK(Connection(empty, OpenMode::kReadOnly).query_int("SELECT count(*) FROM sqlite_master") == 1);
+  CHECK(Connection(empty, OpenMode::kReadOnly).query_text("PRAGMA journal_mode") == "delete");
+  // Our own file is switched to WAL.
+  CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA journal_mode") == "wal");
 
   // A file that is not SQLite at all names the file.
   const auto junk = dir / "junk.sqlite";
