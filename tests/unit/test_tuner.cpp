@@ -310,7 +310,7 @@ TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not ta
 TEST_CASE("a first call's narrow row does not replace a whole-space row recorded while it tuned", "[tuner]") {
   TempDir dir("narrow-after-whole");
   const auto db_path = dir / "tuning.sqlite";
-  ScopedEnv db_env("MOEJIT_DB", db_path.string()), shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());  // where tune_shared records
   const auto h200 = cuda::fabricated::h200();
   // A first call's candidates: the configs outside its space carry first_call_exclusion's reason.
   const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
