@@ -263,23 +263,33 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       return c;
     }
     case RoleKind::kExpertGemm: {
-      // The most frequent dW winners of the tuned H200 tables. Where TMA copies (session 6):
-      // warp-specialized, one MMA warpgroup, 128 x 128, BK 32, 6 stages; bwd_dw1 with experts of
-      // 128 rows or more BK 64, 3 stages. Otherwise (session 4) multistage 128 x 256, BK 64,
-      // 4 stages when experts get 128 rows or more, else 128 x 128, BK 32, 4 stages. The
-      // memory-efficient bwd_dw2 (recomputed activation) wins the warp-specialized TMA config
-      // only below 32 tokens per expert; with more, where it runs ~1.7x faster, mma.sync
-      // 128 x 64, BK 64, 3 stages, 8 warps (its most frequent winner).
+      // Where TMA copies on Hopper: per token-tile height, the persistent two-warpgroup tile whose
+      // worst slowdown against the winners of the H200 table's 58 keys per role (five models) is
+      // least (session 45): 128 x 256, BK 64 x 4 where experts get 64 rows or more (at most 11 %
+      // slower, 1-3 % on the geometric mean), 128 x 128, BK 64 x 3 below (at most 6 %). Session 6's
+      // one-warpgroup 128 x 128 tiles, which these replace, ran 1.34-1.57x slower on the geometric
+      // mean, up to 1.9x, before persistent dW grids and their two-warpgroup tiles existed.
+      // Without TMA (session 4): multistage 128 x 256, BK 64, 4 stages when experts get 128 rows
+      // or more, else 128 x 128, BK 32, 4 stages. The memory-efficient bwd_dw2 (recomputed
+      // activation) wins the warp-specialized TMA config only below 32 tokens per expert; with
+      // more, where it runs ~1.7x faster, mma.sync 128 x 64, BK 64, 3 stages, 8 warps (its most
+      // frequent winner).
       const bool recomputed_b = role == Role::kBwdDw2 && memeff_recomputes_act(shape, mode);
       if (device.is_hopper() && d.m >= 128 && d.n >= 128 && !(recomputed_b && token_block_m(shape) >= 64)) {
-        const bool long_k = token_block_m(shape) >= 128;
         if (tma_eligible(role, shape)) {
-          c = role == Role::kBwdDw1 && long_k ? warp_specialized(gemm(128, 128, 64, 3, 4), true)
-                                              : warp_specialized(gemm(128, 128, 32, 6, 4), true);
+          std::vector<TileConfig> tiles = {warp_specialized(gemm(128, 128, 64, 3, 8), true)};
+          if (token_block_m(shape) >= 64) tiles.insert(tiles.begin(), warp_specialized(gemm(128, 256, 64, 4, 8), true));
+          for (TileConfig t : tiles) {
+            for (bool persistent : {true, false}) {
+              t.persistent = persistent && persistent_eligible(role, t);
+              if (fit(t.block_n, d.n, min_block_n(role)) == t.block_n && default_fits(role, t, shape, device)) return t;
+            }
+          }
         } else {
+          const bool long_k = token_block_m(shape) >= 128;
           c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));
+          if (default_fits(role, c, shape, device)) return c;
         }
-        if (default_fits(role, c, shape, device)) return c;
       }
       c = device.is_hopper() && recomputed_b ? gemm(128, 64, 64, 3, 8) : gemm(128, 128, 32, 3, 8);
       c.block_m = fit(c.block_m, d.m, min_block_m(role));

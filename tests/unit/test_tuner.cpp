@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -18,6 +20,7 @@
 #include "tuner/config_resolver.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
+#include "tuner/role_traits.hpp"
 #include "tuner/shared_tuning.hpp"
 #include "tuner/tune_plan.hpp"
 #include "tuner/tuning_keys.hpp"
@@ -412,34 +415,65 @@ TEST_CASE("moejit db list --stale shows rows tuned by another build", "[tuner][c
   CHECK_THAT(r.output, !Catch::Contains("fwd_down"));
 }
 
-TEST_CASE("every shipped H200 row's winner is in its role's space and passes pruning, so plans take it", "[tuner][db]") {
-  // The resolver passes over a stored winner outside the space (a hand-edited BLOCK_K) or pruned
-  // since; a shipped row it passed over would leave its key to self-tuning.
-  const auto h200 = cuda::fabricated::h200();
+namespace {
+
+db::TuningDb shipped_h200_table() {
   std::ifstream in(std::filesystem::path(MOEJIT_TEST_SHIPPED_DB_DIR) / "NVIDIA_H200.json");
   std::stringstream text;
   text << in.rdbuf();
   db::TuningDb table = db::TuningDb::in_memory();
   table.import_json(text.str(), db::current_provenance(0));
+  return table;
+}
+
+// A shape of a row's key: the grid's T for its bucket and token tile height.
+std::optional<MoeShape> key_shape(const db::TuningKey& k) {
+  const auto h200 = cuda::fabricated::h200();
+  std::optional<MoeShape> shape;
+  for (long long t : table_token_counts(k.experts, k.topk, kTableMaxTokens)) {
+    const MoeProblem p{t, k.experts, k.hidden, k.intermediate, k.topk, k.dtype, Mode::kTraining};
+    if (tuning_key(k.role, p, h200).tpe_bucket == k.tpe_bucket && tuning_key(k.role, p, h200).block_m == k.block_m) {
+      shape = MoeShape{t, k.experts, k.hidden, k.intermediate, k.topk, k.dtype};
+    }
+  }
+  return shape;
+}
+
+}  // namespace
+
+TEST_CASE("every shipped H200 row's winner is in its role's space and passes pruning, so plans take it", "[tuner][db]") {
+  // The resolver passes over a stored winner outside the space (a hand-edited BLOCK_K) or pruned
+  // since; a shipped row it passed over would leave its key to self-tuning.
   int checked = 0;
-  for (const db::TuningRow& row : table.rows()) {
+  for (const db::TuningRow& row : shipped_h200_table().rows()) {
     const db::TuningKey& k = row.key;
     INFO(k.id() << " " << row.winner.name());
-    // A T of the row's key: the grid's for its bucket and token tile height.
-    std::optional<MoeProblem> problem;
-    for (long long t : table_token_counts(k.experts, k.topk, kTableMaxTokens)) {
-      const MoeProblem p{t, k.experts, k.hidden, k.intermediate, k.topk, k.dtype, Mode::kTraining};
-      if (tuning_key(k.role, p, h200).tpe_bucket == k.tpe_bucket &&
-          tuning_key(k.role, p, h200).block_m == k.block_m) {
-        problem = p;
-      }
-    }
-    REQUIRE(problem);
-    const MoeShape shape{problem->tokens, k.experts, k.hidden, k.intermediate, k.topk, k.dtype};
-    const std::vector<TileConfig> space = config_space(k.role, shape);
+    const std::optional<MoeShape> shape = key_shape(k);
+    REQUIRE(shape);
+    const std::vector<TileConfig> space = config_space(k.role, *shape);
     CHECK(std::find(space.begin(), space.end(), row.winner) != space.end());
-    CHECK_FALSE(prune_reason(k.role, row.winner, shape, h200));
+    CHECK_FALSE(prune_reason(k.role, row.winner, *shape, cuda::fabricated::h200()));
     ++checked;
   }
   CHECK(checked > 500);
+}
+
+TEST_CASE("the dW roles' H200 defaults run within 12 % of every shipped row's winner", "[tuner][db]") {
+  // Untabled shapes run the defaults when self-tuning is off: they are picked from the table's
+  // measurements (config_space.cpp), and a retune that moves them away shows here.
+  int checked = 0;
+  for (const db::TuningRow& row : shipped_h200_table().rows()) {
+    const db::TuningKey& k = row.key;
+    if (role_kind(k.role) != RoleKind::kExpertGemm) continue;
+    const std::optional<MoeShape> shape = key_shape(k);
+    REQUIRE(shape);
+    const TileConfig d = default_config(k.role, *shape, cuda::fabricated::h200());
+    INFO(k.id() << " default " << d.name() << ", winner " << row.winner.name());
+    const auto timed = std::find_if(row.candidates.begin(), row.candidates.end(),
+                                    [&](const db::CandidateResult& c) { return c.config == d && !c.rejected; });
+    REQUIRE(timed != row.candidates.end());
+    CHECK(timed->median_ms <= 1.12 * row.median_ms);
+    ++checked;
+  }
+  CHECK(checked > 100);
 }
