@@ -1,6 +1,7 @@
 #include "tuner/config_space.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "moe/memory_layout.hpp"
@@ -88,17 +89,47 @@ bool default_fits(Role role, const TileConfig& c, const MoeShape& shape, const c
   return !prune_reason(role, c, shape, device);
 }
 
-// Hopper token GEMMs where TMA can copy: the most frequent winners of the tuned H200 table
-// (session 6: every tile bulk-copied, gathered rows pre-scattered, bwd_down's g and u through
-// shared memory) per role and token-tile height; the two-warpgroup ones run a persistent grid
-// (session 7: fwd_down's 128 x 256 tiles 6 % faster so, at T=8192 and 32768).
-TileConfig hopper_tma_default(Role role, int bm) {
-  const bool tall = bm >= 128;
+TileConfig persistent_if(TileConfig c, bool persistent) {
+  c.persistent = persistent;
+  return c;
+}
+
+// The first of `tiles` as wide as the problem allows that passes pruning, each tried as given and,
+// where its persistent grid does not fit, as a grid of one tile per block.
+std::optional<TileConfig> first_fitting(Role role, const std::vector<TileConfig>& tiles, const MoeShape& shape,
+                                        const cuda::DeviceInfo& device) {
+  const GemmDims d = gemm_dims(role, shape);
+  for (TileConfig t : tiles) {
+    for (bool persistent : {t.persistent, false}) {
+      t.persistent = persistent && persistent_eligible(role, t);
+      if (fit(t.block_n, d.n, min_block_n(role)) == t.block_n && default_fits(role, t, shape, device)) return t;
+    }
+  }
+  return std::nullopt;
+}
+
+// Hopper token GEMMs where TMA can copy, per role and token-tile height: the config whose
+// geometric-mean slowdown against the winners of the H200 table's keys is least (session 45, five
+// models, 10 to 66 keys each: within 2.5 % on that mean, except bwd_down's 128-row tile at 5.6 %,
+// whose persistent form does not fit), then, for problems too narrow for it, session 6's
+// narrower one.
+std::vector<TileConfig> hopper_tma_defaults(Role role, int bm) {
+  auto ws = [bm](int bn, int bk, int stages, int warps, bool persistent) {
+    return persistent_if(warp_specialized(gemm(bm, bn, bk, stages, warps), true), persistent);
+  };
+  if (bm >= 128) {
+    switch (role) {
+      case Role::kFwdUp: return {ws(128, 64, 4, 8, true)};
+      case Role::kFwdDown: return {ws(256, 64, 4, 8, true)};
+      case Role::kBwdDown: return {ws(256, 64, 4, 8, false)};  // its persistent form does not fit
+      default: return {ws(256, 64, 3, 8, true)};
+    }
+  }
   switch (role) {
-    case Role::kFwdUp: return tall ? warp_specialized(gemm(bm, 128, 64, 4, 8), true) : warp_specialized(gemm(bm, 64, 64, 4, 4), true);
-    case Role::kFwdDown: return tall ? warp_specialized(gemm(bm, 256, 32, 6, 8), true) : warp_specialized(gemm(bm, 128, 64, 4, 4), true);
-    case Role::kBwdDown: return tall ? warp_specialized(gemm(bm, 256, 64, 4, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
-    default: return tall ? warp_specialized(gemm(bm, 256, 64, 3, 8), true) : warp_specialized(gemm(bm, 128, 32, 6, 4), true);
+    case Role::kFwdUp: return {ws(128, 64, 4, 8, false), ws(64, 64, 4, 4, false)};
+    case Role::kFwdDown:
+    case Role::kBwdDown: return {ws(128, 64, 4, 4, false)};
+    default: return {ws(256, 64, 4, 8, false), ws(128, 32, 6, 4, false)};
   }
 }
 
@@ -225,15 +256,7 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       const int bm = token_block_m(shape);
       const int bn = role == Role::kFwdUp ? 64 : 128;
       if (device.is_hopper() && bm >= 64 && tma_eligible(role, shape)) {
-        c = hopper_tma_default(role, bm);
-        // Persistent where eligible, unless only the one-tile grid fits (bwd_down's 128 x 256
-        // tile: its persistent form's d_act does not fit beside four stages of BK 64).
-        for (bool persistent : {true, false}) {
-          c.persistent = persistent && persistent_eligible(role, c);
-          if (fit(c.block_n, d.n, min_block_n(role)) == c.block_n && default_fits(role, c, shape, device)) {
-            return c;
-          }
-        }
+        if (auto t = first_fitting(role, hopper_tma_defaults(role, bm), shape, device)) return *t;
       }
       // wgmma, multistage, where TMA cannot copy: the most frequent multistage winners of the
       // session 3 table. 128-row tiles: fwd_up 128 x (128 gate + 128 up), BK 64, 4 stages; the
@@ -277,14 +300,11 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
       const bool recomputed_b = role == Role::kBwdDw2 && memeff_recomputes_act(shape, mode);
       if (device.is_hopper() && d.m >= 128 && d.n >= 128 && !(recomputed_b && token_block_m(shape) >= 64)) {
         if (tma_eligible(role, shape)) {
-          std::vector<TileConfig> tiles = {warp_specialized(gemm(128, 128, 64, 3, 8), true)};
-          if (token_block_m(shape) >= 64) tiles.insert(tiles.begin(), warp_specialized(gemm(128, 256, 64, 4, 8), true));
-          for (TileConfig t : tiles) {
-            for (bool persistent : {true, false}) {
-              t.persistent = persistent && persistent_eligible(role, t);
-              if (fit(t.block_n, d.n, min_block_n(role)) == t.block_n && default_fits(role, t, shape, device)) return t;
-            }
+          std::vector<TileConfig> tiles = {persistent_if(warp_specialized(gemm(128, 128, 64, 3, 8), true), true)};
+          if (token_block_m(shape) >= 64) {
+            tiles.insert(tiles.begin(), persistent_if(warp_specialized(gemm(128, 256, 64, 4, 8), true), true));
           }
+          if (auto t = first_fitting(role, tiles, shape, device)) return *t;
         } else {
           const bool long_k = token_block_m(shape) >= 128;
           c = long_k && d.n >= 256 ? hopper(gemm(128, 256, 64, 4, 8)) : hopper(gemm(128, 128, 32, 4, 8));

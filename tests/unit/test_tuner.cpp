@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -458,13 +459,15 @@ TEST_CASE("every shipped H200 row's winner is in its role's space and passes pru
   CHECK(checked > 500);
 }
 
-TEST_CASE("the dW roles' H200 defaults run within 12 % of every shipped row's winner", "[tuner][db]") {
+TEST_CASE("the GEMM roles' H200 defaults run close to every shipped row's winner", "[tuner][db]") {
   // Untabled shapes run the defaults when self-tuning is off: they are picked from the table's
-  // measurements (config_space.cpp), and a retune that moves them away shows here.
-  int checked = 0;
+  // measurements (config_space.cpp), and a retune that moves them away shows here. Per row the
+  // default is at most 26 % slower than the winner (the dW roles' 12 %), and per role and token
+  // tile height 6 % on the geometric mean.
+  std::map<std::string, std::pair<double, int>> log_ratios;  // "role bmN" -> (sum of logs, rows)
   for (const db::TuningRow& row : shipped_h200_table().rows()) {
     const db::TuningKey& k = row.key;
-    if (role_kind(k.role) != RoleKind::kExpertGemm) continue;
+    if (role_kind(k.role) != RoleKind::kExpertGemm && role_kind(k.role) != RoleKind::kTokenGemm) continue;
     const std::optional<MoeShape> shape = key_shape(k);
     REQUIRE(shape);
     const TileConfig d = default_config(k.role, *shape, cuda::fabricated::h200());
@@ -472,8 +475,15 @@ TEST_CASE("the dW roles' H200 defaults run within 12 % of every shipped row's wi
     const auto timed = std::find_if(row.candidates.begin(), row.candidates.end(),
                                     [&](const db::CandidateResult& c) { return c.config == d && !c.rejected; });
     REQUIRE(timed != row.candidates.end());
-    CHECK(timed->median_ms <= 1.12 * row.median_ms);
-    ++checked;
+    const double ratio = timed->median_ms / row.median_ms;
+    CHECK(ratio <= (role_kind(k.role) == RoleKind::kExpertGemm ? 1.12 : 1.26));
+    auto& [sum, rows] = log_ratios[std::string(role_name(k.role)) + " bm" + std::to_string(k.block_m)];
+    sum += std::log(ratio);
+    ++rows;
   }
-  CHECK(checked > 100);
+  CHECK(log_ratios.size() >= 20);
+  for (const auto& [group, sum_rows] : log_ratios) {
+    INFO(group << ": " << sum_rows.second << " rows");
+    CHECK(std::exp(sum_rows.first / sum_rows.second) <= 1.06);
+  }
 }
