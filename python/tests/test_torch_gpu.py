@@ -2,6 +2,11 @@
 # reference (bf16 and fp16, the kernel tests' shapes; the op's allocations start as NaN, so an
 # unwritten element fails), the modes, torch.compile, CUDA graphs and errors from the library.
 # Skips without torch or a CUDA device.
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -132,6 +137,38 @@ def test_misaligned_activations_and_gradients_are_copied():
     with unwritten_as_nan():
         got = run(mt.fused_moe, (shifted(x), w1, w2, ids, weights), shifted(d_out))
     check_against_reference(got, (x, w1, w2, ids, weights), d_out, torch.bfloat16)
+
+
+# Run in a process of its own: the allocator's settings hold from a process's first allocation.
+EXPANDABLE_SEGMENTS_RUN = """
+import sys, torch
+sys.path[:0] = sys.argv[1:3]
+import moejit.torch as mt
+from reference import errors, make_case, moe_reference
+x, w1, w2, ids, weights, d_out = make_case(1024, 128, 2048, 768, 8, dtype=torch.bfloat16)
+segments = torch.cuda.memory_snapshot()
+assert all(s.get("is_expandable", True) for s in segments), "expandable segments are off"
+leaves = [t.detach().requires_grad_() for t in (x, w1, w2, weights)]
+out = mt.fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3])
+out.backward(d_out)
+ref = [t.detach().float().requires_grad_() for t in (x, w1, w2, weights)]
+want = moe_reference(ref[0], ref[1], ref[2], ids, ref[3])
+want.backward(d_out.float())
+for name, g, w in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), [out] + [t.grad for t in leaves],
+                      [want] + [t.grad for t in ref]):
+    max_err, l2_err = errors(g, w)
+    assert max_err <= 2e-2 and l2_err <= 1e-2, f"{name}: max-abs error {max_err:.2e}, L2 {l2_err:.2e}"
+"""
+
+
+def test_tensors_of_expandable_segments_pass_the_allocation_check():
+    # Such a segment maps many physical handles back to back, and the driver reports each handle
+    # as an allocation of its own: W1 (805 MB here) spans about forty of them.
+    here = pathlib.Path(__file__).resolve().parent
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    run_it = subprocess.run([sys.executable, "-c", EXPANDABLE_SEGMENTS_RUN, str(here.parent), str(here)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert run_it.returncode == 0, run_it.stdout + run_it.stderr
 
 
 def test_library_errors_surface_with_its_message():

@@ -20,6 +20,11 @@ struct PointerInfo {
   // The allocation holding the address, where the driver says (0 bytes: it did not).
   std::uintptr_t range_begin = 0;
   std::size_t range_bytes = 0;
+  // True for memory from cuMemAlloc (the driver's legacy-IPC-capable allocations), whose range is
+  // the whole allocation. Virtual memory mapped with cuMemMap (PyTorch's expandable segments)
+  // reports the range of the one physical handle holding the address, and a buffer there may
+  // span several handles mapped back to back.
+  bool range_is_allocation = false;
 };
 
 // Throws CudaError only for a driver failure; an unknown address is kUnknown.

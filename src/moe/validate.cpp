@@ -19,6 +19,29 @@ void require_pointer(const void* p, const char* name, std::size_t alignment) {
   }
 }
 
+// A tensor must end within the allocation holding its first byte: a last byte in the next
+// allocation passes the check of that byte alone. Where the driver's range is one physical handle
+// of mapped virtual memory, the handles mapped back to back after it on this device continue it.
+void require_within_allocation(const TensorRegion& t, const cuda::PointerInfo& first, int device,
+                               const std::function<cuda::PointerInfo(const void*)>& query) {
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(t.begin) + t.bytes;
+  std::uintptr_t covered = first.range_begin + first.range_bytes;
+  const bool mapped_handles = first.kind == cuda::MemoryKind::kDevice && !first.range_is_allocation;
+  while (mapped_handles && covered < end) {
+    const cuda::PointerInfo next = query(reinterpret_cast<const void*>(covered));
+    if (next.kind != cuda::MemoryKind::kDevice || next.device != device || next.range_is_allocation ||
+        next.range_begin != covered || next.range_bytes == 0) {
+      break;
+    }
+    covered += next.range_bytes;
+  }
+  if (covered < end) {
+    throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes from "
+                                              "{:#x}): is the buffer smaller than the problem's shape?",
+                                              t.bytes, t.begin, covered - first.range_begin, first.range_begin));
+  }
+}
+
 void require_size(std::size_t given, std::size_t needed, const char* size_name) {
   if (given < needed) {
     throw InvalidArgument(size_name, fmt::format("{} bytes given, {} needed (see FusedMoe::memory())", given, needed));
@@ -178,20 +201,13 @@ void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
       const cuda::PointerInfo info = query(at);
       const bool first = at == t.begin;
       switch (info.kind) {
-        case cuda::MemoryKind::kManaged: break;
+        case cuda::MemoryKind::kManaged:
         case cuda::MemoryKind::kDevice:
-          if (info.device != device) {
+          if (info.kind == cuda::MemoryKind::kDevice && info.device != device) {
             throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
                                                       first ? "is" : "ends in", info.device, device));
           }
-          // A last byte in the next allocation passes the check of that byte alone.
-          if (first && info.range_bytes > 0 &&
-              (t.bytes > info.range_bytes ||
-               reinterpret_cast<std::uintptr_t>(t.begin) - info.range_begin > info.range_bytes - t.bytes)) {
-            throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes "
-                                                      "from {:#x}): is the buffer smaller than the problem's shape?",
-                                                      t.bytes, t.begin, info.range_bytes, info.range_begin));
-          }
+          if (first && info.range_bytes > 0) require_within_allocation(t, info, device, query);
           break;
         case cuda::MemoryKind::kHost:
           throw InvalidArgument(t.name, fmt::format("{} page-locked host memory; pass device memory",

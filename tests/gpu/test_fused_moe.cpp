@@ -18,10 +18,12 @@
 #include "jit/kernel_cache.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
+#include "moe/validate.hpp"
 #include "support/differences.hpp"
 #include "support/gpu.hpp"
 #include "support/kernel_paths.hpp"
 #include "support/moe_case.hpp"
+#include "support/virtual_memory.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
 #include "tuner/role_traits.hpp"
@@ -1040,4 +1042,60 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
   stream.synchronize();
   const std::vector<double> out_after = download(run.out, spec.dtype, x_elements);
   CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
+}
+
+TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed memory, run; past their allocation they are rejected", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const int device = gpu->info.ordinal;
+  // cuMemAlloc memory reports its whole allocation, which the check holds a tensor to.
+  cuda::DeviceBuffer plain(std::size_t{1} << 20);
+  const cuda::PointerInfo plain_info = cuda::query_pointer(plain.as<char>() + 100);
+  CHECK(plain_info.kind == cuda::MemoryKind::kDevice);
+  CHECK(plain_info.range_is_allocation);
+  CHECK(plain_info.range_begin == plain.get());
+  CHECK(plain_info.range_bytes >= plain.bytes());
+  // Four granules mapped as PyTorch's expandable segments map theirs, the third left unmapped.
+  test::MappedHandles vm(device, {true, true, false, true});
+  const std::size_t g = vm.granularity();
+  const cuda::PointerInfo vm_info = cuda::query_pointer(vm.base() + g + 100);
+  CHECK(vm_info.kind == cuda::MemoryKind::kDevice);
+  CHECK_FALSE(vm_info.range_is_allocation);
+  test::ManagedBuffer managed(std::size_t{1} << 21);
+  const auto rejected = [&](const char* begin, std::size_t bytes) {
+    try {
+      require_device_memory({TensorRegion{"x", begin, bytes, 16, false}}, device, cuda::query_pointer);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(rejected(vm.base() + g / 2, g).empty());  // across the first two handles
+  CHECK(rejected(vm.base(), 2 * g).empty());
+  // Across the gap into the fourth handle: its last byte alone passes.
+  CHECK_THAT(rejected(vm.base() + g, 2 * g + 16),
+             Catch::StartsWith("x: its") && Catch::Contains("run past the allocation there"));
+  CHECK_THAT(rejected(vm.base() + 3 * g + g / 2, g), Catch::StartsWith("x: its") && Catch::Contains("run past"));
+  CHECK(rejected(managed.get(), std::size_t{1} << 21).empty());
+  CHECK_THAT(rejected(managed.get() + (std::size_t{1} << 21) - 256, 4096),
+             Catch::StartsWith("x: its") && Catch::Contains("run past"));
+
+  // A forward whose x lies across two handles, then in managed memory, gives the same bits.
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  FusedMoe plan(problem_of(spec, Mode::kTraining));
+  DeviceRun run(make_case(spec), plan.memory());
+  cuda::Stream stream;
+  const std::size_t x_elements = 64 * 128, x_bytes = x_elements * 2;
+  ForwardArgs a = run.forward_args(stream.get());
+  plan.forward(a);
+  stream.synchronize();
+  const std::vector<double> want = download(run.out, spec.dtype, x_elements);
+  for (char* at : {vm.base() + g - x_bytes / 2, managed.get()}) {
+    MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(at), run.x.get(), x_bytes, stream.get()));
+    stream.synchronize();
+    run.poison();
+    a.x = at;
+    plan.forward(a);
+    stream.synchronize();
+    CHECK(download(run.out, spec.dtype, x_elements) == want);
+  }
 }

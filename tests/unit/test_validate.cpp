@@ -194,14 +194,24 @@ TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved o
 namespace {
 
 // A fake driver's view: GiBs 1-15 are device 0's memory, 16 (the workspace) device 1's, and the
-// memory of each GiB stops 64 MiB before its end; past that the driver knows nothing.
+// memory of each GiB stops 64 MiB before its end; past that the driver knows nothing. GiBs 17
+// and 18 hold mapped virtual memory and managed memory.
 cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
+  constexpr std::uintptr_t mib = std::uintptr_t{1} << 20;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t n = a >> 30;
-  if (n < 1 || n > 16 || (a & ((1u << 30) - 1)) >= (960u << 20)) return {};
+  const std::uintptr_t n = a >> 30, offset = a & ((std::uintptr_t{1} << 30) - 1);
+  if (n < 1 || n > 18 || offset >= 960 * mib) return {};
   if (n == 6) return {gib6_kind, 0};
-  // GiB 9 holds allocations of 256 MiB each, back to back; elsewhere the range is not reported.
-  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~((std::uintptr_t{1} << 28) - 1), std::size_t{1} << 28};
+  // GiB 9 holds cuMemAlloc allocations of 256 MiB each, back to back.
+  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~(256 * mib - 1), 256 * mib, true};
+  // GiB 17 is mapped virtual memory: physical handles of 4 MiB back to back, except none at
+  // 64-68 MiB and device 1's at 80-84 MiB.
+  if (n == 17) {
+    if (offset >= 64 * mib && offset < 68 * mib) return {};
+    return {cuda::MemoryKind::kDevice, offset >= 80 * mib && offset < 84 * mib ? 1 : 0, a & ~(4 * mib - 1), 4 * mib};
+  }
+  // GiB 18 holds managed allocations of 256 MiB each, back to back.
+  if (n == 18) return {cuda::MemoryKind::kManaged, -1, a & ~(256 * mib - 1), 256 * mib};
   return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0};
 }
 
@@ -249,6 +259,25 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
              Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the allocation there"));
   late.x = static_cast<char*>(gib(9)) + (240u << 20);  // ends where its allocation does
   CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // Managed memory: the same.
+  late.x = static_cast<char*>(gib(18)) + (250u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the allocation there"));
+  late.x = static_cast<char*>(gib(18)) + (240u << 20);
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // Mapped virtual memory: x spans four, then five handles of 4 MiB, all device 0's.
+  late.x = gib(17);
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  late.x = static_cast<char*>(gib(17)) + (1u << 20);
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // ... across a gap in the mapping, though its last byte is mapped: the range stops at the gap.
+  late.x = static_cast<char*>(gib(17)) + (56u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("(8388608 bytes from"));
+  // ... across another device's handle.
+  late.x = static_cast<char*>(gib(17)) + (72u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("(8388608 bytes from"));
   // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
   const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
   const MemoryLayout li = memory_layout(infer);

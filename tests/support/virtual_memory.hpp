@@ -1,0 +1,45 @@
+// Device memory as allocators other than cuMemAlloc hold it, for the tests of the tensor checks
+// (moe/validate.hpp): a reserved address range with physical handles mapped into it back to back,
+// as PyTorch's expandable segments map theirs, and managed memory. The driver entry points they
+// need are loaded here: the library itself never calls them.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace moejit::test {
+
+class MappedHandles {
+ public:
+  // One granule of the device's allocation granularity per entry of `mapped`, which says whether
+  // that granule gets a physical handle (false leaves a gap in the mapping).
+  MappedHandles(int device, const std::vector<bool>& mapped);
+  ~MappedHandles();
+  MappedHandles(const MappedHandles&) = delete;
+  MappedHandles& operator=(const MappedHandles&) = delete;
+  char* base() const { return reinterpret_cast<char*>(base_); }
+  std::size_t granularity() const { return granularity_; }
+  std::size_t bytes() const { return granularity_ * handles_.size(); }
+
+ private:
+  void release() noexcept;
+  CUdeviceptr base_ = 0;
+  std::size_t granularity_ = 0;
+  std::vector<CUmemGenericAllocationHandle> handles_;  // 0 where a granule is left unmapped
+};
+
+class ManagedBuffer {
+ public:
+  explicit ManagedBuffer(std::size_t bytes);
+  ~ManagedBuffer();
+  ManagedBuffer(const ManagedBuffer&) = delete;
+  ManagedBuffer& operator=(const ManagedBuffer&) = delete;
+  char* get() const { return reinterpret_cast<char*>(ptr_); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+};
+
+}  // namespace moejit::test
