@@ -8,7 +8,8 @@
 namespace moejit::cuda {
 
 enum class MemoryKind {
-  kUnknown,  // no CUDA allocation, mapping or registration holds the address (plain malloc)
+  kUnknown,  // no CUDA allocation, mapping or registration holds the address (plain malloc), or
+             // reserved address space with nothing mapped there
   kDevice,
   kHost,     // page-locked host memory (cuMemHostAlloc, cuMemHostRegister)
   kManaged,
@@ -17,13 +18,14 @@ enum class MemoryKind {
 struct PointerInfo {
   MemoryKind kind = MemoryKind::kUnknown;
   int device = -1;  // the ordinal the memory was allocated on or registered with
-  // The allocation holding the address, where the driver says (0 bytes: it did not).
+  // The allocation holding the address (cuMemGetAddressRange), where the driver says (0 bytes: it
+  // did not).
   std::uintptr_t range_begin = 0;
   std::size_t range_bytes = 0;
   // True for memory from cuMemAlloc (the driver's legacy-IPC-capable allocations), whose range is
-  // the whole allocation. Virtual memory mapped with cuMemMap (PyTorch's expandable segments)
-  // reports the range of the one physical handle holding the address, and a buffer there may
-  // span several handles mapped back to back.
+  // the whole allocation. In virtual memory mapped with cuMemMap (PyTorch's expandable segments)
+  // the range is the one physical handle holding the address, and a buffer there may span
+  // several handles mapped back to back.
   bool range_is_allocation = false;
 };
 

@@ -1057,9 +1057,13 @@ TEST_CASE("tensors across the physical handles of mapped virtual memory, or in m
   // Four granules mapped as PyTorch's expandable segments map theirs, the third left unmapped.
   test::MappedHandles vm(device, {true, true, false, true});
   const std::size_t g = vm.granularity();
+  // There the range is the handle, and the gap is no memory.
   const cuda::PointerInfo vm_info = cuda::query_pointer(vm.base() + g + 100);
   CHECK(vm_info.kind == cuda::MemoryKind::kDevice);
   CHECK_FALSE(vm_info.range_is_allocation);
+  CHECK(vm_info.range_begin == reinterpret_cast<std::uintptr_t>(vm.base() + g));
+  CHECK(vm_info.range_bytes == g);
+  CHECK(cuda::query_pointer(vm.base() + 2 * g + 100).kind == cuda::MemoryKind::kUnknown);
   test::ManagedBuffer managed(std::size_t{1} << 21);
   const auto rejected = [&](const char* begin, std::size_t bytes) {
     try {
@@ -1074,6 +1078,8 @@ TEST_CASE("tensors across the physical handles of mapped virtual memory, or in m
   // Across the gap into the fourth handle: its last byte alone passes.
   CHECK_THAT(rejected(vm.base() + g, 2 * g + 16),
              Catch::StartsWith("x: its") && Catch::Contains("run past the allocation there"));
+  // Ending in the gap, or past the reserved range.
+  CHECK_THAT(rejected(vm.base() + g + g / 2, g), Catch::StartsWith("x: its") && Catch::Contains("run past the memory"));
   CHECK_THAT(rejected(vm.base() + 3 * g + g / 2, g), Catch::StartsWith("x: its") && Catch::Contains("run past"));
   CHECK(rejected(managed.get(), std::size_t{1} << 21).empty());
   CHECK_THAT(rejected(managed.get() + (std::size_t{1} << 21) - 256, 4096),
