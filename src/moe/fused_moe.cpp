@@ -57,10 +57,12 @@ struct FusedMoe::Impl {
     }
   }
 
-  void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count) const {
+  // `ids`: checking mode's host copy of the expert ids, sized before anything is enqueued (empty
+  // otherwise), so that a failed allocation leaves the call rejected rather than half-run.
+  void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count, std::vector<std::int32_t>& ids) const {
     const RoleKernel& k = role(Role::kRouting);
     launch_routing(*k.kernel, k.config, args);
-    if (options.check_expert_ids) check_expert_ids(dropped_count, args);
+    if (options.check_expert_ids) check_expert_ids(dropped_count, args, ids);
   }
 
   // After check_context: the driver answers for the current context. Two queries per tensor (the
@@ -82,11 +84,10 @@ struct FusedMoe::Impl {
   // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
   // one synchronising path, opt-in. The copies go on the caller's stream: a synchronous copy
   // would wait on every blocking stream of the context.
-  void check_expert_ids(const std::int32_t* dropped_count, const RoutingArgs& args) const {
+  void check_expert_ids(const std::int32_t* dropped_count, const RoutingArgs& args, std::vector<std::int32_t>& ids) const {
     CUstream stream = args.stream;
     const cuda::Driver& d = cuda::driver();
     std::int32_t dropped = 0;
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(args.tokens * args.topk));
     MOEJIT_CU(d.cuMemcpyDtoHAsync(&dropped, reinterpret_cast<CUdeviceptr>(dropped_count), 4, stream));
     MOEJIT_CU(d.cuMemcpyDtoHAsync(ids.data(), args.topk_ids, ids.size() * sizeof(std::int32_t), stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));
@@ -177,9 +178,13 @@ void FusedMoe::forward(const ForwardArgs& a) {
   s.require_device_memory(tensors);
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  if (s.options.check_expert_ids) s.require_uncaptured(stream);
+  std::vector<std::int32_t> ids;
+  if (s.options.check_expert_ids) {
+    s.require_uncaptured(stream);
+    ids.resize(static_cast<std::size_t>(f.routing.tokens * f.routing.topk));
+  }
   try {
-    s.run_routing(f.routing, f.dropped_count);
+    s.run_routing(f.routing, f.dropped_count, ids);
     if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
     s.launch(Role::kFwdUp, &f.fwd_up, stream);
     s.launch(Role::kFwdDown, &f.fwd_down, stream);
