@@ -100,10 +100,13 @@ std::optional<TileConfig> first_fitting(Role role, const std::vector<TileConfig>
                                         const cuda::DeviceInfo& device) {
   const GemmDims d = gemm_dims(role, shape);
   for (TileConfig t : tiles) {
-    for (bool persistent : {t.persistent, false}) {
-      t.persistent = persistent && persistent_eligible(role, t);
-      if (fit(t.block_n, d.n, min_block_n(role)) == t.block_n && default_fits(role, t, shape, device)) return t;
+    if (fit(t.block_n, d.n, min_block_n(role)) != t.block_n) continue;
+    if (t.persistent) {
+      t.persistent = persistent_eligible(role, t);
+      if (default_fits(role, t, shape, device)) return t;
+      t.persistent = false;
     }
+    if (default_fits(role, t, shape, device)) return t;
   }
   return std::nullopt;
 }
@@ -111,8 +114,8 @@ std::optional<TileConfig> first_fitting(Role role, const std::vector<TileConfig>
 // Hopper token GEMMs where TMA can copy, per role and token-tile height: the config whose
 // geometric-mean slowdown against the winners of the H200 table's keys is least (session 45, five
 // models, 10 to 66 keys each: within 2.5 % on that mean, except bwd_down's 128-row tile at 5.6 %,
-// whose persistent form does not fit), then, for problems too narrow for it, session 6's
-// narrower one.
+// whose persistent form does not fit); for fwd_up's and bwd_dx's 64-row tiles, session 6's
+// narrower one follows for problems too narrow for it.
 std::vector<TileConfig> hopper_tma_defaults(Role role, int bm) {
   auto ws = [bm](int bn, int bk, int stages, int warps, bool persistent) {
     return persistent_if(warp_specialized(gemm(bm, bn, bk, stages, warps), true), persistent);
@@ -287,11 +290,12 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     }
     case RoleKind::kExpertGemm: {
       // Where TMA copies on Hopper: per token-tile height, the persistent two-warpgroup tile whose
-      // worst slowdown against the winners of the H200 table's 58 keys per role (five models) is
-      // least (session 45): 128 x 256, BK 64 x 4 where experts get 64 rows or more (at most 11 %
-      // slower, 1-3 % on the geometric mean), 128 x 128, BK 64 x 3 below (at most 6 %). Session 6's
-      // one-warpgroup 128 x 128 tiles, which these replace, ran 1.34-1.57x slower on the geometric
-      // mean, up to 1.9x, before persistent dW grids and their two-warpgroup tiles existed.
+      // geometric-mean slowdown against the winners of the H200 table's 58 keys per role (five
+      // models) is about least, with a small worst case (session 45): 128 x 256, BK 64 x 4 where
+      // experts get 64 rows or more (1-3 % on that mean, at most 11 %), 128 x 128, BK 64 x 3
+      // below (0.2-2.6 %, at most 6 %). Session 6's one-warpgroup 128 x 128 tiles, which these
+      // replace, ran 1.34-1.57x slower on that mean, up to 1.9x: they were picked before
+      // persistent dW grids and their two-warpgroup tiles existed.
       // Without TMA (session 4): multistage 128 x 256, BK 64, 4 stages when experts get 128 rows
       // or more, else 128 x 128, BK 32, 4 stages. The memory-efficient bwd_dw2 (recomputed
       // activation) wins the warp-specialized TMA config only below 32 tokens per expert; with

@@ -147,7 +147,10 @@ import moejit.torch as mt
 from reference import errors, make_case, moe_reference
 x, w1, w2, ids, weights, d_out = make_case(1024, 128, 2048, 768, 8, dtype=torch.bfloat16)
 segments = torch.cuda.memory_snapshot()
-assert all(s.get("is_expandable", True) for s in segments), "expandable segments are off"
+if not segments or any("is_expandable" not in s for s in segments):
+    print("SKIP: this torch's memory snapshot does not say whether its segments are expandable")
+    sys.exit(0)
+assert all(s["is_expandable"] for s in segments), "expandable segments are off"
 leaves = [t.detach().requires_grad_() for t in (x, w1, w2, weights)]
 out = mt.fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3])
 out.backward(d_out)
@@ -169,6 +172,8 @@ def test_tensors_of_expandable_segments_pass_the_allocation_check():
     run_it = subprocess.run([sys.executable, "-c", EXPANDABLE_SEGMENTS_RUN, str(here.parent), str(here)], env=env,
                             capture_output=True, text=True, timeout=600)
     assert run_it.returncode == 0, run_it.stdout + run_it.stderr
+    if run_it.stdout.startswith("SKIP: "):
+        pytest.skip(run_it.stdout[len("SKIP: "):].strip())
 
 
 def test_library_errors_surface_with_its_message():

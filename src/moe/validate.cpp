@@ -19,26 +19,53 @@ void require_pointer(const void* p, const char* name, std::size_t alignment) {
   }
 }
 
-// A tensor must end within the allocation holding its first byte: a last byte in the next
-// allocation passes the check of that byte alone. Where the driver's range is one physical handle
-// of mapped virtual memory, the handles mapped back to back after it on this device continue it.
-void require_within_allocation(const TensorRegion& t, const cuda::PointerInfo& first, int device,
+// A tensor must end within the memory holding its first byte: a last byte in the next
+// allocation passes the check of that byte alone. In mapped virtual memory, where that memory is
+// one physical handle, the handles mapped back to back after it continue it, as far as the range
+// reserved with it and while they are this device's memory (cuMemAlloc memory reserves no more
+// than its allocation, so it is never walked past).
+void require_within_allocation(const TensorRegion& t, const cuda::PointerInfo& first,
                                const std::function<cuda::PointerInfo(const void*)>& query) {
-  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(t.begin) + t.bytes;
+  const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
+  const bool wraps = t.bytes > UINTPTR_MAX - begin;
+  const std::uintptr_t end = wraps ? UINTPTR_MAX : begin + t.bytes;
+  const std::uintptr_t reserved_end =
+      first.reserved_bytes > UINTPTR_MAX - first.reserved_begin ? UINTPTR_MAX : first.reserved_begin + first.reserved_bytes;
   std::uintptr_t covered = first.range_begin + first.range_bytes;
-  const bool mapped_handles = first.kind == cuda::MemoryKind::kDevice && !first.range_is_allocation;
-  while (mapped_handles && covered < end) {
+  while (!wraps && covered < end && covered < reserved_end) {
     const cuda::PointerInfo next = query(reinterpret_cast<const void*>(covered));
-    if (next.kind != cuda::MemoryKind::kDevice || next.device != device || next.range_is_allocation ||
-        next.range_begin != covered || next.range_bytes == 0) {
+    if (next.kind != first.kind || next.device != first.device || next.reserved_begin != first.reserved_begin ||
+        next.range_begin != covered || next.range_bytes == 0 || next.range_bytes > UINTPTR_MAX - covered) {
       break;
     }
     covered += next.range_bytes;
   }
-  if (covered < end) {
+  if (wraps || covered < end) {
     throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes from "
                                               "{:#x}): is the buffer smaller than the problem's shape?",
                                               t.bytes, t.begin, covered - first.range_begin, first.range_begin));
+  }
+}
+
+// A tensor's first byte, or (where the driver gives no range for it) its last, must be this
+// device's memory or managed memory.
+void require_device_kind(const TensorRegion& t, const cuda::PointerInfo& info, int device, bool first) {
+  switch (info.kind) {
+    case cuda::MemoryKind::kManaged: return;
+    case cuda::MemoryKind::kDevice:
+      if (info.device != device) {
+        throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
+                                                  first ? "is" : "ends in", info.device, device));
+      }
+      return;
+    case cuda::MemoryKind::kHost:
+      throw InvalidArgument(t.name, fmt::format("{} page-locked host memory; pass device memory", first ? "is" : "ends in"));
+    case cuda::MemoryKind::kUnknown:
+      throw InvalidArgument(t.name, first ? fmt::format("address {} is not CUDA memory (host memory from malloc or "
+                                                        "new?); pass device memory", t.begin)
+                                          : fmt::format("its {} bytes from {} run past the memory allocated there: is "
+                                                        "the buffer smaller than the problem's shape?",
+                                                        t.bytes, t.begin));
   }
 }
 
@@ -196,29 +223,14 @@ void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
                            const std::function<cuda::PointerInfo(const void*)>& query) {
   for (const TensorRegion& t : tensors) {
     if (t.bytes == 0) continue;
-    const char* last = static_cast<const char*>(t.begin) + (t.bytes - 1);
-    for (const void* at : {t.begin, static_cast<const void*>(last)}) {
-      const cuda::PointerInfo info = query(at);
-      const bool first = at == t.begin;
-      switch (info.kind) {
-        case cuda::MemoryKind::kManaged:
-        case cuda::MemoryKind::kDevice:
-          if (info.kind == cuda::MemoryKind::kDevice && info.device != device) {
-            throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
-                                                      first ? "is" : "ends in", info.device, device));
-          }
-          if (first && info.range_bytes > 0) require_within_allocation(t, info, device, query);
-          break;
-        case cuda::MemoryKind::kHost:
-          throw InvalidArgument(t.name, fmt::format("{} page-locked host memory; pass device memory",
-                                                    first ? "is" : "ends in"));
-        case cuda::MemoryKind::kUnknown:
-          throw InvalidArgument(t.name, first ? fmt::format("address {} is not CUDA memory (host memory from malloc "
-                                                            "or new?); pass device memory", t.begin)
-                                              : fmt::format("its {} bytes from {} run past the memory allocated "
-                                                            "there: is the buffer smaller than the problem's shape?",
-                                                            t.bytes, t.begin));
-      }
+    const cuda::PointerInfo first = query(t.begin);
+    require_device_kind(t, first, device, true);
+    // A range that holds the whole tensor holds its last byte too: no second query.
+    if (first.range_bytes > 0) {
+      require_within_allocation(t, first, query);
+    } else {
+      const char* last = static_cast<const char*>(t.begin) + (t.bytes - 1);
+      require_device_kind(t, query(last), device, false);
     }
   }
 }

@@ -1044,27 +1044,32 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
   CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
 }
 
-TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed memory, run; past their allocation they are rejected", "[gpu][moe]") {
+TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed or pool memory, run; past their allocation they are rejected", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const int device = gpu->info.ordinal;
-  // cuMemAlloc memory reports its whole allocation, which the check holds a tensor to.
+  cuda::Stream stream;
+  // cuMemAlloc memory: its range and its reserved range are its allocation.
   cuda::DeviceBuffer plain(std::size_t{1} << 20);
   const cuda::PointerInfo plain_info = cuda::query_pointer(plain.as<char>() + 100);
   CHECK(plain_info.kind == cuda::MemoryKind::kDevice);
-  CHECK(plain_info.range_is_allocation);
   CHECK(plain_info.range_begin == plain.get());
   CHECK(plain_info.range_bytes >= plain.bytes());
-  // Four granules mapped as PyTorch's expandable segments map theirs, the third left unmapped.
+  CHECK(plain_info.reserved_begin == plain_info.range_begin);
+  CHECK(plain_info.reserved_bytes == plain_info.range_bytes);
+  // Four granules mapped as PyTorch's expandable segments map theirs, the third left unmapped:
+  // the range is one handle, the reserved range all four, and the gap is no memory.
   test::MappedHandles vm(device, {true, true, false, true});
   const std::size_t g = vm.granularity();
-  // There the range is the handle, and the gap is no memory.
   const cuda::PointerInfo vm_info = cuda::query_pointer(vm.base() + g + 100);
   CHECK(vm_info.kind == cuda::MemoryKind::kDevice);
-  CHECK_FALSE(vm_info.range_is_allocation);
   CHECK(vm_info.range_begin == reinterpret_cast<std::uintptr_t>(vm.base() + g));
   CHECK(vm_info.range_bytes == g);
+  CHECK(vm_info.reserved_begin == reinterpret_cast<std::uintptr_t>(vm.base()));
+  CHECK(vm_info.reserved_bytes == vm.bytes());
   CHECK(cuda::query_pointer(vm.base() + 2 * g + 100).kind == cuda::MemoryKind::kUnknown);
   test::ManagedBuffer managed(std::size_t{1} << 21);
+  test::PoolBuffer pool(std::size_t{1} << 21, stream.get());
+  CHECK(cuda::query_pointer(pool.get() + 100).kind == cuda::MemoryKind::kDevice);
   const auto rejected = [&](const char* begin, std::size_t bytes) {
     try {
       require_device_memory({TensorRegion{"x", begin, bytes, 16, false}}, device, cuda::query_pointer);
@@ -1075,28 +1080,28 @@ TEST_CASE("tensors across the physical handles of mapped virtual memory, or in m
   };
   CHECK(rejected(vm.base() + g / 2, g).empty());  // across the first two handles
   CHECK(rejected(vm.base(), 2 * g).empty());
-  // Across the gap into the fourth handle: its last byte alone passes.
-  CHECK_THAT(rejected(vm.base() + g, 2 * g + 16),
-             Catch::StartsWith("x: its") && Catch::Contains("run past the allocation there"));
-  // Ending in the gap (the walk from its first byte stops there), or past the reserved range.
-  CHECK_THAT(rejected(vm.base() + g + g / 2, g),
-             Catch::StartsWith("x: its") && Catch::Contains("run past the allocation there"));
-  CHECK_THAT(rejected(vm.base() + 3 * g + g / 2, g), Catch::StartsWith("x: its") && Catch::Contains("run past"));
+  // Across the gap into the fourth handle, ending in the gap, and past the reserved range.
+  for (const auto& [offset, bytes] : {std::pair{g, 2 * g + 16}, std::pair{g + g / 2, g}, std::pair{3 * g + g / 2, g}}) {
+    INFO("from " << offset << ", " << bytes << " bytes");
+    CHECK_THAT(rejected(vm.base() + offset, bytes),
+               Catch::StartsWith("x: its") && Catch::Contains("run past the allocation there"));
+  }
   CHECK(rejected(managed.get(), std::size_t{1} << 21).empty());
   CHECK_THAT(rejected(managed.get() + (std::size_t{1} << 21) - 256, 4096),
              Catch::StartsWith("x: its") && Catch::Contains("run past"));
+  CHECK(rejected(pool.get(), std::size_t{1} << 21).empty());
 
-  // A forward whose x lies across two handles, then in managed memory, gives the same bits.
+  // A forward whose x lies across two handles, in managed memory or in pool memory gives the
+  // same bits as from cuMemAlloc memory.
   const CaseSpec spec{64, 8, 128, 64, 2};
   FusedMoe plan(problem_of(spec, Mode::kTraining));
   DeviceRun run(make_case(spec), plan.memory());
-  cuda::Stream stream;
   const std::size_t x_elements = 64 * 128, x_bytes = x_elements * 2;
   ForwardArgs a = run.forward_args(stream.get());
   plan.forward(a);
   stream.synchronize();
   const std::vector<double> want = download(run.out, spec.dtype, x_elements);
-  for (char* at : {vm.base() + g - x_bytes / 2, managed.get()}) {
+  for (char* at : {vm.base() + g - x_bytes / 2, managed.get(), pool.get()}) {
     MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(at), run.x.get(), x_bytes, stream.get()));
     stream.synchronize();
     run.poison();

@@ -13,7 +13,7 @@ namespace {
 
 #define MOEJIT_TEST_VM_FUNCTIONS(X)                                                                \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
-  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged)
+  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemFreeAsync)
 // As in src/cuda/driver.cpp: cuda.h's versioning macros expand before the name is a string.
 #define MOEJIT_TEST_SYMBOL_TEXT(name) #name
 #define MOEJIT_TEST_SYMBOL(name) MOEJIT_TEST_SYMBOL_TEXT(name)
@@ -87,5 +87,15 @@ ManagedBuffer::ManagedBuffer(std::size_t bytes) {
 }
 
 ManagedBuffer::~ManagedBuffer() { cuda::driver().cuMemFree(ptr_); }
+
+PoolBuffer::PoolBuffer(std::size_t bytes, CUstream stream) : stream_(stream) {
+  MOEJIT_CU(vm().cuMemAllocAsync(&ptr_, bytes, stream));
+  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream));
+}
+
+PoolBuffer::~PoolBuffer() {
+  vm().cuMemFreeAsync(ptr_, stream_);
+  cuda::driver().cuStreamSynchronize(stream_);
+}
 
 }  // namespace moejit::test

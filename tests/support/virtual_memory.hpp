@@ -1,7 +1,8 @@
 // Device memory as allocators other than cuMemAlloc hold it, for the tests of the tensor checks
 // (moe/validate.hpp): a reserved address range with physical handles mapped into it back to back,
-// as PyTorch's expandable segments map theirs, and managed memory. The driver entry points they
-// need are loaded here: the library itself never calls them.
+// as PyTorch's expandable segments map theirs, managed memory, and a block of the device's default
+// memory pool (cudaMallocAsync). The driver entry points they need are loaded here: the library
+// itself never calls them.
 #pragma once
 
 #include <cuda.h>
@@ -40,6 +41,20 @@ class ManagedBuffer {
 
  private:
   CUdeviceptr ptr_ = 0;
+};
+
+// Freed on the stream it was allocated on, synchronously.
+class PoolBuffer {
+ public:
+  PoolBuffer(std::size_t bytes, CUstream stream);
+  ~PoolBuffer();
+  PoolBuffer(const PoolBuffer&) = delete;
+  PoolBuffer& operator=(const PoolBuffer&) = delete;
+  char* get() const { return reinterpret_cast<char*>(ptr_); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  CUstream stream_ = nullptr;
 };
 
 }  // namespace moejit::test

@@ -194,24 +194,33 @@ TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved o
 namespace {
 
 // A fake driver's view: GiBs 1-15 are device 0's memory, 16 (the workspace) device 1's, and the
-// memory of each GiB stops 64 MiB before its end; past that the driver knows nothing. GiBs 17
-// and 18 hold mapped virtual memory and managed memory.
+// memory of each GiB stops 64 MiB before its end; past that the driver knows nothing. Only GiBs
+// 9, 17 and 18 report ranges.
 cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
   constexpr std::uintptr_t mib = std::uintptr_t{1} << 20;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t n = a >> 30, offset = a & ((std::uintptr_t{1} << 30) - 1);
+  const std::uintptr_t n = a >> 30, offset = a & ((std::uintptr_t{1} << 30) - 1), gib_start = n << 30;
   if (n < 1 || n > 18 || offset >= 960 * mib) return {};
   if (n == 6) return {gib6_kind, 0};
   // GiB 9 holds cuMemAlloc allocations of 256 MiB each, back to back.
-  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~(256 * mib - 1), 256 * mib, true};
-  // GiB 17 is mapped virtual memory: physical handles of 4 MiB back to back, except none at
-  // 64-68 MiB and device 1's at 80-84 MiB.
+  if (n == 9) {
+    const std::uintptr_t at = a & ~(256 * mib - 1);
+    return {cuda::MemoryKind::kDevice, 0, at, 256 * mib, at, 256 * mib};
+  }
+  // GiB 17 is mapped virtual memory: two reserved ranges, 0-512 and 512-960 MiB, of physical
+  // handles of 4 MiB back to back, except none at 64-68 MiB and device 1's at 80-84 MiB.
   if (n == 17) {
     if (offset >= 64 * mib && offset < 68 * mib) return {};
-    return {cuda::MemoryKind::kDevice, offset >= 80 * mib && offset < 84 * mib ? 1 : 0, a & ~(4 * mib - 1), 4 * mib};
+    const std::uintptr_t reserved = offset < 512 * mib ? gib_start : gib_start + 512 * mib;
+    const std::size_t reserved_bytes = offset < 512 * mib ? 512 * mib : 448 * mib;
+    return {cuda::MemoryKind::kDevice, offset >= 80 * mib && offset < 84 * mib ? 1 : 0, a & ~(4 * mib - 1), 4 * mib,
+            reserved, reserved_bytes};
   }
   // GiB 18 holds managed allocations of 256 MiB each, back to back.
-  if (n == 18) return {cuda::MemoryKind::kManaged, -1, a & ~(256 * mib - 1), 256 * mib};
+  if (n == 18) {
+    const std::uintptr_t at = a & ~(256 * mib - 1);
+    return {cuda::MemoryKind::kManaged, -1, at, 256 * mib, at, 256 * mib};
+  }
   return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0};
 }
 
@@ -278,6 +287,20 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   late.x = static_cast<char*>(gib(17)) + (72u << 20);
   CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
              Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("(8388608 bytes from"));
+  // ... across the end of its reserved range into the next one, though both are device 0's.
+  late.x = static_cast<char*>(gib(17)) + (504u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("(8388608 bytes from"));
+  late.x = static_cast<char*>(gib(17)) + (496u << 20);  // ends where its range does
+  CHECK(rejected(late, 0, cuda::MemoryKind::kDevice).empty());
+  // ... past the memory the driver knows.
+  late.x = static_cast<char*>(gib(17)) + (952u << 20);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the allocation there"));
+  // A size that wraps past the top of the address space.
+  late.x = static_cast<char*>(gib(9)) + (240u << 20);
+  const std::vector<TensorRegion> huge = {TensorRegion{"x", late.x, ~std::size_t{0} - 4096, 16, false}};
+  CHECK_THROWS_WITH(require_device_memory(huge, 0, device0), Catch::StartsWith("x: its") && Catch::Contains("run past"));
   // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
   const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
   const MemoryLayout li = memory_layout(infer);
