@@ -165,8 +165,8 @@ for name, g, w in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), [out] + [t.
 
 
 def test_tensors_of_expandable_segments_pass_the_allocation_check():
-    # Such a segment maps many physical handles back to back, and the driver reports each handle
-    # as an allocation of its own: W1 (805 MB here) spans about forty of them.
+    # Such a segment maps many physical handles back to back into one reserved address range:
+    # W1 (805 MB here) spans about forty of them, which the tensor checks must take as one.
     here = pathlib.Path(__file__).resolve().parent
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
     run_it = subprocess.run([sys.executable, "-c", EXPANDABLE_SEGMENTS_RUN, str(here.parent), str(here)], env=env,

@@ -28,7 +28,7 @@ namespace moejit::cuda {
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
   X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
   X(cuOccupancyMaxActiveClusters)                                                           \
-  X(cuTensorMapEncodeTiled) X(cuPointerGetAttributes) X(cuMemGetAddressRange)
+  X(cuTensorMapEncodeTiled) X(cuPointerGetAttributes)
 
 struct Driver {
 #define MOEJIT_DECLARE_FN(name) decltype(&::name) name = nullptr;

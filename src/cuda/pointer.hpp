@@ -18,15 +18,11 @@ enum class MemoryKind {
 struct PointerInfo {
   MemoryKind kind = MemoryKind::kUnknown;
   int device = -1;  // the ordinal the memory was allocated on or registered with
-  // Where the driver says (0 bytes: it did not), the memory holding the address
-  // (cuMemGetAddressRange) and the address range it lies in (the RANGE pointer attributes). For
-  // cuMemAlloc memory both are its allocation. In virtual memory mapped with cuMemMap (PyTorch's
-  // expandable segments) the first is the one physical handle holding the address and the second
-  // the whole reserved range, mapped or not: a buffer there may span handles mapped back to back.
+  // The allocation holding the address, where the driver says (0 bytes: it did not). For memory
+  // mapped with cuMemMap (PyTorch's expandable segments) it is the whole reserved address range,
+  // mapped or not (the RANGE pointer attributes).
   std::uintptr_t range_begin = 0;
   std::size_t range_bytes = 0;
-  std::uintptr_t reserved_begin = 0;
-  std::size_t reserved_bytes = 0;
 };
 
 // Throws CudaError only for a driver failure; an unknown address is kUnknown.

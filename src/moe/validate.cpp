@@ -19,36 +19,7 @@ void require_pointer(const void* p, const char* name, std::size_t alignment) {
   }
 }
 
-// A tensor must end within the memory holding its first byte: a last byte in the next
-// allocation passes the check of that byte alone. In mapped virtual memory, where that memory is
-// one physical handle, the handles mapped back to back after it continue it, as far as the range
-// reserved with it and while they are this device's memory (cuMemAlloc memory reserves no more
-// than its allocation, so it is never walked past).
-void require_within_allocation(const TensorRegion& t, const cuda::PointerInfo& first,
-                               const std::function<cuda::PointerInfo(const void*)>& query) {
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
-  const bool wraps = t.bytes > UINTPTR_MAX - begin;
-  const std::uintptr_t end = wraps ? UINTPTR_MAX : begin + t.bytes;
-  const std::uintptr_t reserved_end =
-      first.reserved_bytes > UINTPTR_MAX - first.reserved_begin ? UINTPTR_MAX : first.reserved_begin + first.reserved_bytes;
-  std::uintptr_t covered = first.range_begin + first.range_bytes;
-  while (!wraps && covered < end && covered < reserved_end) {
-    const cuda::PointerInfo next = query(reinterpret_cast<const void*>(covered));
-    if (next.kind != first.kind || next.device != first.device || next.reserved_begin != first.reserved_begin ||
-        next.range_begin != covered || next.range_bytes == 0 || next.range_bytes > UINTPTR_MAX - covered) {
-      break;
-    }
-    covered += next.range_bytes;
-  }
-  if (wraps || covered < end) {
-    throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes from "
-                                              "{:#x}): is the buffer smaller than the problem's shape?",
-                                              t.bytes, t.begin, covered - first.range_begin, first.range_begin));
-  }
-}
-
-// A tensor's first byte, or (where the driver gives no range for it) its last, must be this
-// device's memory or managed memory.
+// Each end of a tensor must be this device's memory or managed memory.
 void require_device_kind(const TensorRegion& t, const cuda::PointerInfo& info, int device, bool first) {
   switch (info.kind) {
     case cuda::MemoryKind::kManaged: return;
@@ -223,15 +194,19 @@ void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
                            const std::function<cuda::PointerInfo(const void*)>& query) {
   for (const TensorRegion& t : tensors) {
     if (t.bytes == 0) continue;
+    const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
     const cuda::PointerInfo first = query(t.begin);
     require_device_kind(t, first, device, true);
-    // A range that holds the whole tensor holds its last byte too: no second query.
-    if (first.range_bytes > 0) {
-      require_within_allocation(t, first, query);
-    } else {
-      const char* last = static_cast<const char*>(t.begin) + (t.bytes - 1);
-      require_device_kind(t, query(last), device, false);
+    // A last byte in the next allocation passes the check of that byte alone. A size past the top
+    // of the address space has no last byte.
+    if (t.bytes > UINTPTR_MAX - begin ||
+        (first.range_bytes > 0 &&
+         (t.bytes > first.range_bytes || begin - first.range_begin > first.range_bytes - t.bytes))) {
+      throw InvalidArgument(t.name, fmt::format("its {} bytes from {} run past the allocation there ({} bytes from "
+                                                "{:#x}): is the buffer smaller than the problem's shape?",
+                                                t.bytes, t.begin, first.range_bytes, first.range_begin));
     }
+    require_device_kind(t, query(reinterpret_cast<const void*>(begin + (t.bytes - 1))), device, false);
   }
 }
 
