@@ -40,11 +40,11 @@ std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProb
                                             bool vector_aligned);
 
 // Each tensor's first and last byte must be device memory of `device` (or managed memory), and
-// a device or managed tensor must lie within the allocation holding its first byte (in memory
-// mapped with cuMemMap, within the physical handles mapped back to back from there): a host or
-// another GPU's address, or a tensor running past its allocation, would fault inside a kernel or
-// write over another buffer. A tensor carved out of a larger allocation (a caching allocator's
-// block) is checked against that allocation only. `query` is cuda::query_pointer outside the unit
+// a tensor must lie within the allocation holding its first byte: a host or another GPU's
+// address, reserved address space with nothing mapped, or a tensor running past its allocation
+// would fault inside a kernel or write over another buffer. A tensor carved out of a larger
+// allocation (a caching allocator's block; for memory mapped with cuMemMap, the whole reserved
+// range) is checked against that allocation only. `query` is cuda::query_pointer outside the unit
 // tests. Throws InvalidArgument naming the tensor.
 void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
                            const std::function<cuda::PointerInfo(const void*)>& query);
