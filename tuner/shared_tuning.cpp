@@ -54,12 +54,13 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
       for (auto& row : tuned) {
         // `moejit tune` takes no tuning lock: a whole-space row it recorded while this first
         // call's narrower tune ran stays, and this process runs it too.
-        const db::TuningDb::RowFilter whole_space = [&](const db::TuningRow& existing) {
-          return !db::is_stale(existing, row.provenance) && !tuned_first_call_space_only(existing.candidates);
+        // (record() weighs only a row of this build.)
+        const db::TuningDb::RowFilter whole_space = [](const db::TuningRow& existing) {
+          return !tuned_first_call_space_only(existing.candidates);
         };
         const bool narrow = tuned_first_call_space_only(row.candidates);
         if (!user.record(row, narrow ? whole_space : db::TuningDb::RowFilter{})) {
-          if (std::optional<db::TuningRow> existing = user.lookup(row.key)) row = std::move(*existing);
+          if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
         }
       }
     } catch (const Error& e) {

@@ -3,8 +3,12 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <compare>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "core/log.hpp"
@@ -48,6 +52,45 @@ ALTER TABLE candidates ADD COLUMN warp_specialized INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE winners ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE candidates ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 4: rows are kept per key and build (template hash, NVRTC version), so builds sharing the
+    // file stop replacing each other's rows. SQLite cannot change a primary key in place: the
+    // tables are rebuilt. Each candidate takes its winner's build (a candidate without a winner,
+    // which record() never leaves, has no build and is dropped).
+    R"sql(
+CREATE TABLE winners_v4 (
+  key_id TEXT NOT NULL, template_hash TEXT NOT NULL, nvrtc_version TEXT NOT NULL,
+  device TEXT NOT NULL, arch TEXT NOT NULL, role TEXT NOT NULL, dtype TEXT NOT NULL,
+  h INTEGER NOT NULL, i INTEGER NOT NULL, e INTEGER NOT NULL, k INTEGER NOT NULL,
+  key_block_m INTEGER NOT NULL, key_use_tma INTEGER NOT NULL, tpe_bucket INTEGER NOT NULL, mode TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL, warp_specialized INTEGER NOT NULL, persistent INTEGER NOT NULL,
+  median_ms REAL NOT NULL, spread_ms REAL NOT NULL,
+  driver_version INTEGER NOT NULL, library_version TEXT NOT NULL, created_at TEXT NOT NULL,
+  PRIMARY KEY (key_id, template_hash, nvrtc_version)
+) WITHOUT ROWID;
+INSERT INTO winners_v4 SELECT key_id, template_hash, nvrtc_version, device, arch, role, dtype, h, i, e, k,
+  key_block_m, key_use_tma, tpe_bucket, mode, block_m, block_n, block_k, stages, warps, group_m, cluster, items,
+  use_tma, arch_tag, warp_specialized, persistent, median_ms, spread_ms, driver_version, library_version, created_at
+  FROM winners;
+CREATE TABLE candidates_v4 (
+  key_id TEXT NOT NULL, template_hash TEXT NOT NULL, nvrtc_version TEXT NOT NULL, config_name TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL, warp_specialized INTEGER NOT NULL, persistent INTEGER NOT NULL,
+  median_ms REAL, spread_ms REAL, rejected INTEGER NOT NULL, reason TEXT NOT NULL,
+  PRIMARY KEY (key_id, template_hash, nvrtc_version, config_name)
+) WITHOUT ROWID;
+INSERT INTO candidates_v4 SELECT c.key_id, w.template_hash, w.nvrtc_version, c.config_name, c.block_m, c.block_n,
+  c.block_k, c.stages, c.warps, c.group_m, c.cluster, c.items, c.use_tma, c.arch_tag, c.warp_specialized,
+  c.persistent, c.median_ms, c.spread_ms, c.rejected, c.reason
+  FROM candidates AS c JOIN winners AS w ON w.key_id = c.key_id;
+DROP TABLE candidates;
+DROP TABLE winners;
+ALTER TABLE winners_v4 RENAME TO winners;
+ALTER TABLE candidates_v4 RENAME TO candidates;
+CREATE INDEX winners_by_family ON winners (device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, mode);
+)sql",
 };
 
 #define MOEJIT_CONFIG_COLUMNS \
@@ -55,13 +98,23 @@ ALTER TABLE candidates ADD COLUMN persistent INTEGER NOT NULL DEFAULT 0;
 #define MOEJIT_CONFIG_PARAMS \
   ":block_m, :block_n, :block_k, :stages, :warps, :group_m, :cluster, :items, :use_tma, :arch_tag, :warp_specialized, :persistent"
 
+// Both SELECTs start with a row's identity (key id and build), which read_winner and
+// read_candidate skip.
+#define MOEJIT_ROW_ID_COLUMNS "key_id, template_hash, nvrtc_version"
+constexpr int kRowIdColumns = 3;
+
 constexpr const char* kSelectWinners =
-    "SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode, "
-    MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, nvrtc_version, driver_version, template_hash, library_version, "
-    "created_at FROM winners ";
+    "SELECT " MOEJIT_ROW_ID_COLUMNS ", device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, "
+    "mode, " MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, driver_version, library_version, created_at FROM winners ";
 
 constexpr const char* kSelectCandidates =
-    "SELECT key_id, " MOEJIT_CONFIG_COLUMNS ", median_ms, spread_ms, rejected, reason FROM candidates ";
+    "SELECT " MOEJIT_ROW_ID_COLUMNS ", " MOEJIT_CONFIG_COLUMNS
+    ", median_ms, spread_ms, rejected, reason FROM candidates ";
+
+// One row: its key and build.
+constexpr const char* kWhereRow =
+    "WHERE key_id = :key_id AND template_hash = :template_hash AND nvrtc_version = :nvrtc_version ";
+constexpr const char* kRowOrder = "ORDER BY key_id, template_hash, nvrtc_version";
 
 constexpr const char* kUpsertWinner =
     "INSERT OR REPLACE INTO winners (key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, "
@@ -71,12 +124,13 @@ constexpr const char* kUpsertWinner =
     ":driver_version, :template_hash, :library_version, :created_at)";
 
 constexpr const char* kUpsertCandidate =
-    "INSERT OR REPLACE INTO candidates (key_id, config_name, " MOEJIT_CONFIG_COLUMNS
-    ", median_ms, spread_ms, rejected, reason) VALUES (:key_id, :config_name, " MOEJIT_CONFIG_PARAMS
-    ", :median_ms, :spread_ms, :rejected, :reason)";
+    "INSERT OR REPLACE INTO candidates (" MOEJIT_ROW_ID_COLUMNS ", config_name, " MOEJIT_CONFIG_COLUMNS
+    ", median_ms, spread_ms, rejected, reason) VALUES (:key_id, :template_hash, :nvrtc_version, :config_name, "
+    MOEJIT_CONFIG_PARAMS ", :median_ms, :spread_ms, :rejected, :reason)";
 
 #undef MOEJIT_CONFIG_COLUMNS
 #undef MOEJIT_CONFIG_PARAMS
+#undef MOEJIT_ROW_ID_COLUMNS
 
 // Reads the columns of a result row left to right, so the order lives only in the SELECTs.
 class Cursor {
@@ -143,10 +197,33 @@ void bind_family(Statement& s, const TuningKey& k) {
       .bind(":mode", k.mode);
 }
 
-// A winner row without its candidates. Column 0, the key id, is skipped: id() rebuilds it.
+// What a row is stored under: its key and the build that tuned it (same_build's fields).
+struct RowId {
+  std::string key_id;
+  std::string template_hash;
+  std::string nvrtc_version;
+
+  static RowId of(const TuningKey& key, const Provenance& build) {
+    return {key.id(), build.template_hash, build.nvrtc_version};
+  }
+  static RowId of(const TuningRow& row) { return of(row.key, row.provenance); }
+  // The first kRowIdColumns columns of either SELECT.
+  static RowId read(const Statement& s) { return {s.column_text(0), s.column_text(1), s.column_text(2)}; }
+
+  void bind(Statement& s) const {
+    s.bind(":key_id", key_id).bind(":template_hash", template_hash).bind(":nvrtc_version", nvrtc_version);
+  }
+  std::string label() const { return fmt::format("{} (templates {}, NVRTC {})", key_id, template_hash, nvrtc_version); }
+  // kRowOrder's order: SQLite compares text bytewise, as std::string does.
+  auto operator<=>(const RowId&) const = default;
+};
+
+// A winner row without its candidates. The key id is skipped: id() rebuilds it.
 TuningRow read_winner(const Statement& s) {
   Cursor c(s, 1);
   TuningRow r;
+  r.provenance.template_hash = c.t();
+  r.provenance.nvrtc_version = c.t();
   r.key.device = c.t();
   r.key.arch = c.t();
   r.key.role = parse_role(c.t());
@@ -162,17 +239,15 @@ TuningRow read_winner(const Statement& s) {
   r.winner = c.config();
   r.median_ms = c.d();
   r.spread_ms = c.d();
-  r.provenance.nvrtc_version = c.t();
   r.provenance.driver_version = c.i();
-  r.provenance.template_hash = c.t();
   r.provenance.library_version = c.t();
   r.provenance.created_at = c.t();
   return r;
 }
 
-// A candidate row. Column 0, the key id, is skipped: the caller matches it.
+// A candidate row. Its row's identity is skipped: the caller matches it.
 CandidateResult read_candidate(const Statement& s) {
-  Cursor c(s, 1);
+  Cursor c(s, kRowIdColumns);
   CandidateResult r;
   r.config = c.config();
   r.median_ms = c.d();
@@ -200,13 +275,13 @@ std::optional<CandidateResult> readable_candidate(const Statement& s, Warn warn)
   return std::nullopt;
 }
 
-std::vector<CandidateResult> read_candidates(const Connection& conn, const std::string& key_id) {
-  Statement s = conn.prepare(std::string(kSelectCandidates) + "WHERE key_id = :key_id ORDER BY config_name");
-  s.bind(":key_id", key_id);
+std::vector<CandidateResult> read_candidates(const Connection& conn, const RowId& id) {
+  Statement s = conn.prepare(std::string(kSelectCandidates) + kWhereRow + "ORDER BY config_name");
+  id.bind(s);
   std::vector<CandidateResult> out;
   while (s.step()) {
     const auto warn = [&](const char* why) {
-      log::warn("{}: a candidate of {} skipped: {}", conn.path(), key_id, why);
+      log::warn("{}: a candidate of {} skipped: {}", conn.path(), id.label(), why);
     };
     if (auto c = readable_candidate(s, warn)) out.push_back(std::move(*c));
   }
@@ -218,34 +293,42 @@ std::vector<CandidateResult> read_candidates(const Connection& conn, const std::
 // newer moejit's role, dtype or arch tag, or a hand-edited value out of range. One such row then
 // costs its key alone (tuned again, or looked up elsewhere), not the whole database.
 template <typename Read>
-std::optional<TuningRow> readable(const std::string& path, const std::string& key_id, Read read) {
+std::optional<TuningRow> readable(const std::string& path, const RowId& id, Read read) {
   try {
     TuningRow row = read();
     validate(row);
-    if (row.key.id() != key_id) throw DatabaseError(fmt::format("its fields make the key {}", row.key.id()));
+    if (row.key.id() != id.key_id) throw DatabaseError(fmt::format("its fields make the key {}", row.key.id()));
     return row;
   } catch (const Error& e) {
-    log::warn("{}: row {} skipped: {}", path, key_id, e.what());
+    log::warn("{}: row {} skipped: {}", path, id.label(), e.what());
   } catch (const nlohmann::json::exception& e) {
-    log::warn("{}: row {} skipped: {}", path, key_id, e.what());
+    log::warn("{}: row {} skipped: {}", path, id.label(), e.what());
   }
   return std::nullopt;
 }
 
-// Writes the row's winner and its candidates; a key's candidates of other config names, from
-// earlier tunings, stay.
+// The row that `s` has stepped onto, with its candidates.
+std::optional<TuningRow> read_row(const Connection& conn, const Statement& s) {
+  const RowId id = RowId::read(s);
+  return readable(conn.path(), id, [&] {
+    TuningRow r = read_winner(s);
+    r.candidates = read_candidates(conn, id);
+    return r;
+  });
+}
+
+// Writes the row's winner and its candidates under its key and build; candidates of other config
+// names, from earlier tunings of the same build, stay.
 void upsert(const Connection& conn, const TuningRow& row) {
-  const std::string id = row.key.id();
+  const RowId id = RowId::of(row);
   Statement w = conn.prepare(kUpsertWinner);
   bind_family(w, row.key);
   bind_config(w, row.winner);
-  w.bind(":key_id", id)
-      .bind(":tpe_bucket", row.key.tpe_bucket)
+  id.bind(w);
+  w.bind(":tpe_bucket", row.key.tpe_bucket)
       .bind(":median_ms", row.median_ms)
       .bind(":spread_ms", row.spread_ms)
-      .bind(":nvrtc_version", row.provenance.nvrtc_version)
       .bind(":driver_version", row.provenance.driver_version)
-      .bind(":template_hash", row.provenance.template_hash)
       .bind(":library_version", row.provenance.library_version)
       .bind(":created_at", row.provenance.created_at)
       .run();
@@ -253,8 +336,8 @@ void upsert(const Connection& conn, const TuningRow& row) {
   for (const CandidateResult& c : row.candidates) {
     s.reset();
     bind_config(s, c.config);
-    s.bind(":key_id", id)
-        .bind(":config_name", c.config.name())
+    id.bind(s);
+    s.bind(":config_name", c.config.name())
         .bind(":median_ms", c.median_ms)
         .bind(":spread_ms", c.spread_ms)
         .bind(":rejected", c.rejected)
@@ -325,23 +408,16 @@ TuningDb::TuningDb(Connection conn) : conn_(std::move(conn)) { initialise(conn_)
 
 int TuningDb::schema_version() const { return static_cast<int>(conn_.query_int("PRAGMA user_version")); }
 
-void TuningDb::record(const TuningRow& row) {
-  record(row, {});
-}
+void TuningDb::record(const TuningRow& row) { record(row, {}); }
 
 bool TuningDb::record(const TuningRow& row, const RowFilter& keep_existing) {
   validate(row);
   Transaction t(conn_, Transaction::Kind::kWrite);
   if (keep_existing) {
-    const std::string id = row.key.id();
-    Statement s = conn_.prepare(std::string(kSelectWinners) + "WHERE key_id = :key_id");
-    s.bind(":key_id", id);
+    Statement s = conn_.prepare(std::string(kSelectWinners) + kWhereRow);
+    RowId::of(row).bind(s);
     if (s.step()) {
-      const std::optional<TuningRow> existing = readable(conn_.path(), id, [&] {
-        TuningRow r = read_winner(s);
-        r.candidates = read_candidates(conn_, id);
-        return r;
-      });
+      const std::optional<TuningRow> existing = read_row(conn_, s);
       if (existing && keep_existing(*existing)) return false;
     }
   }
@@ -350,39 +426,36 @@ bool TuningDb::record(const TuningRow& row, const RowFilter& keep_existing) {
   return true;
 }
 
-std::optional<TuningRow> TuningDb::lookup(const TuningKey& key) const {
+std::optional<TuningRow> TuningDb::lookup(const TuningKey& key, const Provenance& build) const {
   Transaction t(conn_, Transaction::Kind::kRead);
-  const std::string id = key.id();
-  Statement s = conn_.prepare(std::string(kSelectWinners) + "WHERE key_id = :key_id");
-  s.bind(":key_id", id);
+  Statement s = conn_.prepare(std::string(kSelectWinners) + kWhereRow);
+  RowId::of(key, build).bind(s);
   if (!s.step()) return std::nullopt;
-  std::optional<TuningRow> row = readable(conn_.path(), id, [&] {
-    TuningRow r = read_winner(s);
-    r.candidates = read_candidates(conn_, id);
-    return r;
-  });
+  std::optional<TuningRow> row = read_row(conn_, s);
   t.commit();
   return row;
 }
 
 std::vector<TuningRow> TuningDb::rows() const {
   Transaction t(conn_, Transaction::Kind::kRead);
-  // Winners, then one pass over the candidates in key order instead of one query per row; a row
-  // whose winner this build cannot read is left out (readable()), a candidate likewise.
-  std::vector<std::string> ids;
+  // Winners, then one pass over the candidates in the same order instead of one query per row; a
+  // row whose winner this build cannot read is left out (readable()), a candidate likewise.
+  std::vector<RowId> ids;
   std::vector<std::optional<TuningRow>> read;
-  Statement w = conn_.prepare(std::string(kSelectWinners) + "ORDER BY key_id");
+  Statement w = conn_.prepare(std::string(kSelectWinners) + kRowOrder);
   while (w.step()) {
-    ids.push_back(w.column_text(0));
+    ids.push_back(RowId::read(w));
     read.push_back(readable(conn_.path(), ids.back(), [&] { return read_winner(w); }));
   }
-  Statement c = conn_.prepare(std::string(kSelectCandidates) + "ORDER BY key_id, config_name");
+  Statement c = conn_.prepare(std::string(kSelectCandidates) + kRowOrder + ", config_name");
   std::size_t at = 0;
   while (c.step()) {
-    const std::string id = c.column_text(0);
+    const RowId id = RowId::read(c);
     while (at < ids.size() && ids[at] < id) ++at;
     if (at == ids.size() || ids[at] != id || !read[at]) continue;
-    const auto warn = [&](const char* why) { log::warn("{}: a candidate of {} skipped: {}", conn_.path(), id, why); };
+    const auto warn = [&](const char* why) {
+      log::warn("{}: a candidate of {} skipped: {}", conn_.path(), id.label(), why);
+    };
     if (auto candidate = readable_candidate(c, warn)) read[at]->candidates.push_back(std::move(*candidate));
   }
   t.commit();
@@ -395,22 +468,20 @@ std::vector<TuningRow> TuningDb::rows() const {
   return out;
 }
 
-std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const RowFilter& accept) const {
+std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Provenance& build,
+                                                  const RowFilter& accept) const {
   Transaction t(conn_, Transaction::Kind::kRead);
   Statement s = conn_.prepare(std::string(kSelectWinners) +
                               "WHERE device = :device AND arch = :arch AND role = :role AND dtype = :dtype AND h = :h "
                               "AND i = :i AND e = :e AND k = :k AND key_block_m = :key_block_m AND key_use_tma = "
-                              ":key_use_tma AND mode = :mode");
+                              ":key_use_tma AND mode = :mode AND template_hash = :template_hash AND nvrtc_version = "
+                              ":nvrtc_version");
   bind_family(s, key);
+  s.bind(":template_hash", build.template_hash).bind(":nvrtc_version", build.nvrtc_version);
   std::optional<TuningRow> best;
   double best_distance = 0;
   while (s.step()) {
-    const std::string id = s.column_text(0);
-    std::optional<TuningRow> read = readable(conn_.path(), id, [&] {
-      TuningRow r = read_winner(s);
-      r.candidates = read_candidates(conn_, id);
-      return r;
-    });
+    std::optional<TuningRow> read = read_row(conn_, s);
     if (!read) continue;
     TuningRow& row = *read;
     if (accept && !accept(row)) continue;
@@ -426,34 +497,25 @@ std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Ro
   return best;
 }
 
-TuningDb::MergeStats TuningDb::merge(const TuningDb& other, const Provenance& current) {
-  return merge_rows(other.rows(), current);
-}
+TuningDb::MergeStats TuningDb::merge(const TuningDb& other) { return merge_rows(other.rows()); }
 
-TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, const Provenance& current) {
+TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows) {
   for (const TuningRow& row : rows) validate(row);
   MergeStats stats;
   Transaction t(conn_, Transaction::Kind::kWrite);
-  Statement existing =
-      conn_.prepare("SELECT median_ms, template_hash, nvrtc_version FROM winners WHERE key_id = :key_id");
+  Statement existing = conn_.prepare(std::string("SELECT median_ms FROM winners ") + kWhereRow);
   for (const TuningRow& row : rows) {
-    existing.bind(":key_id", row.key.id());
-    std::optional<TuningRow> old;
-    if (existing.step()) {
-      old.emplace();
-      old->median_ms = existing.column_double(0);
-      old->provenance.template_hash = existing.column_text(1);
-      old->provenance.nvrtc_version = existing.column_text(2);
-    }
+    RowId::of(row).bind(existing);
+    std::optional<double> old_ms;
+    if (existing.step()) old_ms = existing.column_double(0);
     existing.reset();
-    if (!old) {
+    if (!old_ms) {
       ++stats.added;
-    } else if (const bool old_stale = is_stale(*old, current), new_stale = is_stale(row, current);
-               old_stale != new_stale ? old_stale : row.median_ms < old->median_ms) {
+    } else if (row.median_ms < *old_ms) {
       ++stats.replaced;
     } else {
-      // A kept row keeps its candidates too: the losing row's were measured on other kernels or
-      // in another tuning, and its marks (a first call's narrow space) would misdescribe this one.
+      // A kept row keeps its candidates too: the losing row's were measured in another tuning,
+      // and its marks (a first call's narrow space) would misdescribe this one.
       ++stats.kept;
       continue;
     }
@@ -461,6 +523,21 @@ TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, co
   }
   t.commit();
   return stats;
+}
+
+int TuningDb::prune(const Provenance& keep) {
+  Transaction t(conn_, Transaction::Kind::kWrite);
+  const std::string other_builds = " WHERE template_hash != :template_hash OR nvrtc_version != :nvrtc_version";
+  Statement winners = conn_.prepare("DELETE FROM winners" + other_builds + " RETURNING 1");
+  Statement candidates = conn_.prepare("DELETE FROM candidates" + other_builds);
+  int removed = 0;
+  for (Statement* s : {&winners, &candidates}) {
+    s->bind(":template_hash", keep.template_hash).bind(":nvrtc_version", keep.nvrtc_version);
+  }
+  while (winners.step()) ++removed;
+  candidates.run();
+  t.commit();
+  return removed;
 }
 
 std::string TuningDb::export_json() const {
@@ -472,7 +549,7 @@ std::string TuningDb::export_json() const {
   return doc.dump(2) + "\n";
 }
 
-TuningDb::MergeStats TuningDb::import_json(const std::string& text, const Provenance& current) {
+TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
@@ -502,7 +579,7 @@ TuningDb::MergeStats TuningDb::import_json(const std::string& text, const Proven
       throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
     }
   }
-  return merge_rows(rows, current);
+  return merge_rows(rows);
 }
 
 }  // namespace moejit::db

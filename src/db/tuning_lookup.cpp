@@ -56,7 +56,7 @@ std::optional<TuningDb>& TuningLookup::shipped_db(const std::string& device) {
     if (std::optional<std::string> text = fs::read_all(file)) {
       try {
         TuningDb db = TuningDb::in_memory();
-        db.import_json(*text, current_);
+        db.import_json(*text);
         it->second.emplace(std::move(db));
       } catch (const Error& e) {
         log::warn("tuning lookup: shipped table {} skipped: {}", file.string(), e.what());
@@ -92,7 +92,7 @@ Resolved TuningLookup::resolve(const TuningKey& key, const TuningDb::RowFilter& 
     return Resolved{it->second.winner, Source::kMemory, it->second};
   }
 
-  auto exact = [&](const TuningDb& db) { return db.lookup(key); };
+  auto exact = [&](const TuningDb& db) { return db.lookup(key, current_); };
   std::optional<TuningDb>& user = user_db();
   std::optional<TuningDb>& shipped = shipped_db(key.device);
   for (auto [db, what, source] : {std::tuple{&user, "user database", Source::kUserDb},
@@ -104,7 +104,7 @@ Resolved TuningLookup::resolve(const TuningKey& key, const TuningDb::RowFilter& 
   }
 
   auto fits = [&](const TuningRow& row) { return usable(row, accept); };
-  auto nearest = [&](const TuningDb& db) { return db.nearest_bucket(key, fits); };
+  auto nearest = [&](const TuningDb& db) { return db.nearest_bucket(key, current_, fits); };
   for (auto [db, what] : {std::pair{&user, "user database"}, std::pair{&shipped, "shipped database"}}) {
     if (std::optional<TuningRow> row = guarded(*db, what, nearest)) {
       return Resolved{row->winner, Source::kNearestBucket, std::move(row)};

@@ -37,9 +37,11 @@ std::string utc_timestamp() {
                      tm.tm_min, tm.tm_sec);
 }
 
-bool is_stale(const TuningRow& row, const Provenance& current) {
-  return row.provenance.template_hash != current.template_hash || row.provenance.nvrtc_version != current.nvrtc_version;
+bool same_build(const Provenance& a, const Provenance& b) {
+  return a.template_hash == b.template_hash && a.nvrtc_version == b.nvrtc_version;
 }
+
+bool is_stale(const TuningRow& row, const Provenance& current) { return !same_build(row.provenance, current); }
 
 void validate_config(const TileConfig& c) {
   // Far past any real tile: an edited table's negative or huge sizes are refused here, before

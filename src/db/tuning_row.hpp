@@ -44,6 +44,10 @@ Provenance current_provenance(int driver_version);
 // "2025-06-01T12:34:56Z" for the current time.
 std::string utc_timestamp();
 
+// Whether two provenances name the same build: the same templates and NVRTC. A database keeps
+// one row per key and build, so builds that share a file keep their own rows.
+bool same_build(const Provenance& a, const Provenance& b);
+
 // A row is stale when it was tuned against other templates or another NVRTC: its winner may
 // no longer be the fastest, or may no longer compile the same way.
 bool is_stale(const TuningRow& row, const Provenance& current);

@@ -348,7 +348,7 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
     REQUIRE(rows.size() == 1);
     const TileConfig expected = whole_first ? whole.winner : narrow.winner;
     CHECK(rows[0].winner == expected);
-    CHECK(db::TuningDb(db_path).lookup(narrow.key)->winner == expected);
+    CHECK(db::TuningDb(db_path).lookup(narrow.key, db::current_provenance(0))->winner == expected);
   }
 }
 
@@ -423,7 +423,7 @@ db::TuningDb shipped_h200_table() {
   std::stringstream text;
   text << in.rdbuf();
   db::TuningDb table = db::TuningDb::in_memory();
-  table.import_json(text.str(), db::current_provenance(0));
+  table.import_json(text.str());
   return table;
 }
 

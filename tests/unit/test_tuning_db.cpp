@@ -69,6 +69,14 @@ TileConfig config(int block_n, int stages = 4) {
   return c;
 }
 
+// What a lookup falls back to: a config no row holds.
+TileConfig heuristic_config() {
+  TileConfig c;
+  c.block_m = 1;
+  c.block_n = 1;
+  return c;
+}
+
 CandidateResult timed(const TileConfig& c, double ms) { return CandidateResult{c, ms, ms / 50, false, ""}; }
 
 CandidateResult rejected(const TileConfig& c, const std::string& why) {
@@ -88,6 +96,45 @@ TuningRow row_for(const TuningKey& key, int winner_n, double ms, Provenance prov
 }
 
 std::string as_json(const TuningRow& r) { return nlohmann::json(r).dump(); }
+
+// Rebuilds a database of the current schema as version 3 had it: one row per key (its build in
+// plain columns), candidates by key and config name.
+const std::string kToVersion3 = R"sql(
+CREATE TABLE w3 (
+  key_id TEXT PRIMARY KEY NOT NULL,
+  device TEXT NOT NULL, arch TEXT NOT NULL, role TEXT NOT NULL, dtype TEXT NOT NULL,
+  h INTEGER NOT NULL, i INTEGER NOT NULL, e INTEGER NOT NULL, k INTEGER NOT NULL,
+  key_block_m INTEGER NOT NULL, key_use_tma INTEGER NOT NULL, tpe_bucket INTEGER NOT NULL, mode TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
+  median_ms REAL NOT NULL, spread_ms REAL NOT NULL,
+  nvrtc_version TEXT NOT NULL, driver_version INTEGER NOT NULL, template_hash TEXT NOT NULL,
+  library_version TEXT NOT NULL, created_at TEXT NOT NULL,
+  warp_specialized INTEGER NOT NULL DEFAULT 0, persistent INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO w3 SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode,
+  block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag, median_ms, spread_ms,
+  nvrtc_version, driver_version, template_hash, library_version, created_at, warp_specialized, persistent
+  FROM winners;
+CREATE TABLE c3 (
+  key_id TEXT NOT NULL, config_name TEXT NOT NULL,
+  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
+  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
+  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
+  median_ms REAL, spread_ms REAL, rejected INTEGER NOT NULL, reason TEXT NOT NULL,
+  warp_specialized INTEGER NOT NULL DEFAULT 0, persistent INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (key_id, config_name)
+) WITHOUT ROWID;
+INSERT INTO c3 SELECT key_id, config_name, block_m, block_n, block_k, stages, warps, group_m, cluster, items,
+  use_tma, arch_tag, median_ms, spread_ms, rejected, reason, warp_specialized, persistent FROM candidates;
+DROP TABLE candidates;
+DROP TABLE winners;
+ALTER TABLE w3 RENAME TO winners;
+ALTER TABLE c3 RENAME TO candidates;
+CREATE INDEX winners_by_family ON winners (device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, mode);
+PRAGMA user_version = 3;
+)sql";
 
 std::vector<std::string> candidate_names(const TuningRow& r) {
   std::vector<std::string> names;
@@ -161,13 +208,13 @@ TEST_CASE("record then lookup returns the row exactly, across reopening", "[db]"
   {
     TuningDb db(path);
     db.record(row);
-    auto got = db.lookup(key_at(64));
+    auto got = db.lookup(key_at(64), kFresh);
     REQUIRE(got);
     CHECK(as_json(*got) == as_json(sorted(row)));
-    CHECK_FALSE(db.lookup(key_at(128)));
+    CHECK_FALSE(db.lookup(key_at(128), kFresh));
   }
   TuningDb reopened(path);
-  auto got = reopened.lookup(key_at(64));
+  auto got = reopened.lookup(key_at(64), kFresh);
   REQUIRE(got);
   CHECK(got->winner == config(128));
   CHECK(as_json(*got) == as_json(sorted(row)));
@@ -185,7 +232,7 @@ TEST_CASE("record then lookup returns the row exactly, across reopening", "[db]"
   portable_ws.candidates.pop_back();
   portable_ws.winner = c;
   CHECK_THROWS_WITH(reopened.record(portable_ws), Catch::StartsWith("warp_specialized"));
-  CHECK(reopened.lookup(key_at(64))->winner == config(128));
+  CHECK(reopened.lookup(key_at(64), kFresh)->winner == config(128));
 }
 
 TEST_CASE("recording a key again upserts candidates and never wipes earlier ones", "[db]") {
@@ -203,7 +250,7 @@ TEST_CASE("recording a key again upserts candidates and never wipes earlier ones
   second.provenance = kFresh;
   db.record(second);
 
-  auto got = db.lookup(key_at(64));
+  auto got = db.lookup(key_at(64), kFresh);
   REQUIRE(got);
   CHECK(got->winner == config(64));
   CHECK(got->median_ms == 0.20);
@@ -268,46 +315,81 @@ TEST_CASE("warp-specialized and persistent configs survive the database, and old
   {
     TuningDb db(path);
     db.record(r);
-    const auto got = db.lookup(key_at(64));
+    const auto got = db.lookup(key_at(64), kFresh);
     REQUIRE(got);
     CHECK(got->winner == r.winner);
     CHECK(flags(*got) == expected);
     CHECK(flags(db.rows().at(0)) == expected);
     TuningDb copy = TuningDb::in_memory();
-    copy.import_json(db.export_json(), kFresh);
-    CHECK(copy.lookup(key_at(64))->winner == r.winner);
-    CHECK(flags(*copy.lookup(key_at(64))) == expected);
+    copy.import_json(db.export_json());
+    CHECK(copy.lookup(key_at(64), kFresh)->winner == r.winner);
+    CHECK(flags(*copy.lookup(key_at(64), kFresh)) == expected);
   }
   // Files of older schemas migrate on open; the flags they lack read as false.
-  const auto downgrade_and_reopen = [&](const char* downgrade) {
+  const auto downgrade_and_reopen = [&](const std::string& downgrade) {
     Connection(path, OpenMode::kReadWrite).exec(downgrade);
     const long long old_version = Connection(path, OpenMode::kReadOnly).query_int("PRAGMA user_version");
     {
       // Read-only (moejit db list, export, merge's source): read through a migrated copy, the
       // file untouched.
       const TuningDb inspected(path, OpenMode::kReadOnly);
-      REQUIRE(inspected.lookup(key_at(64)));
-      CHECK(inspected.lookup(key_at(64))->winner.block_n == 128);
+      REQUIRE(inspected.lookup(key_at(64), kFresh));
+      CHECK(inspected.lookup(key_at(64), kFresh)->winner.block_n == 128);
       CHECK(inspected.rows().size() == 1);
       CHECK(Connection(path, OpenMode::kReadOnly).query_int("PRAGMA user_version") == old_version);
     }
     TuningDb migrated(path);
     CHECK(migrated.schema_version() == kSchemaVersion);
-    const auto old = migrated.lookup(key_at(64));
+    const auto old = migrated.lookup(key_at(64), kFresh);
     REQUIRE(old);
     CHECK(old->winner.block_n == 128);
-    CHECK_FALSE(old->winner.persistent);
+    CHECK(static_cast<long long>(old->candidates.size()) ==
+          Connection(path, OpenMode::kReadOnly).query_int("SELECT count(*) FROM candidates"));
+    CHECK(old->candidates.size() >= 2);
     return old->winner;
   };
+  // Version 3 keeps one row per key, whatever its build: its rows and candidates take their
+  // winner's build.
+  CHECK(downgrade_and_reopen(kToVersion3) == r.winner);
   // Version 2 has no persistent columns: its rows read as one tile per block.
-  CHECK(downgrade_and_reopen("DELETE FROM candidates WHERE persistent = 1; ALTER TABLE winners DROP COLUMN "
-                             "persistent; ALTER TABLE candidates DROP COLUMN persistent; PRAGMA user_version = 2")
-            .warp_specialized);
+  const TileConfig v2 = downgrade_and_reopen(kToVersion3 +
+                                             "DELETE FROM candidates WHERE persistent = 1; ALTER TABLE winners DROP "
+                                             "COLUMN persistent; ALTER TABLE candidates DROP COLUMN persistent; "
+                                             "PRAGMA user_version = 2");
+  CHECK(v2.warp_specialized);
+  CHECK_FALSE(v2.persistent);
   // Version 1 has no warp_specialized columns either: its rows read as multistage.
-  CHECK_FALSE(downgrade_and_reopen("ALTER TABLE winners DROP COLUMN persistent; ALTER TABLE candidates DROP COLUMN "
-                                   "persistent; ALTER TABLE winners DROP COLUMN warp_specialized; ALTER TABLE "
-                                   "candidates DROP COLUMN warp_specialized; PRAGMA user_version = 1")
-                  .warp_specialized);
+  const TileConfig v1 = downgrade_and_reopen(kToVersion3 +
+                                             "ALTER TABLE winners DROP COLUMN persistent; ALTER TABLE candidates DROP "
+                                             "COLUMN persistent; ALTER TABLE winners DROP COLUMN warp_specialized; "
+                                             "ALTER TABLE candidates DROP COLUMN warp_specialized; PRAGMA "
+                                             "user_version = 1");
+  CHECK_FALSE(v1.warp_specialized);
+  CHECK_FALSE(v1.persistent);
+}
+
+TEST_CASE("a version 3 file migrates with every row and candidate under its build, then takes other builds' rows",
+          "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "tuning.sqlite";
+  Provenance before = kFresh;
+  before.template_hash = "templates-before";
+  {
+    TuningDb db(path);
+    db.record(row_for(key_at(64), 128, 0.30, before));
+    db.record(row_for(key_at(128), 64, 0.20));
+  }
+  Connection(path, OpenMode::kReadWrite).exec(kToVersion3);
+  REQUIRE(Connection(path, OpenMode::kReadOnly).query_int("SELECT count(*) FROM candidates") == 4);
+  TuningDb db(path);
+  CHECK(db.schema_version() == kSchemaVersion);
+  CHECK(db.lookup(key_at(64), before)->candidates.size() == 2);
+  CHECK(db.lookup(key_at(128), kFresh)->candidates.size() == 2);
+  CHECK_FALSE(db.lookup(key_at(64), kFresh));
+  db.record(row_for(key_at(64), 256, 0.25));
+  CHECK(db.lookup(key_at(64), before)->winner == config(128));
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(256));
+  CHECK(db.rows().size() == 3);
 }
 
 TEST_CASE("export then import into a fresh database reproduces the rows exactly", "[db]") {
@@ -331,13 +413,13 @@ TEST_CASE("export then import into a fresh database reproduces the rows exactly"
   CHECK(doc["rows"][1]["id"].get<std::string>() < doc["rows"][2]["id"].get<std::string>());
 
   TuningDb copy(dir / "b.sqlite");
-  auto stats = copy.import_json(text, kFresh);
+  auto stats = copy.import_json(text);
   CHECK(stats.added == 3);
   CHECK(stats.replaced == 0);
   CHECK(copy.export_json() == text);
-  for (const TuningRow& r : source.rows()) CHECK(as_json(*copy.lookup(r.key)) == as_json(r));
+  for (const TuningRow& r : source.rows()) CHECK(as_json(*copy.lookup(r.key, kFresh)) == as_json(r));
 
-  stats = copy.import_json(text, kFresh);  // importing again changes nothing
+  stats = copy.import_json(text);  // importing again changes nothing
   CHECK(stats.added == 0);
   CHECK(stats.kept == 3);
   CHECK(copy.export_json() == text);
@@ -359,62 +441,112 @@ TEST_CASE("merge keeps the faster row per key; a written row brings its candidat
   tie.winner = config(16);
   theirs.record(tie);  // equal time: the existing winner stays
 
-  const auto stats = mine.merge(theirs, kFresh);
+  const auto stats = mine.merge(theirs);
   CHECK(stats.added == 1);
   CHECK(stats.replaced == 1);
   CHECK(stats.kept == 2);
-  CHECK(mine.lookup(key_at(16))->winner == config(128));
-  CHECK(mine.lookup(key_at(16))->median_ms == 0.40);
-  const auto kept = *mine.lookup(key_at(32));
+  CHECK(mine.lookup(key_at(16), kFresh)->winner == config(128));
+  CHECK(mine.lookup(key_at(16), kFresh)->median_ms == 0.40);
+  const auto kept = *mine.lookup(key_at(32), kFresh);
   CHECK(kept.winner == config(64));
   CHECK(kept.median_ms == 0.30);
   CHECK(candidate_names(kept) == std::vector<std::string>{config(128).name(), config(64).name()});
   for (const CandidateResult& c : kept.candidates) CHECK(c.median_ms == (c.config == config(64) ? 0.30 : 0.30 * 1.5));
   // The replaced row unites both: n64, n128 (mine) + n128, n256 (theirs, re-measuring n128).
-  const auto replaced = *mine.lookup(key_at(16));
+  const auto replaced = *mine.lookup(key_at(16), kFresh);
   CHECK(replaced.candidates.size() == 3);
   for (const CandidateResult& c : replaced.candidates) {
     if (c.config == config(128)) CHECK(c.median_ms == 0.40);
   }
-  CHECK(mine.lookup(key_at(64)));
-  CHECK(mine.lookup(key_at(128))->winner == config(64));
+  CHECK(mine.lookup(key_at(64), kFresh));
+  CHECK(mine.lookup(key_at(128), kFresh)->winner == config(64));
   CHECK(mine.rows().size() == 4);
 }
 
-TEST_CASE("merge keeps a current row over a stale one, whichever is faster", "[db]") {
-  Provenance old_templates = kFresh;
-  old_templates.template_hash = "templates-before";
-  TuningDb mine = TuningDb::in_memory();
-  mine.record(row_for(key_at(16), 64, 0.30));                  // current, slower than theirs
-  mine.record(row_for(key_at(32), 64, 0.10, old_templates));   // stale, faster than theirs
-  mine.record(row_for(key_at(64), 64, 0.50, old_templates));   // stale, slower than theirs
-  TuningDb theirs = TuningDb::in_memory();
-  theirs.record(row_for(key_at(16), 128, 0.15, old_templates));
-  theirs.record(row_for(key_at(32), 128, 0.20));
-  theirs.record(row_for(key_at(64), 128, 0.40, old_templates));
+TEST_CASE("two builds sharing one database keep a row each; lookups, merges and prune go by build", "[db]") {
+  TempDir dir("db");
+  const auto path = dir / "shared.sqlite";
+  Provenance before = kFresh;  // the install beside this one
+  before.template_hash = "templates-before";
+  Provenance old_nvrtc = kFresh;
+  old_nvrtc.nvrtc_version = "12.8";
+  Provenance other_driver = kFresh;
+  other_driver.driver_version = 12080;  // the driver is not part of a build
+  CHECK(same_build(kFresh, other_driver));
+  CHECK_FALSE(same_build(kFresh, before));
+  CHECK_FALSE(same_build(kFresh, old_nvrtc));
+  {
+    TuningDb db(path);
+    db.record(row_for(key_at(64), 64, 0.30));          // candidates n64 0.30, n128 0.45
+    db.record(row_for(key_at(64), 128, 0.10, before));  // candidates n128 0.10, n256 0.15
+    db.record(row_for(key_at(64), 256, 0.20, old_nvrtc));
+    db.record(row_for(key_at(64), 32, 0.25, other_driver));  // this build's row again
+  }
+  TuningDb db(path);
+  CHECK(db.rows().size() == 3);
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(32));
+  CHECK(db.lookup(key_at(64), before)->winner == config(128));
+  CHECK(db.lookup(key_at(64), old_nvrtc)->winner == config(256));
+  // Candidates stay with their build: this build's n128 keeps its own time.
+  const TuningRow mine = *db.lookup(key_at(64), kFresh);
+  for (const CandidateResult& c : mine.candidates) {
+    CHECK(c.median_ms != 0.10);
+    if (c.config == config(128)) CHECK(c.median_ms == 0.30 * 1.5);
+  }
+  CHECK(candidate_names(*db.lookup(key_at(64), before)) ==
+        std::vector<std::string>{config(128).name(), config(256).name()});
+  CHECK(db.nearest_bucket(key_at(32), before)->winner == config(128));
+  CHECK_FALSE(db.nearest_bucket(key_at(32), Provenance{"13.0", 0, "templates-unknown", "", ""}));
+  // Rows come in key order, then build order.
+  std::vector<std::string> order;
+  for (const TuningRow& r : db.rows()) order.push_back(r.provenance.template_hash + "/" + r.provenance.nvrtc_version);
+  CHECK(order == std::vector<std::string>{"templates-before/13.0", "templates-now/12.8", "templates-now/13.0"});
 
-  const auto stats = mine.merge(theirs, kFresh);
-  CHECK(stats.replaced == 2);
+  // Each build resolves its own row through the lookup chain; neither tunes the other's away.
+  for (const auto& [build, winner] : {std::pair{kFresh, config(32)}, std::pair{before, config(128)}}) {
+    TuningLookup lookup(path, {}, build, [](const TuningKey&) { return heuristic_config(); });
+    const Resolved r = lookup.resolve(key_at(64));
+    CHECK(r.source == Resolved::Source::kUserDb);
+    CHECK(r.config == winner);
+  }
+
+  // Merging weighs only rows of the same key and build.
+  TuningDb theirs = TuningDb::in_memory();
+  theirs.record(row_for(key_at(64), 512, 0.05, before));    // faster than `before`'s row: replaces it
+  theirs.record(row_for(key_at(64), 16, 0.50));             // slower than this build's: kept out
+  Provenance third = kFresh;
+  third.template_hash = "templates-after";
+  theirs.record(row_for(key_at(64), 16, 0.01, third));     // a build this file has not seen: added
+  const auto stats = db.merge(theirs);
+  CHECK(stats.added == 1);
+  CHECK(stats.replaced == 1);
   CHECK(stats.kept == 1);
-  CHECK(mine.lookup(key_at(16))->winner == config(64));   // a stale 0.15 ms does not displace it
-  CHECK(mine.lookup(key_at(32))->winner == config(128));  // a current row replaces a stale 0.10 ms
-  CHECK(mine.lookup(key_at(64))->winner == config(128));  // both stale: the faster
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(32));
+  CHECK(db.lookup(key_at(64), before)->winner == config(512));
+  CHECK(db.rows().size() == 4);
+
+  // Prune keeps one build's rows and candidates.
+  CHECK(db.prune(kFresh) == 3);
+  CHECK(db.rows().size() == 1);
+  CHECK(db.lookup(key_at(64), kFresh)->candidates.size() == 3);
+  Connection raw(path, OpenMode::kReadOnly);
+  CHECK(raw.query_int("SELECT count(*) FROM candidates WHERE template_hash != 'templates-now' OR nvrtc_version != "
+                      "'13.0'") == 0);
+  CHECK(db.prune(kFresh) == 0);
 }
 
 TEST_CASE("merging a losing row marks nothing on the kept row's candidates", "[db]") {
-  // A current row from a whole-space tune, and another database's stale row from a first call's
-  // narrow tune, which rejected the current winner as outside its space.
-  Provenance old_templates = kFresh;
-  old_templates.template_hash = "templates-before";
+  // A row from a whole-space tune, and another database's slower row of the same build from a
+  // first call's narrow tune, which rejected the kept winner as outside its space.
   TuningDb mine = TuningDb::in_memory();
   mine.record(row_for(key_at(64), 128, 0.30));
-  TuningRow narrow = row_for(key_at(64), 64, 0.10, old_templates);
-  narrow.candidates = {timed(config(64), 0.10), rejected(config(128), "outside the first call's space")};
+  TuningRow narrow = row_for(key_at(64), 64, 0.40);
+  narrow.candidates = {timed(config(64), 0.40), rejected(config(128), "outside the first call's space")};
   TuningDb theirs = TuningDb::in_memory();
   theirs.record(narrow);
 
-  CHECK(mine.merge(theirs, kFresh).kept == 1);
-  const auto got = *mine.lookup(key_at(64));
+  CHECK(mine.merge(theirs).kept == 1);
+  const auto got = *mine.lookup(key_at(64), kFresh);
   CHECK(got.winner == config(128));
   CHECK(candidate_names(got) == std::vector<std::string>{config(128).name(), config(256).name()});
   for (const CandidateResult& c : got.candidates) CHECK_FALSE(c.rejected);
@@ -426,22 +558,22 @@ TEST_CASE("nearest_bucket picks the closest bucket in log2 distance, ties to the
   for (int b : {16, 64, 1024}) db.record(row_for(key_at(b), b, 0.1));
   db.record(row_for(key_at(128, 4096), 128, 0.1));  // another family (H=4096)
 
-  auto bucket_for = [&](int query) { return db.nearest_bucket(key_at(query))->key.tpe_bucket; };
+  auto bucket_for = [&](int query) { return db.nearest_bucket(key_at(query), kFresh)->key.tpe_bucket; };
   CHECK(bucket_for(16) == 16);
   CHECK(bucket_for(32) == 64);  // 16 and 64 are both one doubling away
   CHECK(bucket_for(128) == 64);
   CHECK(bucket_for(256) == 1024);  // 64 and 1024 both two doublings away
   CHECK(bucket_for(512) == 1024);
   CHECK(bucket_for(4096) == 1024);
-  CHECK(db.nearest_bucket(key_at(16, 4096))->key.tpe_bucket == 128);
-  CHECK_FALSE(db.nearest_bucket(key_at(64, 1024)));
+  CHECK(db.nearest_bucket(key_at(16, 4096), kFresh)->key.tpe_bucket == 128);
+  CHECK_FALSE(db.nearest_bucket(key_at(64, 1024), kFresh));
   TuningKey other_mode = key_at(64);
   other_mode.mode = "infer";
-  CHECK_FALSE(db.nearest_bucket(other_mode));
+  CHECK_FALSE(db.nearest_bucket(other_mode, kFresh));
 
   auto not_64 = [](const TuningRow& r) { return r.key.tpe_bucket != 64; };
-  CHECK(db.nearest_bucket(key_at(32), not_64)->key.tpe_bucket == 16);
-  CHECK(db.nearest_bucket(key_at(32), not_64)->candidates.size() == 2);
+  CHECK(db.nearest_bucket(key_at(32), kFresh, not_64)->key.tpe_bucket == 16);
+  CHECK(db.nearest_bucket(key_at(32), kFresh, not_64)->candidates.size() == 2);
 }
 
 namespace {
@@ -451,13 +583,6 @@ void write_shipped(const std::filesystem::path& dir, const std::string& device, 
   TuningDb db = TuningDb::in_memory();
   for (const TuningRow& r : rows) db.record(r);
   fs::atomic_write(dir / shipped_db_file_name(device), db.export_json());
-}
-
-TileConfig heuristic_config() {
-  TileConfig c;
-  c.block_m = 1;
-  c.block_n = 1;
-  return c;
 }
 
 }  // namespace
@@ -631,24 +756,24 @@ TEST_CASE("a row this build cannot read is skipped alone, at every read; the res
   const TuningDb db(path, OpenMode::kReadOnly);
   for (int tpe : {16, 32, 64, 512}) {
     INFO("tpe " << tpe);
-    CHECK_FALSE(db.lookup(key_at(tpe)));
+    CHECK_FALSE(db.lookup(key_at(tpe), kFresh));
   }
-  REQUIRE(db.lookup(key_at(128)));
-  CHECK(db.lookup(key_at(128))->winner == config(128));
-  CHECK(candidate_names(*db.lookup(key_at(128))) == std::vector<std::string>{config(128).name()});
+  REQUIRE(db.lookup(key_at(128), kFresh));
+  CHECK(db.lookup(key_at(128), kFresh)->winner == config(128));
+  CHECK(candidate_names(*db.lookup(key_at(128), kFresh)) == std::vector<std::string>{config(128).name()});
   const std::vector<TuningRow> rows = db.rows();
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].key == key_at(128));
   CHECK(candidate_names(rows[0]) == std::vector<std::string>{config(128).name()});
   // Nearest to 64: the unreadable 32, 64 and mislabelled rows are passed over for 128.
-  const auto near = db.nearest_bucket(key_at(64));
+  const auto near = db.nearest_bucket(key_at(64), kFresh);
   REQUIRE(near);
   CHECK(near->key.tpe_bucket == 128);
   // Recording the key again heals it.
   TuningDb writable(path);
   writable.record(row_for(key_at(16), 256, 0.5));
-  REQUIRE(writable.lookup(key_at(16)));
-  CHECK(writable.lookup(key_at(16))->winner == config(256));
+  REQUIRE(writable.lookup(key_at(16), kFresh));
+  CHECK(writable.lookup(key_at(16), kFresh)->winner == config(256));
 }
 
 TEST_CASE("a conditional record leaves a row its filter keeps, decided in the write transaction", "[db]") {
@@ -657,10 +782,10 @@ TEST_CASE("a conditional record leaves a row its filter keeps, decided in the wr
   const auto keep_128 = [](const TuningRow& existing) { return existing.winner == config(128); };
   CHECK(db.record(first, keep_128));  // nothing there yet
   CHECK_FALSE(db.record(second, keep_128));
-  CHECK(db.lookup(key_at(64))->winner == config(128));
-  CHECK(db.lookup(key_at(64))->candidates.size() == 2);  // the kept row's own candidates only
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(128));
+  CHECK(db.lookup(key_at(64), kFresh)->candidates.size() == 2);  // the kept row's own candidates only
   CHECK(db.record(second, [](const TuningRow&) { return false; }));
-  CHECK(db.lookup(key_at(64))->winner == config(256));
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(256));
 }
 
 TEST_CASE("an unreadable shipped table is skipped, not fatal", "[db]") {
@@ -679,8 +804,8 @@ TEST_CASE("importing malformed JSON throws, names the problem and writes nothing
 
   auto rejects = [&](const std::string& text, const std::string& expected) {
     INFO(text);
-    CHECK_THROWS_AS(db.import_json(text, kFresh), DatabaseError);
-    CHECK_THROWS_WITH(db.import_json(text, kFresh), Catch::Contains(expected));
+    CHECK_THROWS_AS(db.import_json(text), DatabaseError);
+    CHECK_THROWS_WITH(db.import_json(text), Catch::Contains(expected));
   };
   rejects("{\"schema_version\": 1, \"rows\": [", "not valid JSON");
   rejects("[1, 2]", "expected a JSON object");
@@ -715,7 +840,7 @@ TEST_CASE("importing malformed JSON throws, names the problem and writes nothing
   rejects(with([](nlohmann::json& r) { r["provenance"]["driver_version"] = 1e20; }), "driver_version");
   // The valid first row of each document was not written either: import is all or nothing.
   CHECK(db.rows().empty());
-  CHECK(db.import_json(with([](nlohmann::json&) {}), kFresh).added == 2);
+  CHECK(db.import_json(with([](nlohmann::json&) {})).added == 2);
 }
 
 namespace {
@@ -775,7 +900,7 @@ TEST_CASE("eight processes writing one database lose no rows and leave it intact
       CHECK(ids.count(k.id()) == 1);
     }
   }
-  const auto shared = db.lookup(key_at(16));
+  const auto shared = db.lookup(key_at(16), kFresh);
   REQUIRE(shared);
   CHECK(shared->candidates.size() == kChildren);
   for (int c = 0; c < kChildren; ++c) {
@@ -867,11 +992,11 @@ TEST_CASE("writers killed mid-transaction lose no committed row and leave the da
   }
   const TuningRow after = row_for(key_at(32, 4096), 128, 0.25);
   db.record(after);
-  REQUIRE(db.lookup(after.key));
-  CHECK(as_json(*db.lookup(after.key)) == as_json(sorted(after)));
+  REQUIRE(db.lookup(after.key, kFresh));
+  CHECK(as_json(*db.lookup(after.key, kFresh)) == as_json(sorted(after)));
 }
 
-TEST_CASE("moejit db lists, exports, imports and merges", "[db][cli]") {
+TEST_CASE("moejit db lists, exports, imports, merges and prunes", "[db][cli]") {
   using moejit::test::cli;
   using moejit::test::run_command;
   TempDir dir("db");
@@ -891,7 +1016,8 @@ TEST_CASE("moejit db lists, exports, imports and merges", "[db][cli]") {
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains(key_at(64).id()) && Catch::Contains(config(128).name()) &&
-                           Catch::Contains("0.2500") && Catch::Contains(kFresh.created_at));
+                           Catch::Contains("0.2500") && Catch::Contains(kFresh.created_at) &&
+                           Catch::Contains("templates-now/13.0"));
 
   const std::string json = (dir / "out" / "a.json").string();
   r = run_command(cli() + " db export --db " + a + " --out " + json);
@@ -908,6 +1034,16 @@ TEST_CASE("moejit db lists, exports, imports and merges", "[db][cli]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("added 0, replaced 0, kept 2"));
   CHECK(TuningDb(b).export_json() == TuningDb(a).export_json());
+
+  // Prune keeps the CLI's own build: the rows above were tuned by "templates-now".
+  TuningDb(b).record(row_for(key_at(256), 64, 0.1, current_provenance(0)));
+  r = run_command(cli() + " db prune --db " + b);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("removed 2 rows"));
+  REQUIRE(TuningDb(b).rows().size() == 1);
+  CHECK(TuningDb(b).rows()[0].key == key_at(256));
+  CHECK(run_command(cli() + " db prune --db " + (dir / "none.sqlite").string()).exit_code == 1);
+  CHECK_FALSE(std::filesystem::exists(dir / "none.sqlite"));
 
   CHECK(run_command(cli() + " db frobnicate").exit_code == 2);
   CHECK(run_command(cli() + " db").exit_code == 2);

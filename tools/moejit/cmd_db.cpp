@@ -47,7 +47,7 @@ int list(const Args& a) {
   }
   std::vector<db::TuningRow> rows = open_existing(path).rows();
   if (a.has("stale")) {
-    // Stale: tuned with other templates or another NVRTC; ignored by lookups until retuned.
+    // Stale: tuned with other templates or another NVRTC; this build's lookups pass them over.
     const db::Provenance current = db::current_provenance(0);
     std::erase_if(rows, [&](const db::TuningRow& r) { return !db::is_stale(r, current); });
     fmt::print("stale rows (this build: templates {}, NVRTC {}):\n", current.template_hash, current.nvrtc_version);
@@ -56,16 +56,21 @@ int list(const Args& a) {
     fmt::print("(empty)\n");
     return 0;
   }
-  std::size_t key_w = 3, winner_w = 6;
+  // A key appears once per build that tuned it: BUILD tells them apart.
+  const auto build = [](const db::TuningRow& r) {
+    return fmt::format("{}/{}", r.provenance.template_hash, r.provenance.nvrtc_version);
+  };
+  std::size_t key_w = 3, winner_w = 6, build_w = 5;
   for (const db::TuningRow& r : rows) {
     key_w = std::max(key_w, r.key.id().size());
     winner_w = std::max(winner_w, r.winner.name().size());
+    build_w = std::max(build_w, build(r).size());
   }
-  fmt::print("{:<{}}  {:<{}}  {:>10}  {:>10}  {}\n", "KEY", key_w, "WINNER", winner_w, "MEDIAN_MS", "CANDIDATES",
-             "CREATED_AT");
+  fmt::print("{:<{}}  {:<{}}  {:>10}  {:>10}  {:<{}}  {}\n", "KEY", key_w, "WINNER", winner_w, "MEDIAN_MS",
+             "CANDIDATES", "BUILD", build_w, "CREATED_AT");
   for (const db::TuningRow& r : rows) {
-    fmt::print("{:<{}}  {:<{}}  {:>10.4f}  {:>10}  {}\n", r.key.id(), key_w, r.winner.name(), winner_w, r.median_ms,
-               r.candidates.size(), r.provenance.created_at);
+    fmt::print("{:<{}}  {:<{}}  {:>10.4f}  {:>10}  {:<{}}  {}\n", r.key.id(), key_w, r.winner.name(), winner_w,
+               r.median_ms, r.candidates.size(), build(r), build_w, r.provenance.created_at);
   }
   fmt::print("{} row{}\n", rows.size(), rows.size() == 1 ? "" : "s");
   return 0;
@@ -94,8 +99,7 @@ int import_rows(const Args& a) {
   std::optional<std::string> text = fs::read_all(file);
   if (!text) throw IoError(fmt::format("cannot read {}", file));
   db::TuningDb target(database_path(a));
-  print_stats(fmt::format("imported {} into {}", file, target.path()),
-              target.import_json(*text, db::current_provenance(0)));
+  print_stats(fmt::format("imported {} into {}", file, target.path()), target.import_json(*text));
   return 0;
 }
 
@@ -103,8 +107,20 @@ int merge(const Args& a) {
   expect_positionals(a, "merge", 1, "the database file to merge in");
   const db::TuningDb other = open_existing(a.positional[0]);
   db::TuningDb target(database_path(a));
-  print_stats(fmt::format("merged {} into {}", other.path(), target.path()),
-              target.merge(other, db::current_provenance(0)));
+  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge(other));
+  return 0;
+}
+
+// Rows of other builds are kept (another installed moejit may still run them) until pruned.
+int prune(const Args& a) {
+  expect_positionals(a, "prune", 0, "no arguments");
+  const std::filesystem::path path = database_path(a);
+  if (!std::filesystem::exists(path)) throw IoError(fmt::format("no tuning database at {}", path.string()));
+  const db::Provenance current = db::current_provenance(0);
+  db::TuningDb target(path);
+  const int removed = target.prune(current);
+  fmt::print("pruned {}: removed {} row{} of other builds than this one (templates {}, NVRTC {})\n", target.path(),
+             removed, removed == 1 ? "" : "s", current.template_hash, current.nvrtc_version);
   return 0;
 }
 
@@ -117,6 +133,7 @@ int run_db(int argc, char** argv, int start) {
   if (sub == "export") return export_rows(parse_args(argc, argv, start + 1, flags, {"db", "out"}, true));
   if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}, true));
   if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}, true));
+  if (sub == "prune") return prune(parse_args(argc, argv, start + 1, flags, {"db"}, true));
   if (sub == "help") {
     print_usage("db", stdout);
     return 0;

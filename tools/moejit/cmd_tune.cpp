@@ -55,10 +55,11 @@ std::vector<int> parse_devices(const Args& a) {
 }
 
 // The winners of an earlier table (`--incumbents FILE`, a `moejit db export` such as
-// db/NVIDIA_H200.json), by key id, whatever their template hash: the tuner keeps such a config
-// where it ties with the fastest (tuner/winner.hpp). A retune after a template change otherwise
-// swaps winners on the power cap's noise: 97 of 351 in session 20's, one of which cost 0.08 ms of
-// the T=32768 forward (performance log).
+// db/NVIDIA_H200.json), by key id, whatever their template hash (the newest row where a key has
+// several builds'): the tuner keeps such a config where it ties with the fastest
+// (tuner/winner.hpp). A retune after a template change otherwise swaps winners on the power cap's
+// noise: 97 of 351 in session 20's, one of which cost 0.08 ms of the T=32768 forward
+// (performance log).
 std::map<std::string, TileConfig> prior_winners(const Args& a) {
   std::map<std::string, TileConfig> out;
   if (!a.has("incumbents")) return out;
@@ -67,11 +68,18 @@ std::map<std::string, TileConfig> prior_winners(const Args& a) {
   if (!text) throw IoError(fmt::format("--incumbents: cannot read {}", file));
   db::TuningDb table = db::TuningDb::in_memory();
   try {
-    table.import_json(*text, db::current_provenance(0));
+    table.import_json(*text);
   } catch (const DatabaseError& e) {
     throw DatabaseError(fmt::format("--incumbents {}: {}", file, e.what()));
   }
-  for (const db::TuningRow& row : table.rows()) out[row.key.id()] = row.winner;
+  std::map<std::string, std::string> tuned_at;
+  for (const db::TuningRow& row : table.rows()) {
+    const std::string id = row.key.id();
+    // ISO-8601 UTC stamps order as text.
+    if (auto at = tuned_at.find(id); at != tuned_at.end() && at->second > row.provenance.created_at) continue;
+    tuned_at[id] = row.provenance.created_at;
+    out[id] = row.winner;
+  }
   return out;
 }
 

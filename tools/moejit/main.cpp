@@ -37,14 +37,14 @@ constexpr Command kCommands[] = {
     {"grid", run_grid, "[--shape E,H,I,K]", "the token counts moejit tune takes by default (no GPU needed)", ""},
     {"bench", run_bench, "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--mode M] [--reps N] [--device N]",
      "per role: heuristic default vs the stored (tuned) config", ""},
-    {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER [--db PATH]",
+    {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER|prune [--db PATH]",
      "inspect and move tuning databases",
-     "  list [--stale]       one line per tuned key: winner, median, candidates, time stamp;\n"
-     "                       --stale: only rows tuned by other templates or another NVRTC\n"
+     "  list [--stale]       one line per tuned key and build: winner, median, candidates, build\n"
+     "                       (template hash/NVRTC), time stamp; --stale: only other builds' rows\n"
      "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
-     "  import F             merge a JSON export in; per key a current winner stays over a stale\n"
-     "                       one, else the faster\n"
+     "  import F             merge a JSON export in; per key and build the faster winner stays\n"
      "  merge OTHER          merge another tuning database file in, likewise\n"
+     "  prune                delete the rows of every build but this one\n"
      "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n"},
 };
 
