@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "db/tuning_db.hpp"
+#include "jit/embedded_templates.hpp"
 #include "support/gpu.hpp"
 #include "support/moe_case.hpp"
 #include "support/process.hpp"
@@ -127,6 +128,18 @@ TEST_CASE("the first plan tunes and stores; a second process reads the rows", "[
   CHECK(r.exit_code == 0);
   CHECK(count(r.output, "user_db") == 8);
   CHECK(count(r.output, "tuned") == 0);
+
+  // Another install's rows (other templates) sharing the file: this build tunes its own beside
+  // them, and theirs stay for it.
+  db::Connection(db_path, db::OpenMode::kReadWrite)
+      .exec("UPDATE winners SET template_hash = 'another-build'; UPDATE candidates SET template_hash = 'another-build'");
+  r = run_command("MOEJIT_AUTOTUNE=1 MOEJIT_DB=" + db_path + " " + cli() + " plan --shape 8,256,128,2 --tokens 512");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count(r.output, "tuned") == 8);
+  std::map<std::string, int> builds;
+  for (const db::TuningRow& row : db::TuningDb(db_path).rows()) ++builds[row.provenance.template_hash];
+  CHECK(builds == std::map<std::string, int>{{"another-build", 8}, {jit::template_hash(), 8}});
 }
 
 TEST_CASE("a self-tune with no device memory for its scratch falls back, and the plan runs", "[gpu][tune]") {
