@@ -98,41 +98,19 @@ TuningRow row_for(const TuningKey& key, int winner_n, double ms, Provenance prov
 std::string as_json(const TuningRow& r) { return nlohmann::json(r).dump(); }
 
 // Rebuilds a database of the current schema as version 3 had it: one row per key (its build in
-// plain columns), candidates by key and config name.
+// plain columns), candidates by key and config name. The migration reads columns only, so the
+// tables need not carry version 3's constraints.
 const std::string kToVersion3 = R"sql(
-CREATE TABLE w3 (
-  key_id TEXT PRIMARY KEY NOT NULL,
-  device TEXT NOT NULL, arch TEXT NOT NULL, role TEXT NOT NULL, dtype TEXT NOT NULL,
-  h INTEGER NOT NULL, i INTEGER NOT NULL, e INTEGER NOT NULL, k INTEGER NOT NULL,
-  key_block_m INTEGER NOT NULL, key_use_tma INTEGER NOT NULL, tpe_bucket INTEGER NOT NULL, mode TEXT NOT NULL,
-  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
-  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
-  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
-  median_ms REAL NOT NULL, spread_ms REAL NOT NULL,
-  nvrtc_version TEXT NOT NULL, driver_version INTEGER NOT NULL, template_hash TEXT NOT NULL,
-  library_version TEXT NOT NULL, created_at TEXT NOT NULL,
-  warp_specialized INTEGER NOT NULL DEFAULT 0, persistent INTEGER NOT NULL DEFAULT 0
-);
-INSERT INTO w3 SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode,
+CREATE TABLE w3 AS SELECT key_id, device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, tpe_bucket, mode,
   block_m, block_n, block_k, stages, warps, group_m, cluster, items, use_tma, arch_tag, median_ms, spread_ms,
   nvrtc_version, driver_version, template_hash, library_version, created_at, warp_specialized, persistent
   FROM winners;
-CREATE TABLE c3 (
-  key_id TEXT NOT NULL, config_name TEXT NOT NULL,
-  block_m INTEGER NOT NULL, block_n INTEGER NOT NULL, block_k INTEGER NOT NULL, stages INTEGER NOT NULL,
-  warps INTEGER NOT NULL, group_m INTEGER NOT NULL, cluster INTEGER NOT NULL, items INTEGER NOT NULL,
-  use_tma INTEGER NOT NULL, arch_tag TEXT NOT NULL,
-  median_ms REAL, spread_ms REAL, rejected INTEGER NOT NULL, reason TEXT NOT NULL,
-  warp_specialized INTEGER NOT NULL DEFAULT 0, persistent INTEGER NOT NULL DEFAULT 0,
-  PRIMARY KEY (key_id, config_name)
-) WITHOUT ROWID;
-INSERT INTO c3 SELECT key_id, config_name, block_m, block_n, block_k, stages, warps, group_m, cluster, items,
+CREATE TABLE c3 AS SELECT key_id, config_name, block_m, block_n, block_k, stages, warps, group_m, cluster, items,
   use_tma, arch_tag, median_ms, spread_ms, rejected, reason, warp_specialized, persistent FROM candidates;
 DROP TABLE candidates;
 DROP TABLE winners;
 ALTER TABLE w3 RENAME TO winners;
 ALTER TABLE c3 RENAME TO candidates;
-CREATE INDEX winners_by_family ON winners (device, arch, role, dtype, h, i, e, k, key_block_m, key_use_tma, mode);
 PRAGMA user_version = 3;
 )sql";
 
