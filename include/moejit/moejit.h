@@ -85,6 +85,10 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
                               size_t workspace_bytes, void* stream);
 
+/* FusedMoe::adopt_saved (moejit.hpp): `saved` holds a state a forward of this plan's problem
+ * completed, copied there afterwards (offloaded to the host and brought back, say). */
+moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved);
+
 /* The message of this thread's last call if it failed, "" if it succeeded; valid until this
  * thread's next call. */
 const char* moejit_last_error(void);

@@ -126,6 +126,7 @@ def _load(path):
         "moejit_problem_memory": (status, [problem_p, memory_p]),
         "moejit_forward": (status, [vp, vp, vp, vp, vp, vp, vp, vp, sz, vp, sz, vp]),
         "moejit_backward": (status, [vp, vp, vp, vp, vp, vp, vp, vp, sz, vp, vp, vp, vp, vp, sz, vp]),
+        "moejit_plan_adopt_saved": (status, [vp, vp]),
         "moejit_last_error": (ctypes.c_char_p, []),
         "moejit_status_name": (ctypes.c_char_p, [status]),
         "moejit_version": (ctypes.c_char_p, []),
@@ -185,8 +186,12 @@ class Plan:
         check(code, "moejit_forward")
 
     def backward(self, d_out, x, w1, w2, topk_ids, topk_weights, saved, saved_bytes, dx, dw1, dw2, d_topk_weights,
-                 workspace, workspace_bytes, stream):
+                 workspace, workspace_bytes, stream, adopt_saved=False):
+        """adopt_saved: `saved` holds this problem's completed forward state wherever it was
+        copied since (moejit_plan_adopt_saved), as autograd guarantees."""
         with self._calls:
+            if adopt_saved:
+                check(lib().moejit_plan_adopt_saved(self._handle, saved), "moejit_plan_adopt_saved")
             code = lib().moejit_backward(
                 self._handle, d_out, x, w1, w2, topk_ids, topk_weights, saved, saved_bytes, dx, dw1, dw2,
                 d_topk_weights, workspace, workspace_bytes, stream)

@@ -134,7 +134,7 @@ class Recorder:
             forward(plan, x, w1, w2, ids, weights, out, saved, saved_bytes, workspace, workspace_bytes, stream)
 
         def hooked_backward(plan, d_out, x, w1, w2, ids, weights, saved, saved_bytes, dx, dw1, dw2, ds, workspace,
-                            workspace_bytes, stream):
+                            workspace_bytes, stream, adopt_saved=False):
             t, e, h, i, k = (plan.problem.tokens, plan.problem.experts, plan.problem.hidden,
                              plan.problem.intermediate, plan.problem.topk)
             buffers = {
@@ -146,7 +146,7 @@ class Recorder:
             # Frozen experts pass no weight gradients.
             self.record(plan, "backward", {n: b for n, b in buffers.items() if b[0] is not None}, stream)
             backward(plan, d_out, x, w1, w2, ids, weights, saved, saved_bytes, dx, dw1, dw2, ds, workspace,
-                     workspace_bytes, stream)
+                     workspace_bytes, stream, adopt_saved=adopt_saved)
 
         _library.Plan.forward, _library.Plan.backward = hooked_forward, hooked_backward
 

@@ -151,6 +151,10 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
   });
 }
 
+moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved) {
+  return guarded([&] { require_plan(plan)->plan.adopt_saved(saved); });
+}
+
 const char* moejit_last_error(void) { return unkept_error != nullptr ? unkept_error : last_error.c_str(); }
 
 const char* moejit_status_name(moejit_status status) {

@@ -22,6 +22,7 @@ namespace moejit::cuda {
   X(cuMemcpyDtoHAsync)                                                                      \
   X(cuMemsetD8Async) X(cuMemsetD32Async)                                                    \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)        \
+  X(cuStreamGetCtx)                                                                         \
   X(cuStreamBeginCapture) X(cuStreamEndCapture)                                             \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
   X(cuGraphGetNodes)                                                                        \

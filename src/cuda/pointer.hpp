@@ -23,6 +23,9 @@ struct PointerInfo {
   // mapped or not (the RANGE pointer attributes).
   std::uintptr_t range_begin = 0;
   std::size_t range_bytes = 0;
+  // The CUcontext the memory was allocated or registered in; 0 where the driver names none
+  // (memory mapped with cuMemMap belongs to no context).
+  std::uintptr_t context = 0;
 };
 
 // Throws CudaError only for a driver failure; an unknown address is kUnknown.

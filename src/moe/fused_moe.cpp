@@ -16,6 +16,7 @@
 #include "moe/launch.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
+#include "moe/saved_states.hpp"
 #include "moe/steps.hpp"
 #include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
@@ -45,9 +46,6 @@ struct FusedMoe::Impl {
   int block_m = 0;
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   std::map<Role, RoleKernel> kernels;
-  // Saved states a backward must not read, and why: a forward into them stopped part-way (a
-  // failed launch, check_expert_ids' rejection), or a memory-efficient backward overwrote them.
-  std::map<const void*, const char*> unusable_saved;
 
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
@@ -68,7 +66,29 @@ struct FusedMoe::Impl {
   // After check_context: the driver answers for the current context. Two queries per tensor cost
   // about 2 µs per call (0.06-0.09 µs each on the H200's host, session 35).
   void require_device_memory(const std::vector<TensorRegion>& tensors) const {
-    moejit::require_device_memory(tensors, device.ordinal, cuda::query_pointer);
+    moejit::require_device_memory(tensors, device.ordinal, reinterpret_cast<std::uintptr_t>(current_context()),
+                                  cuda::query_pointer);
+  }
+
+  // After check_context. A stream of another context would fail only at the first enqueue, after a
+  // memory-efficient backward has given up its saved state.
+  void require_own_stream(CUstream stream) const {
+    CUcontext of_stream = nullptr;
+    MOEJIT_CU(cuda::driver().cuStreamGetCtx(stream, &of_stream));
+    if (of_stream != current_context()) {
+      throw InvalidArgument("stream", "belongs to another CUDA context than the one this FusedMoe was built in");
+    }
+  }
+
+  // Inference writes no saved state: a buffer passed there anyway keeps what it held.
+  void record_saved(const void* saved, SavedStates::State state) const {
+    if (memory.saved_bytes > 0) SavedStates::instance().record(saved, problem, state);
+  }
+
+  static CUcontext current_context() {
+    CUcontext ctx = nullptr;
+    MOEJIT_CU(cuda::driver().cuCtxGetCurrent(&ctx));
+    return ctx;
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -176,8 +196,9 @@ void FusedMoe::forward(const ForwardArgs& a) {
   const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
   s.check_context();
   s.require_device_memory(tensors);
-  ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
+  s.require_own_stream(stream);
+  ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   std::vector<std::int32_t> ids;
   if (s.options.check_expert_ids) {
     s.require_uncaptured(stream);
@@ -190,27 +211,26 @@ void FusedMoe::forward(const ForwardArgs& a) {
     s.launch(Role::kFwdDown, &f.fwd_down, stream);
     s.launch(Role::kGatherSum, &f.gather_out, stream);
   } catch (...) {
-    s.unusable_saved[a.saved] = "a forward() into it stopped part-way";
+    s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;
   }
-  s.unusable_saved.erase(a.saved);
+  s.record_saved(a.saved, SavedStates::State::kComplete);
 }
+
+void FusedMoe::adopt_saved(const void* saved) { live().record_saved(saved, SavedStates::State::kComplete); }
 
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
-  if (auto it = s.unusable_saved.find(a.saved); it != s.unusable_saved.end()) {
-    throw StateError(fmt::format("saved: {}; run forward() again first", it->second));
-  }
+  SavedStates::instance().require_usable(a.saved, s.problem);
   s.check_context();
   s.require_device_memory(tensors);
-  BackwardSteps b = backward_steps(a, s.problem, s.layout);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
+  s.require_own_stream(stream);
+  BackwardSteps b = backward_steps(a, s.problem, s.layout);
   // bwd_down writes d_pre_act over the saved pre_act here: from the first launch on, even one
   // that fails later, the state is gone.
-  if (s.problem.mode == Mode::kMemoryEfficient) {
-    s.unusable_saved[a.saved] = "a memory-efficient backward() already consumed it";
-  }
+  if (s.problem.mode == Mode::kMemoryEfficient) s.record_saved(a.saved, SavedStates::State::kConsumed);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
   if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
       (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {

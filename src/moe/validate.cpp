@@ -19,14 +19,21 @@ void require_pointer(const void* p, const char* name, std::size_t alignment) {
   }
 }
 
-// Each end of a tensor must be this device's memory or managed memory.
-void require_device_kind(const TensorRegion& t, const cuda::PointerInfo& info, int device, bool first) {
+// Each end of a tensor must be this device's memory (of this context, where the driver names
+// one) or managed memory.
+void require_device_kind(const TensorRegion& t, const cuda::PointerInfo& info, int device, std::uintptr_t context,
+                         bool first) {
   switch (info.kind) {
     case cuda::MemoryKind::kManaged: return;
     case cuda::MemoryKind::kDevice:
       if (info.device != device) {
         throw InvalidArgument(t.name, fmt::format("{} memory of device {}; this plan runs on device {}",
                                                   first ? "is" : "ends in", info.device, device));
+      }
+      if (context != 0 && info.context != 0 && info.context != context) {
+        throw InvalidArgument(t.name, fmt::format("{} memory of another CUDA context on device {} than this plan's, "
+                                                  "which cannot reach it",
+                                                  first ? "is" : "ends in", device));
       }
       return;
     case cuda::MemoryKind::kHost:
@@ -190,13 +197,13 @@ std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProb
   return tensors;
 }
 
-void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
+void require_device_memory(const std::vector<TensorRegion>& tensors, int device, std::uintptr_t context,
                            const std::function<cuda::PointerInfo(const void*)>& query) {
   for (const TensorRegion& t : tensors) {
     if (t.bytes == 0) continue;
     const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
     const cuda::PointerInfo first = query(t.begin);
-    require_device_kind(t, first, device, true);
+    require_device_kind(t, first, device, context, true);
     // A last byte in the next allocation passes the check of that byte alone. A size past the top
     // of the address space has no last byte.
     if (t.bytes > UINTPTR_MAX - begin ||
@@ -206,7 +213,7 @@ void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
                                                 "{:#x}): is the buffer smaller than the problem's shape?",
                                                 t.bytes, t.begin, first.range_bytes, first.range_begin));
     }
-    require_device_kind(t, query(reinterpret_cast<const void*>(begin + (t.bytes - 1))), device, false);
+    require_device_kind(t, query(reinterpret_cast<const void*>(begin + (t.bytes - 1))), device, context, false);
   }
 }
 

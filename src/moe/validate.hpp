@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -41,12 +42,14 @@ std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProb
 
 // Each tensor's first and last byte must be device memory of `device` (or managed memory), and
 // a tensor must lie within the allocation holding its first byte: a host or another GPU's
-// address, reserved address space with nothing mapped, or a tensor running past its allocation
-// would fault inside a kernel or write over another buffer. A tensor carved out of a larger
+// address, another context's memory on this GPU (each context maps its own allocations; the
+// driver names the context, `context` is the plan's, 0 to skip), reserved address space with
+// nothing mapped, or a tensor running past its allocation would fault inside a kernel or write
+// over another buffer. A tensor carved out of a larger
 // allocation (a caching allocator's block; for memory mapped with cuMemMap, the whole reserved
 // range) is checked against that allocation only. `query` is cuda::query_pointer outside the unit
 // tests. Throws InvalidArgument naming the tensor.
-void require_device_memory(const std::vector<TensorRegion>& tensors, int device,
+void require_device_memory(const std::vector<TensorRegion>& tensors, int device, std::uintptr_t context,
                            const std::function<cuda::PointerInfo(const void*)>& query);
 
 // Checking mode (Options::check_expert_ids), on ids read back from the device: throws

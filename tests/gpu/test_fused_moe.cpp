@@ -1044,6 +1044,72 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
   CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
 }
 
+TEST_CASE("another context's memory or stream, or another problem's saved state, is rejected before anything is enqueued", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  FusedMoe plan(problem_of(spec, Mode::kTraining));
+  DeviceRun run(make_case(spec), plan.memory());
+  run.poison();
+  cuda::Stream stream;
+  const ForwardArgs fwd = run.forward_args(stream.get());
+  const BackwardArgs bwd = run.backward_args(stream.get());
+  const std::size_t x_elements = 64 * 128;
+
+  // A second context on this GPU: its memory is not mapped in the plan's, its stream not the
+  // plan's to launch on.
+  test::OtherContext other(gpu->info.ordinal, x_elements * 2);
+  CHECK(cuda::query_pointer(other.memory()).context != 0);
+  ForwardArgs a = fwd;
+  a.x = other.memory();
+  CHECK_THROWS_WITH(plan.forward(a), Catch::StartsWith("x: is memory of another CUDA context on device"));
+  a = fwd;
+  a.stream = other.stream();
+  CHECK_THROWS_WITH(plan.forward(a), Catch::StartsWith("stream: belongs to another CUDA context"));
+
+  // The saved buffer after a forward of another problem (fewer tokens: its state fits).
+  const CaseSpec fewer{32, 8, 128, 64, 2};
+  FusedMoe small(problem_of(fewer, Mode::kTraining));
+  DeviceRun small_run(make_case(fewer), small.memory());
+  ForwardArgs small_fwd = small_run.forward_args(stream.get());
+  small_fwd.saved = run.saved.as<void>();
+  REQUIRE(small.memory().saved_bytes <= plan.memory().saved_bytes);
+  small.forward(small_fwd);
+  CHECK_THROWS_WITH(plan.backward(bwd), Catch::StartsWith("saved: it holds the state of another problem's forward() "
+                                                          "(T=32,"));
+  BackwardArgs b = bwd;
+  b.stream = other.stream();
+  CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith("saved: it holds"));
+
+  // None of the refused calls ran: out and dx still hold the poison. The plan's own calls run.
+  stream.synchronize();
+  const std::vector<double> out = download(run.out, spec.dtype, x_elements);
+  const std::vector<double> dx = download(run.dx, spec.dtype, x_elements);
+  CHECK(std::all_of(out.begin(), out.end(), [](double v) { return std::isnan(v); }));
+  CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+  plan.forward(fwd);
+  CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith("stream: belongs to another CUDA context"));
+  plan.backward(bwd);
+  stream.synchronize();
+  const std::vector<double> dx_after = download(run.dx, spec.dtype, x_elements);
+  CHECK(std::none_of(dx_after.begin(), dx_after.end(), [](double v) { return std::isnan(v); }));
+
+  // The state copied to a buffer another problem's forward wrote last (offloaded and brought
+  // back, say): refused by that address's record until adopted, then the same gradients.
+  cuda::DeviceBuffer moved(plan.memory().saved_bytes);
+  ForwardArgs small_into_moved = small_fwd;
+  small_into_moved.saved = moved.as<void>();
+  small.forward(small_into_moved);
+  MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(moved.get(), run.saved.get(), moved.bytes(), stream.get()));
+  BackwardArgs from_moved = bwd;
+  from_moved.saved = moved.as<void>();
+  CHECK_THROWS_WITH(plan.backward(from_moved), Catch::StartsWith("saved: it holds the state of another problem"));
+  plan.adopt_saved(moved.as<void>());
+  run.dx.fill_bytes(0xff);
+  plan.backward(from_moved);
+  stream.synchronize();
+  CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
+}
+
 TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed or pool memory, run; past their memory they are rejected", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const int device = gpu->info.ordinal;
@@ -1066,9 +1132,14 @@ TEST_CASE("tensors across the physical handles of mapped virtual memory, or in m
   test::ManagedBuffer managed(std::size_t{1} << 21);
   test::PoolBuffer pool(std::size_t{1} << 21, stream.get());
   CHECK(cuda::query_pointer(pool.get() + 100).kind == cuda::MemoryKind::kDevice);
+  // Checked against this context, as a plan built here checks: memory of these kinds must not read
+  // as another context's.
+  CUcontext current = nullptr;
+  MOEJIT_CU(cuda::driver().cuCtxGetCurrent(&current));
   const auto rejected = [&](const char* begin, std::size_t bytes) {
     try {
-      require_device_memory({TensorRegion{"x", begin, bytes, 16, false}}, device, cuda::query_pointer);
+      require_device_memory({TensorRegion{"x", begin, bytes, 16, false}}, device,
+                            reinterpret_cast<std::uintptr_t>(current), cuda::query_pointer);
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }

@@ -13,7 +13,8 @@ namespace {
 
 #define MOEJIT_TEST_VM_FUNCTIONS(X)                                                                \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
-  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemFreeAsync)
+  X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemFreeAsync)   \
+  X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxPushCurrent) X(cuCtxPopCurrent)
 // As in src/cuda/driver.cpp: cuda.h's versioning macros expand before the name is a string.
 #define MOEJIT_TEST_SYMBOL_TEXT(name) #name
 #define MOEJIT_TEST_SYMBOL(name) MOEJIT_TEST_SYMBOL_TEXT(name)
@@ -96,6 +97,38 @@ PoolBuffer::PoolBuffer(std::size_t bytes, CUstream stream) : stream_(stream) {
 PoolBuffer::~PoolBuffer() {
   vm().cuMemFreeAsync(ptr_, stream_);
   cuda::driver().cuStreamSynchronize(stream_);
+}
+
+// cuCtxCreate makes the new context current; it is popped once its buffer and stream exist.
+OtherContext::OtherContext(int device, std::size_t bytes) {
+  const VmDriver& d = vm();
+  CUdevice dev = 0;
+  MOEJIT_CU(cuda::driver().cuDeviceGet(&dev, device));
+  MOEJIT_CU(d.cuCtxCreate(&context_, nullptr, 0, dev));
+  try {
+    MOEJIT_CU(cuda::driver().cuMemAlloc(&memory_, bytes));
+    MOEJIT_CU(cuda::driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+  } catch (...) {
+    release();
+    throw;
+  }
+  CUcontext popped = nullptr;
+  d.cuCtxPopCurrent(&popped);
+}
+
+OtherContext::~OtherContext() { release(); }
+
+// Each handle is released in its own context, made current for the purpose.
+void OtherContext::release() noexcept {
+  const VmDriver& d = vm();
+  if (context_ == nullptr) return;
+  d.cuCtxPushCurrent(context_);
+  if (stream_ != nullptr) cuda::driver().cuStreamDestroy(stream_);
+  if (memory_ != 0) cuda::driver().cuMemFree(memory_);
+  CUcontext popped = nullptr;
+  d.cuCtxPopCurrent(&popped);
+  d.cuCtxDestroy(context_);
+  context_ = nullptr;
 }
 
 }  // namespace moejit::test

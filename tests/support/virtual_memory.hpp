@@ -1,8 +1,8 @@
 // Device memory as allocators other than cuMemAlloc hold it, for the tests of the tensor checks
 // (moe/validate.hpp): a reserved address range with physical handles mapped into it back to back,
-// as PyTorch's expandable segments map theirs, managed memory, and a block of the device's default
-// memory pool (cudaMallocAsync). The driver entry points they need are loaded here: the library
-// itself never calls them.
+// as PyTorch's expandable segments map theirs, managed memory, a block of the device's default
+// memory pool (cudaMallocAsync), and a second context's memory and stream. The driver entry
+// points they need are loaded here: the library itself never calls them.
 #pragma once
 
 #include <cuda.h>
@@ -54,6 +54,24 @@ class PoolBuffer {
 
  private:
   CUdeviceptr ptr_ = 0;
+  CUstream stream_ = nullptr;
+};
+
+// A context of its own on `device` beside the caller's, which stays current: a buffer and a stream
+// made in it. Memory of one context is not mapped in another.
+class OtherContext {
+ public:
+  OtherContext(int device, std::size_t bytes);
+  ~OtherContext();
+  OtherContext(const OtherContext&) = delete;
+  OtherContext& operator=(const OtherContext&) = delete;
+  char* memory() const { return reinterpret_cast<char*>(memory_); }
+  CUstream stream() const { return stream_; }
+
+ private:
+  void release() noexcept;
+  CUcontext context_ = nullptr;
+  CUdeviceptr memory_ = 0;
   CUstream stream_ = nullptr;
 };
 

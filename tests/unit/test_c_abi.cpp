@@ -34,6 +34,8 @@ TEST_CASE("C ABI argument errors are status codes with messages", "[capi]") {
   CHECK_THAT(moejit_last_error(), Catch::StartsWith("plan"));
   moejit_memory_plan m;
   CHECK(moejit_plan_memory(nullptr, &m) == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(moejit_plan_adopt_saved(nullptr, &m) == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("plan"));
   moejit_plan_destroy(nullptr);
 
   CHECK(std::string(moejit_status_name(MOEJIT_ERROR_NO_DEVICE)) == "no_device");

@@ -193,17 +193,22 @@ TEST_CASE("a memory-efficient backward, which writes over saved, rejects saved o
 
 namespace {
 
+// The plan's context in the fake driver's view, and another context on the same device.
+constexpr std::uintptr_t kPlanContext = 0xc1, kOtherContext = 0xc2;
+
 // A fake driver's view: GiBs 1-15 are device 0's memory, 16 (the workspace) device 1's, and the
 // memory of each GiB stops 64 MiB before its end; past that the driver knows nothing. Only GiBs
-// 9, 17 and 18 report ranges.
+// 9, 17 and 18 report ranges. Device memory is kPlanContext's, but GiB 19's is kOtherContext's
+// and mapped virtual memory (GiB 17) names no context.
 cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
   constexpr std::uintptr_t mib = std::uintptr_t{1} << 20;
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t n = a >> 30, offset = a & ((std::uintptr_t{1} << 30) - 1), gib_start = n << 30;
-  if (n < 1 || n > 18 || offset >= 960 * mib) return {};
+  if (n < 1 || n > 19 || offset >= 960 * mib) return {};
+  if (n == 19) return {cuda::MemoryKind::kDevice, 0, 0, 0, kOtherContext};
   if (n == 6) return {gib6_kind, 0};
   // GiB 9 holds cuMemAlloc allocations of 256 MiB each, back to back.
-  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~(256 * mib - 1), 256 * mib};
+  if (n == 9) return {cuda::MemoryKind::kDevice, 0, a & ~(256 * mib - 1), 256 * mib, kPlanContext};
   // GiB 17 is mapped virtual memory in two reserved ranges, 0-512 and 512-960 MiB, each the range
   // of every address in it, with nothing mapped at 64-68 MiB (no memory there).
   if (n == 17) {
@@ -213,7 +218,7 @@ cuda::PointerInfo fake_query(const void* p, cuda::MemoryKind gib6_kind) {
   }
   // GiB 18 holds managed allocations of 256 MiB each, back to back.
   if (n == 18) return {cuda::MemoryKind::kManaged, -1, a & ~(256 * mib - 1), 256 * mib};
-  return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0};
+  return {cuda::MemoryKind::kDevice, n == 16 ? 1 : 0, 0, 0, kPlanContext};
 }
 
 }  // namespace
@@ -227,7 +232,7 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   const auto device0 = device(cuda::MemoryKind::kDevice);
   const auto rejected = [&](const BackwardArgs& args, int on, cuda::MemoryKind gib6) {
     try {
-      require_device_memory(backward_tensors(args, p, m, true), on, device(gib6));
+      require_device_memory(backward_tensors(args, p, m, true), on, kPlanContext, device(gib6));
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }
@@ -238,7 +243,7 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
              Catch::StartsWith("workspace: is memory of device 1; this plan runs on device 0"));
   a.workspace = gib(11);
   CHECK(rejected(a, 0, cuda::MemoryKind::kDevice).empty());
-  CHECK_NOTHROW(require_device_memory(backward_tensors(a, p, m, true), 0, device0));
+  CHECK_NOTHROW(require_device_memory(backward_tensors(a, p, m, true), 0, kPlanContext, device0));
   // Device 1's plan finds device 0's memory first in its list: dx.
   CHECK_THAT(rejected(a, 1, cuda::MemoryKind::kDevice), Catch::StartsWith("dx: is memory of device 0"));
   // topk_weights lives in GiB 6: managed memory is accepted wherever it was allocated, page-locked
@@ -279,16 +284,22 @@ TEST_CASE("tensors outside this device's memory are rejected, each named", "[val
   late.x = static_cast<char*>(gib(17)) + (504u << 20);
   CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
              Catch::StartsWith("x: its 16777216 bytes from") && Catch::Contains("run past the allocation there"));
+  // Memory of another context on the same device: the plan's context cannot reach it. Without a
+  // context to compare (0) it passes.
+  late.x = gib(19);
+  CHECK_THAT(rejected(late, 0, cuda::MemoryKind::kDevice),
+             Catch::StartsWith("x: is memory of another CUDA context on device 0"));
+  CHECK_NOTHROW(require_device_memory(backward_tensors(late, p, m, true), 0, 0, device0));
   // A size that wraps past the top of the address space.
   const std::vector<TensorRegion> huge = {TensorRegion{"x", gib(2), ~std::size_t{0} - 4096, 16, false}};
-  CHECK_THROWS_WITH(require_device_memory(huge, 0, device0), Catch::StartsWith("x: its") && Catch::Contains("run past"));
+  CHECK_THROWS_WITH(require_device_memory(huge, 0, kPlanContext, device0), Catch::StartsWith("x: its") && Catch::Contains("run past"));
   // Nothing is asked of a tensor of no bytes: inference's saved state may be null.
   const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
   const MemoryLayout li = memory_layout(infer);
   ForwardArgs f = separate_forward_args(li);
   f.saved = nullptr;
   f.workspace = gib(10);  // device 0's
-  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(li), true), 0, device0));
+  CHECK_NOTHROW(require_device_memory(forward_tensors(f, infer, memory_plan(li), true), 0, kPlanContext, device0));
 }
 
 TEST_CASE("a call's tensors must be non-null and aligned, its buffers as large as the plan says", "[validate]") {

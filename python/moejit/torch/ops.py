@@ -97,10 +97,14 @@ def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, 
         dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
         workspace = _bytes(m.backward_workspace_bytes, device)
         # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need.
+        # Autograd hands each backward its own forward's state, which saved-tensor hooks may have
+        # moved (save_on_cpu brings it back at an address another state last held): adopted, so
+        # the library does not judge it by that address's past.
         plan.backward(d_out.data_ptr(), x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(),
                       topk_ids.data_ptr(), topk_weights.data_ptr(), saved.data_ptr(), saved.numel(), dx.data_ptr(),
                       dw1.data_ptr() if weight_grads else None, dw2.data_ptr() if weight_grads else None,
-                      d_topk_weights.data_ptr(), workspace.data_ptr(), m.backward_workspace_bytes, _stream(device))
+                      d_topk_weights.data_ptr(), workspace.data_ptr(), m.backward_workspace_bytes, _stream(device),
+                      adopt_saved=True)
     return dx, dw1, dw2, d_topk_weights
 
 

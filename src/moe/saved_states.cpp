@@ -1,0 +1,64 @@
+#include "moe/saved_states.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace moejit {
+namespace {
+
+// The fields the saved layout depends on (memory_layout).
+bool same_problem(const MoeProblem& a, const MoeProblem& b) {
+  return a.tokens == b.tokens && a.experts == b.experts && a.hidden == b.hidden &&
+         a.intermediate == b.intermediate && a.topk == b.topk && a.dtype == b.dtype && a.mode == b.mode;
+}
+
+std::string describe(const MoeProblem& p) {
+  return fmt::format("T={}, E={}, H={}, I={}, K={}, {}, {}", p.tokens, p.experts, p.hidden, p.intermediate, p.topk,
+                     dtype_name(p.dtype), mode_name(p.mode));
+}
+
+}  // namespace
+
+SavedStates& SavedStates::instance() {
+  static SavedStates states;
+  return states;
+}
+
+void SavedStates::record(const void* saved, const MoeProblem& problem, State state) {
+  std::lock_guard lock(mu_);
+  entries_[saved] = Entry{problem, state, next_order_++};
+  if (entries_.size() <= kCapacity) return;
+  std::vector<std::uint64_t> orders;
+  orders.reserve(entries_.size());
+  for (const auto& [address, entry] : entries_) orders.push_back(entry.order);
+  const auto middle = orders.begin() + static_cast<std::ptrdiff_t>(orders.size() / 2);
+  std::nth_element(orders.begin(), middle, orders.end());
+  std::erase_if(entries_, [&](const auto& item) { return item.second.order < *middle; });
+}
+
+void SavedStates::require_usable(const void* saved, const MoeProblem& problem) const {
+  std::lock_guard lock(mu_);
+  const auto it = entries_.find(saved);
+  if (it == entries_.end()) return;
+  const Entry& e = it->second;
+  const char* why = nullptr;
+  std::string other;
+  switch (e.state) {
+    case State::kPartial:
+      why = "a forward() into it stopped part-way";
+      break;
+    case State::kConsumed:
+      why = "a memory-efficient backward() already consumed it";
+      break;
+    case State::kComplete:
+      if (same_problem(e.problem, problem)) return;
+      other = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
+      why = other.c_str();
+      break;
+  }
+  throw StateError(fmt::format("saved: {}; run forward() again first", why));
+}
+
+}  // namespace moejit

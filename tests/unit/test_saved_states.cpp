@@ -1,0 +1,93 @@
+// The process-wide record of saved-state buffers that backward() consults (src/moe/saved_states.hpp).
+// A private SavedStates per case: the process-wide one is the library's.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moe/saved_states.hpp"
+#include "moejit/error.hpp"
+
+using namespace moejit;
+
+namespace {
+
+const void* address(std::uintptr_t n) { return reinterpret_cast<const void*>(n << 8); }
+
+std::string refusal(const SavedStates& states, const void* saved, const MoeProblem& p) {
+  try {
+    states.require_usable(saved, p);
+  } catch (const StateError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a backward refuses a saved buffer known to hold no complete state of its problem", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{1024, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  MoeProblem other_t = p;
+  other_t.tokens = 8192;
+  MoeProblem other_mode = p;
+  other_mode.mode = Mode::kMemoryEfficient;
+
+  // Never recorded: passes (a state may have moved, e.g. offloaded to the host and back).
+  CHECK(refusal(states, address(1), p).empty());
+  states.record(address(1), p, SavedStates::State::kComplete);
+  CHECK(refusal(states, address(1), p).empty());
+  // Another problem's complete state: its layout differs.
+  CHECK_THAT(refusal(states, address(1), other_t),
+             Catch::StartsWith("saved: it holds the state of another problem's forward() (T=1024, E=128, H=2048, "
+                               "I=768, K=8, bf16, train)"));
+  CHECK_THAT(refusal(states, address(1), other_mode), Catch::Contains("another problem"));
+  states.record(address(2), p, SavedStates::State::kPartial);
+  CHECK_THAT(refusal(states, address(2), p), Catch::StartsWith("saved: a forward() into it stopped part-way"));
+  states.record(address(3), other_mode, SavedStates::State::kConsumed);
+  CHECK_THAT(refusal(states, address(3), other_mode), Catch::Contains("already consumed"));
+  // A forward that completes makes the buffer usable again.
+  states.record(address(3), other_mode, SavedStates::State::kComplete);
+  CHECK(refusal(states, address(3), other_mode).empty());
+}
+
+TEST_CASE("the saved-state record stays bounded, forgetting the oldest buffers first", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
+  for (std::uintptr_t n = 1; n <= SavedStates::kCapacity + 1; ++n) states.record(address(n), p, SavedStates::State::kPartial);
+  // Past the capacity the older half went: the first buffer passes as never recorded.
+  CHECK(refusal(states, address(1), p).empty());
+  CHECK_FALSE(refusal(states, address(SavedStates::kCapacity + 1), p).empty());
+  CHECK_FALSE(refusal(states, address(SavedStates::kCapacity), p).empty());
+  // Recording an address again refreshes it: the next time the record fills, it outlives the
+  // buffers recorded before it.
+  states.record(address(2), p, SavedStates::State::kPartial);
+  for (std::uintptr_t n = 0; n < SavedStates::kCapacity / 2; ++n) {
+    states.record(address(100000 + n), p, SavedStates::State::kPartial);
+  }
+  CHECK(refusal(states, address(SavedStates::kCapacity), p).empty());
+  CHECK_FALSE(refusal(states, address(2), p).empty());
+}
+
+TEST_CASE("plans on many threads record and consult saved buffers at once", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kMemoryEfficient};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (std::uintptr_t t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::uintptr_t i = 0; i < 2000; ++i) {
+        const void* saved = address(1 + t * 100 + i % 100);
+        states.record(saved, p, SavedStates::State::kComplete);
+        if (!refusal(states, saved, p).empty()) ++refused;  // no other thread writes this address
+        states.record(saved, p, SavedStates::State::kConsumed);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(refused == 0);
+  CHECK_FALSE(refusal(states, address(1), p).empty());
+}
