@@ -217,7 +217,11 @@ void FusedMoe::forward(const ForwardArgs& a) {
   s.record_saved(a.saved, SavedStates::State::kComplete);
 }
 
-void FusedMoe::adopt_saved(const void* saved) { live().record_saved(saved, SavedStates::State::kComplete); }
+void FusedMoe::adopt_saved(const void* saved) {
+  Impl& s = live();
+  if (saved == nullptr) throw InvalidArgument("saved", "is null");
+  s.record_saved(saved, SavedStates::State::kComplete);
+}
 
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = live();
