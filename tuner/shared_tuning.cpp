@@ -28,7 +28,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   std::optional<fs::FileLock> lock;
   if (!user_db) {
     log::warn("tuning without a cross-process lock or a user database: MOEJIT_DB, XDG_CACHE_HOME and HOME "
-              "unset, no temporary folder");
+              "unset, no private folder in the temporary folder");
   } else {
     try {
       lock.emplace(tuning_lock_path(*user_db, problem, device), kTuningLockTimeout);

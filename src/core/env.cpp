@@ -1,12 +1,17 @@
 #include "core/env.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <thread>
 
+#include "core/fs.hpp"
+#include "core/log.hpp"
 #include "moejit/error.hpp"
 
 #ifndef MOEJIT_SOURCE_DB_DIR
@@ -22,14 +27,39 @@ std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
-// Nothing where no variable names a folder and the temporary folder is missing too.
+// Said once per process and reason: the folders are asked for on every kernel build.
+void warn_once(const std::string& message) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!said.insert(message).second) return;
+  }
+  log::warn("{}", message);
+}
+
+// Every user shares the temporary folder, and another could make this folder first to plant
+// forged kernels there: so one folder per user, used only while it is private.
+std::optional<std::filesystem::path> private_temp_root() {
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) return std::nullopt;
+  const std::filesystem::path dir = tmp / fmt::format("moejit-cache-{}", ::geteuid());
+  try {
+    fs::make_private_dir(dir);
+  } catch (const IoError& e) {
+    warn_once(fmt::format("not using the temporary cache folder: {}", e.what()));
+    return std::nullopt;
+  }
+  return dir;
+}
+
+// Nothing where no variable names a folder and the temporary folder has no private one either.
+// Folders the variables name are the user's choice, shared or not, and are not checked.
 std::optional<std::filesystem::path> user_cache_root() {
   if (auto xdg = get("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "moejit";
   if (auto home = get("HOME")) return std::filesystem::path(*home) / ".cache" / "moejit";
-  std::error_code ec;
-  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-  if (ec) return std::nullopt;
-  return tmp / "moejit-cache";
+  return private_temp_root();
 }
 
 }  // namespace

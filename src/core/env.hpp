@@ -11,12 +11,13 @@ namespace moejit::env {
 enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
 
 // MOEJIT_CACHE_DIR, else $XDG_CACHE_HOME/moejit/kernels, else ~/.cache/moejit/kernels, else
-// moejit-cache/kernels in the temporary folder; nothing where there is none either.
+// moejit-cache-<euid>/kernels in the temporary folder, made private to the user (mode 0700);
+// nothing where there is no temporary folder or that folder is not private (a warning says why).
 std::optional<std::filesystem::path> kernel_cache_dir();
 // MOEJIT_DISK_CACHE=0 turns the on-disk cubin cache off (the in-process cache stays).
 bool disk_cache_enabled();
 // MOEJIT_DB, else $XDG_CACHE_HOME/moejit/tuning.sqlite, else ~/.cache/moejit/tuning.sqlite, else
-// moejit-cache/tuning.sqlite in the temporary folder; nothing where there is none either.
+// moejit-cache-<euid>/tuning.sqlite in the temporary folder, on the terms kernel_cache_dir's is.
 std::optional<std::filesystem::path> user_db_path();
 // MOEJIT_SHIPPED_DB_DIR, else the db/ folder this build was configured from.
 std::filesystem::path shipped_db_dir();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -99,6 +100,22 @@ std::optional<std::string> read_all(const std::filesystem::path& path) {
   ss << in.rdbuf();
   if (in.bad()) return std::nullopt;
   return std::move(ss).str();
+}
+
+void make_private_dir(const std::filesystem::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw IoError(fmt::format("cannot create {}: {}", dir.string(), errno_text()));
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw IoError(fmt::format("cannot inspect {}: {}", dir.string(), errno_text()));
+  if (S_ISLNK(st.st_mode)) throw IoError(fmt::format("{} is a symbolic link, not a private folder", dir.string()));
+  if (!S_ISDIR(st.st_mode)) throw IoError(fmt::format("{} is not a folder", dir.string()));
+  if (st.st_uid != ::geteuid()) {
+    throw IoError(fmt::format("{} belongs to user {}, not to this one ({})", dir.string(), st.st_uid, ::geteuid()));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    throw IoError(fmt::format("{} is writable by other users (mode {:o})", dir.string(), st.st_mode & 07777));
+  }
 }
 
 void remove_quietly(const std::filesystem::path& path) noexcept {

@@ -21,6 +21,13 @@ void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seco
 // The whole file, or nullopt when it does not exist or cannot be read.
 std::optional<std::string> read_all(const std::filesystem::path& path);
 
+// Creates `dir` with mode 0700 unless it exists (its parent must), then checks that it is private
+// to this user: a directory, not a symbolic link, owned by the effective user and writable by no
+// one else. A folder in a place every user shares (the temporary folder) must pass this before
+// anything in it is trusted, since another user could have made it first. Throws IoError saying
+// which check failed.
+void make_private_dir(const std::filesystem::path& dir);
+
 // Removes a file, ignoring errors (another process may have removed it first).
 void remove_quietly(const std::filesystem::path& path) noexcept;
 

@@ -71,7 +71,7 @@ struct KernelCache::BuildSettings {
     s.disk_dir = env::kernel_cache_dir();
     if (!s.disk_dir) {
       log::warn("kernel cache on disk off: no folder for it (MOEJIT_CACHE_DIR, XDG_CACHE_HOME and HOME unset, "
-                "no temporary folder)");
+                "no private folder in the temporary folder)");
     }
     return s;
   }

@@ -1,8 +1,11 @@
 // The environment variables the library reads (src/core/env.cpp): a malformed value is an error
 // naming the variable, never a silent default or an overflowing deadline.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <string>
 #include <thread>
 
 #include "core/env.hpp"
@@ -69,6 +72,47 @@ TEST_CASE("the cache folders: the variables in order, the temporary folder last,
     ScopedEnv named_cache("MOEJIT_CACHE_DIR", "/c"), named_db("MOEJIT_DB", "/d.sqlite");
     CHECK(env::kernel_cache_dir() == std::filesystem::path("/c"));
     CHECK(env::user_db_path() == std::filesystem::path("/d.sqlite"));
+  }
+}
+
+TEST_CASE("the temporary folder's cache folder is the user's own, made 0700, and refused when not private",
+          "[env]") {
+  test::TempDir tmp_dir("tmp");
+  ScopedEnv cache("MOEJIT_CACHE_DIR", ""), db("MOEJIT_DB", ""), xdg("XDG_CACHE_HOME", ""), home("HOME", ""),
+      tmp("TMPDIR", tmp_dir.path().string());
+  const auto root = tmp_dir / ("moejit-cache-" + std::to_string(::geteuid()));
+  using std::filesystem::perms;
+  SECTION("made on first use, private") {
+    CHECK(env::kernel_cache_dir() == root / "kernels");
+    CHECK(env::user_db_path() == root / "tuning.sqlite");
+    CHECK((std::filesystem::status(root).permissions() & perms::all) == perms::owner_all);
+    CHECK(env::kernel_cache_dir() == root / "kernels");  // and used again as it is
+  }
+  SECTION("made first, writable by all: refused") {
+    std::filesystem::create_directory(root);
+    std::filesystem::permissions(root, perms::all);
+    CHECK_FALSE(env::kernel_cache_dir());
+    CHECK_FALSE(env::user_db_path());
+  }
+  SECTION("made first, writable by its group: refused") {
+    std::filesystem::create_directory(root);
+    std::filesystem::permissions(root, perms::owner_all | perms::group_all);
+    CHECK_FALSE(env::kernel_cache_dir());
+  }
+  SECTION("a symbolic link to a private folder: refused") {
+    std::filesystem::create_directory(tmp_dir / "elsewhere");
+    std::filesystem::permissions(tmp_dir / "elsewhere", perms::owner_all);
+    std::filesystem::create_directory_symlink(tmp_dir / "elsewhere", root);
+    CHECK_FALSE(env::kernel_cache_dir());
+    CHECK_FALSE(env::user_db_path());
+  }
+  SECTION("another user's: refused") {
+    if (::geteuid() != 0) return;  // only root can give a folder away (test_fs checks "/" instead)
+    std::filesystem::create_directory(root);
+    std::filesystem::permissions(root, perms::owner_all);
+    REQUIRE(::chown(root.c_str(), 65534, 65534) == 0);
+    CHECK_FALSE(env::kernel_cache_dir());
+    CHECK_FALSE(env::user_db_path());
   }
 }
 

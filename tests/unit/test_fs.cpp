@@ -1,4 +1,7 @@
-// core/fs: the lock's deadline and the sweep of temporary files that dead writers left.
+// core/fs: the lock's deadline, the sweep of temporary files that dead writers left and private
+// folders.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -60,4 +63,48 @@ TEST_CASE("atomic_write leaves no temporary file behind", "[fs]") {
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
   CHECK(files == 1);
   CHECK(fs::read_all(dir / "f")->size() == 1002);
+}
+
+namespace {
+
+// A folder another user owns: one made here and given away where this test runs as root, else
+// the root folder.
+std::filesystem::path foreign_folder(const test::TempDir& dir) {
+  if (::geteuid() != 0) return "/";
+  const auto given = dir / "given";
+  std::filesystem::create_directory(given);
+  std::filesystem::permissions(given, std::filesystem::perms::owner_all);
+  REQUIRE(::chown(given.c_str(), 65534, 65534) == 0);
+  return given;
+}
+
+}  // namespace
+
+TEST_CASE("a private folder is made 0700, and one that others could write or that is not ours is refused", "[fs]") {
+  test::TempDir dir("private");
+  using std::filesystem::perms;
+  const auto made = dir / "made";
+  fs::make_private_dir(made);
+  CHECK((std::filesystem::status(made).permissions() & perms::all) == perms::owner_all);
+  CHECK_NOTHROW(fs::make_private_dir(made));  // already there and private
+  const auto readable = dir / "readable";
+  std::filesystem::create_directory(readable);
+  std::filesystem::permissions(readable, perms::owner_all | perms::group_read | perms::others_read);
+  CHECK_NOTHROW(fs::make_private_dir(readable));  // others may read what they cannot change
+
+  const auto open_to_all = dir / "open";
+  std::filesystem::create_directory(open_to_all);
+  std::filesystem::permissions(open_to_all, perms::all);
+  CHECK_THROWS_WITH(fs::make_private_dir(open_to_all), Catch::Contains("writable by other users"));
+  const auto group = dir / "group";
+  std::filesystem::create_directory(group);
+  std::filesystem::permissions(group, perms::owner_all | perms::group_write);
+  CHECK_THROWS_AS(fs::make_private_dir(group), IoError);
+  const auto link = dir / "link";
+  std::filesystem::create_directory_symlink(made, link);  // to a private folder, still refused
+  CHECK_THROWS_WITH(fs::make_private_dir(link), Catch::Contains("symbolic link"));
+  fs::atomic_write(dir / "file", "x");
+  CHECK_THROWS_WITH(fs::make_private_dir(dir / "file"), Catch::Contains("not a folder"));
+  CHECK_THROWS_WITH(fs::make_private_dir(foreign_folder(dir)), Catch::Contains("belongs to user"));
+  CHECK_THROWS_AS(fs::make_private_dir(dir / "absent" / "child"), IoError);
 }

@@ -13,7 +13,7 @@ std::filesystem::path database_path(const Args& a) {
   if (a.has("db")) return a.get("db");
   if (auto user = env::user_db_path()) return *user;
   throw InvalidArgument("--db", "no database named: pass --db, or set MOEJIT_DB (XDG_CACHE_HOME and HOME are unset "
-                                "and there is no temporary folder)");
+                                "and there is no private folder in the temporary folder)");
 }
 
 std::string Args::get(const std::string& name, const std::string& fallback) const {

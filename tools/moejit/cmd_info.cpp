@@ -19,7 +19,8 @@ int run_info(int argc, char** argv, int start) {
   fmt::print("templates     {} files, hash {}\n", jit::embedded_template_files().size(), jit::template_hash());
   const auto cache = env::kernel_cache_dir();
   const auto user_db = env::user_db_path();
-  constexpr const char* kNoFolder = "(none: no variable names a folder, and there is no temporary folder)";
+  constexpr const char* kNoFolder =
+      "(none: no variable names a folder, and there is no private one in the temporary folder)";
   fmt::print("kernel cache  {}{}\n", cache ? cache->string() : kNoFolder,
              env::disk_cache_enabled() ? "" : " (disabled by MOEJIT_DISK_CACHE=0)");
   fmt::print("tuning db     {}\n", user_db ? user_db->string() : kNoFolder);
