@@ -9,8 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -21,6 +20,21 @@ namespace moejit::fs {
 namespace {
 
 std::string errno_text() { return std::strerror(errno); }
+
+// Closes its descriptor (if any) when it dies.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
 
 // What marks atomic_write's temporary files, which remove_stale_temp_files looks for.
 constexpr std::string_view kTempInfix = ".tmp.";
@@ -93,13 +107,25 @@ void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seco
   }
 }
 
-std::optional<std::string> read_all(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return std::move(ss).str();
+std::optional<std::string> read_all(const std::filesystem::path& path, std::optional<std::uintmax_t> max_bytes) {
+  // O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting for one.
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  const std::uintmax_t limit = max_bytes.value_or(std::numeric_limits<std::uintmax_t>::max());
+  if (static_cast<std::uintmax_t>(st.st_size) > limit) return std::nullopt;
+  std::string out;
+  out.reserve(static_cast<std::size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) return out;
+    // The file may grow while it is read.
+    if (static_cast<std::uintmax_t>(n) > limit - out.size()) return std::nullopt;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
 }
 
 void make_private_dir(const std::filesystem::path& dir) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -18,8 +19,11 @@ void atomic_write(const std::filesystem::path& target, std::string_view bytes);
 // renaming them) whose last write is older than `older_than`; a live writer's file is younger.
 void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept;
 
-// The whole file, or nullopt when it does not exist or cannot be read.
-std::optional<std::string> read_all(const std::filesystem::path& path);
+// The whole file, or nullopt when it does not exist, cannot be read, is not a regular file (after
+// following symbolic links: a FIFO would block, a device never end) or holds more than
+// `max_bytes`.
+std::optional<std::string> read_all(const std::filesystem::path& path,
+                                    std::optional<std::uintmax_t> max_bytes = std::nullopt);
 
 // Creates `dir` with mode 0700 unless it exists (its parent must), then checks that it is private
 // to this user: a directory, not a symbolic link, owned by the effective user and writable by no

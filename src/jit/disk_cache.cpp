@@ -14,6 +14,8 @@ namespace {
 // Layout: magic[8] | u64 meta_len | u64 cubin_len | u64 checksum(meta + cubin) | meta | cubin
 constexpr char kMagic[8] = {'M', 'O', 'E', 'J', 'I', 'T', 'K', '1'};
 constexpr std::size_t kHeader = 8 + 3 * sizeof(std::uint64_t);
+// Far above any cubin (a few MiB at most): a bigger file is not this cache's and is not read.
+constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{256} << 20;
 
 void put_u64(std::string& s, std::uint64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
 
@@ -71,7 +73,7 @@ std::optional<CompiledKernel> DiskCache::decode(const std::string& bytes, const 
 
 DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
   const auto path = path_of(key);
-  auto bytes = fs::read_all(path);
+  auto bytes = fs::read_all(path, kMaxFileBytes);
   if (!bytes) return DiskLookup::kMiss;
   auto k = decode(*bytes, key);
   if (!k) {

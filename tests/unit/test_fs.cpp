@@ -1,5 +1,7 @@
-// core/fs: the lock's deadline, the sweep of temporary files that dead writers left and private
-// folders.
+// core/fs: the lock's deadline, the sweep of temporary files that dead writers left, private
+// folders and reads that neither block nor run away.
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -107,4 +109,51 @@ TEST_CASE("a private folder is made 0700, and one that others could write or tha
   CHECK_THROWS_WITH(fs::make_private_dir(dir / "file"), Catch::Contains("not a folder"));
   CHECK_THROWS_WITH(fs::make_private_dir(foreign_folder(dir)), Catch::Contains("belongs to user"));
   CHECK_THROWS_AS(fs::make_private_dir(dir / "absent" / "child"), IoError);
+}
+
+namespace {
+
+// read_all's answer for `path`, asked in a child process that an alarm kills after two seconds:
+// a read that blocks fails the test instead of hanging the suite.
+enum class ReadOutcome { kContents, kNothing, kHung };
+
+ReadOutcome read_all_in_child(const std::filesystem::path& path) {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::alarm(2);
+    ::_exit(fs::read_all(path) ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  if (!WIFEXITED(status)) return ReadOutcome::kHung;
+  return WEXITSTATUS(status) == 0 ? ReadOutcome::kContents : ReadOutcome::kNothing;
+}
+
+}  // namespace
+
+TEST_CASE("read_all reads regular files, through symbolic links too, and refuses FIFOs, devices and big files",
+          "[fs]") {
+  test::TempDir dir("read");
+  fs::atomic_write(dir / "plain", "contents");
+  std::filesystem::create_symlink(dir / "plain", dir / "link");
+  CHECK(fs::read_all(dir / "plain") == "contents");
+  CHECK(fs::read_all(dir / "link") == "contents");
+  fs::atomic_write(dir / "empty", "");
+  CHECK(fs::read_all(dir / "empty") == "");
+  CHECK_FALSE(fs::read_all(dir / "absent"));
+  CHECK_FALSE(fs::read_all(dir.path()));
+
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(read_all_in_child(dir / "fifo") == ReadOutcome::kNothing);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  // A device never ends: refused before a byte is read, directly or through a link.
+  std::filesystem::create_symlink("/dev/zero", dir / "zero");
+  CHECK(read_all_in_child("/dev/zero") == ReadOutcome::kNothing);
+  CHECK(read_all_in_child(dir / "zero") == ReadOutcome::kNothing);
+
+  CHECK(fs::read_all(dir / "plain", 8) == "contents");  // the cap itself is allowed
+  CHECK_FALSE(fs::read_all(dir / "plain", 7));
+  CHECK_FALSE(fs::read_all(dir / "link", 7));
 }
