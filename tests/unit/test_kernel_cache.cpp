@@ -2,6 +2,7 @@
 // processes filling one cache directory at once, and writers killed mid-store.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -181,6 +182,19 @@ TEST_CASE("decode rejects every malformed header", "[cache]") {
   CHECK_FALSE(DiskCache::decode(good.substr(0, 20), k.key));
   CHECK_FALSE(DiskCache::decode("XOEJITK1" + good.substr(8), k.key));
   CHECK_FALSE(DiskCache::decode(good, {"routing.x.sm_90a", "fedcba9876543210"}));
+}
+
+TEST_CASE("a FIFO or an oversized file at a cache path is a miss, neither waited on nor read", "[cache]") {
+  TempDir dir("odd");
+  const CompiledKernel k = fake_kernel("routing.odd.sm_90a");
+  const DiskCache cache(dir.path());
+  CompiledKernel out;
+  REQUIRE(::mkfifo(cache.path_of(k.key).c_str(), 0600) == 0);
+  CHECK(cache.load(k.key, out) == DiskLookup::kMiss);
+  std::filesystem::remove(cache.path_of(k.key));
+  std::ofstream(cache.path_of(k.key)).close();
+  std::filesystem::resize_file(cache.path_of(k.key), (std::uintmax_t{256} << 20) + 1);  // sparse: no disk used
+  CHECK(cache.load(k.key, out) == DiskLookup::kMiss);
 }
 
 TEST_CASE("ptxas's performance advisories travel with the kernel through the disk cache", "[cache]") {
