@@ -1,7 +1,9 @@
 #include "jit/disk_cache.hpp"
 
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/fs.hpp"
 #include "core/hash.hpp"
@@ -23,6 +25,30 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
   std::uint64_t v;
   std::memcpy(&v, s.data() + at, sizeof v);
   return v;
+}
+
+// Folders a store failed in (unwritable, full). Said once and not written to again in this
+// process: a cold tune stores hundreds of kernels, each would warn.
+class FailedFolders {
+ public:
+  bool contains(const std::filesystem::path& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dirs_.contains(dir);
+  }
+  // Whether `dir` was not here yet.
+  bool add(const std::filesystem::path& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dirs_.insert(dir).second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::filesystem::path> dirs_;
+};
+
+FailedFolders& failed_folders() {
+  static FailedFolders folders;
+  return folders;
 }
 
 }  // namespace
@@ -87,10 +113,14 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
 }
 
 void DiskCache::store(const CompiledKernel& kernel) const {
+  if (failed_folders().contains(dir_)) return;
   try {
     fs::atomic_write(path_of(kernel.key), encode(kernel));
   } catch (const std::exception& e) {  // best effort: the kernel compiled, whatever the store met
-    log::warn("kernel cache not written: {}", e.what());
+    if (failed_folders().add(dir_)) {
+      log::warn("kernel cache not written: {}; no more kernels are stored in {} by this process", e.what(),
+                dir_.string());
+    }
   }
 }
 

@@ -21,7 +21,8 @@ class DiskCache {
   // replaces it.
   DiskLookup load(const KernelKey& key, CompiledKernel& out) const;
   // Best effort: any failure to write (an unwritable folder, a full disk) is logged, not thrown,
-  // since compiling still worked.
+  // since compiling still worked. After one failure in a folder, this process stores nothing more
+  // there (loads are still tried), so the warning comes once per folder.
   void store(const CompiledKernel& kernel) const;
 
   std::filesystem::path path_of(const KernelKey& key) const { return dir_ / (key.stem() + ".cubin"); }

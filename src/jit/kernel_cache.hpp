@@ -59,8 +59,9 @@ class KernelCache {
   static KernelCache& instance();
 
   // Memory, then disk (MOEJIT_CACHE_DIR), then NVRTC. Throws CompileError (InvalidArgument for a
-  // spec codegen refuses or a malformed MOEJIT_DISK_CACHE). A cache folder that cannot be
-  // named or made turns the disk cache off, with a warning.
+  // spec codegen refuses or a malformed MOEJIT_DISK_CACHE). No folder for the cache turns the
+  // disk cache off, and one that cannot be made or written turns storing there off, each with a
+  // warning.
   std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin = nullptr);
 
   // Every spec on up to `jobs` threads, which read no environment variable (the calling thread

@@ -111,6 +111,18 @@ TEST_CASE("moejit compile fills the cache, then serves the second run from it", 
   CHECK_THAT(second.output, !Catch::Contains(" 0 from cache"));
 }
 
+TEST_CASE("a kernel cache folder that cannot be made is warned about once, not once per kernel", "[cli]") {
+  auto r = run_command("MOEJIT_CACHE_DIR=/proc/moejit-nope/kernels " + cli() +
+                       " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("3 compiled") && Catch::Contains("0 failed"));
+  std::size_t warnings = 0;
+  for (std::size_t at = 0; (at = r.output.find("kernel cache not written", at)) != std::string::npos; ++at) ++warnings;
+  CHECK(warnings == 1);
+  CHECK_THAT(r.output, Catch::Contains("no more kernels are stored in /proc/moejit-nope/kernels"));
+}
+
 TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]") {
   auto r = run_command(cli() + " compile --arch sm_90a --shape 1,2,3");
   CHECK(r.exit_code == 2);
