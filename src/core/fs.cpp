@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -52,19 +54,35 @@ bool is_temp_name(const std::string& name) {
   return dot != std::string_view::npos && digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
 }
 
+std::uint64_t random_u64() {
+  std::random_device device;
+  return (std::uint64_t{device()} << 32) ^ device();
+}
+
+// The count starts at random in each process: a dead process of the same pid (pids are reused, and
+// another PID namespace may share the folder) may have left files under the names it would have
+// started with.
 std::filesystem::path unique_temp_name(const std::filesystem::path& target) {
-  static std::atomic<unsigned long> counter{0};
+  static std::atomic<std::uint64_t> counter{random_u64()};
   auto name = fmt::format("{}{}{}.{}", target.filename().string(), kTempInfix, ::getpid(), counter.fetch_add(1));
   return target.parent_path() / name;
 }
+
+// Names tried before giving up: another's file under one is rare, under many a sign of trouble.
+constexpr int kTempNameAttempts = 16;
 
 }  // namespace
 
 void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   std::error_code ec;
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
-  auto tmp = unique_temp_name(target);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  std::filesystem::path tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < kTempNameAttempts; ++attempt) {
+    tmp = unique_temp_name(target);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), errno_text()));
   std::size_t done = 0;
   while (done < bytes.size()) {

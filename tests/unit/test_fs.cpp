@@ -1,5 +1,5 @@
 // core/fs: the lock's deadline, the sweep of temporary files that dead writers left, private
-// folders and reads that neither block nor run away.
+// folders, reads that neither block nor run away, and temporary names another process left.
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,9 +7,14 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/fs.hpp"
 #include "moejit/error.hpp"
@@ -156,4 +161,34 @@ TEST_CASE("read_all reads regular files, through symbolic links too, and refuses
   CHECK(fs::read_all(dir / "plain", 8) == "contents");  // the cap itself is allowed
   CHECK_FALSE(fs::read_all(dir / "plain", 7));
   CHECK_FALSE(fs::read_all(dir / "link", 7));
+}
+
+TEST_CASE("atomic_write steps over temporary files a dead process of the same pid left", "[fs]") {
+  test::TempDir dir("reuse");
+  // The next temporary name, from the message of a write whose rename fails (onto a folder).
+  std::filesystem::create_directories(dir / "busy" / "inside");
+  std::string message;
+  try {
+    fs::atomic_write(dir / "busy", "x");
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  std::smatch m;
+  REQUIRE(std::regex_search(message, m, std::regex(R"(busy\.tmp\.(\d+)\.(\d+) to)")));
+  CHECK(m[1] == std::to_string(::getpid()));
+  const std::uint64_t next = std::stoull(m[2]) + 1;
+  for (std::uint64_t n = next; n < next + 8; ++n) {
+    std::ofstream(dir / fmt::format("k.tmp.{}.{}", ::getpid(), n)) << "dead";  // not atomic_write: it counts too
+  }
+  fs::atomic_write(dir / "k", "kernel");
+  CHECK(fs::read_all(dir / "k") == "kernel");
+  CHECK(fs::read_all(dir / fmt::format("k.tmp.{}.{}", ::getpid(), next)) == "dead");
+  // The sweep still knows these names for atomic_write's.
+  const auto two_hours_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  for (std::uint64_t n = next; n < next + 8; ++n) {
+    std::filesystem::last_write_time(dir / fmt::format("k.tmp.{}.{}", ::getpid(), n), two_hours_ago);
+  }
+  fs::remove_stale_temp_files(dir.path(), std::chrono::hours(1));
+  CHECK_FALSE(std::filesystem::exists(dir / fmt::format("k.tmp.{}.{}", ::getpid(), next)));
+  CHECK(fs::read_all(dir / "k") == "kernel");
 }
