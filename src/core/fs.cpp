@@ -111,18 +111,32 @@ void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   }
 }
 
-void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept {
+void remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
+                      const std::function<bool(const std::string& name)>& name_matches) noexcept {
   std::error_code ec;
   const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code type_ec;
-    if (!is_temp_name(it->path().filename().string()) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
+    if (!name_matches(it->path().filename().string()) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
       continue;
     }
     std::error_code time_ec;
     const auto written = std::filesystem::last_write_time(it->path(), time_ec);
     if (!time_ec && written < cutoff) remove_quietly(it->path());
   }
+}
+
+void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept {
+  remove_old_files(dir, older_than, is_temp_name);
+}
+
+void refresh_write_time(const std::filesystem::path& path, std::chrono::seconds older_than) noexcept {
+  std::error_code ec;
+  const auto written = std::filesystem::last_write_time(path, ec);
+  if (ec || written >= std::filesystem::file_time_type::clock::now() - older_than) return;
+  // A null time means "now", which needs only write permission, not ownership: in a cache folder
+  // users share, the file may be another user's.
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
 }
 
 std::optional<std::string> read_all(const std::filesystem::path& path, std::optional<std::uintmax_t> max_bytes) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,9 +16,19 @@ namespace moejit::fs {
 // Creates missing parent directories. Throws IoError.
 void atomic_write(const std::filesystem::path& target, std::string_view bytes);
 
+// Removes the regular files (not symbolic links) directly in `dir` whose names `name_matches`
+// and whose last write is older than `older_than`, ignoring errors (the folder may not exist yet,
+// another process may remove a file first).
+void remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
+                      const std::function<bool(const std::string& name)>& name_matches) noexcept;
+
 // Removes the temporary files atomic_write left in `dir` (its writer died between creating and
 // renaming them) whose last write is older than `older_than`; a live writer's file is younger.
 void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept;
+
+// Sets the file's last write time to now when it is older than `older_than`, ignoring errors: a
+// mark that the file is still in use, for remove_old_files.
+void refresh_write_time(const std::filesystem::path& path, std::chrono::seconds older_than) noexcept;
 
 // The whole file, or nullopt when it does not exist, cannot be read, is not a regular file (after
 // following symbolic links: a FIFO would block, a device never end) or holds more than

@@ -1,5 +1,6 @@
 #include "jit/disk_cache.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,8 @@ constexpr char kMagic[8] = {'M', 'O', 'E', 'J', 'I', 'T', 'K', '1'};
 constexpr std::size_t kHeader = 8 + 3 * sizeof(std::uint64_t);
 // Far above any cubin (a few MiB at most): a bigger file is not this cache's and is not read.
 constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{256} << 20;
+// A hit marks its file as in use at most this often, so loads do not write to the disk each time.
+constexpr std::chrono::hours kRefreshAge{24};
 
 void put_u64(std::string& s, std::uint64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
 
@@ -109,7 +112,21 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
     return DiskLookup::kCorrupt;
   }
   out = std::move(*k);
+  fs::refresh_write_time(path, kRefreshAge);
   return DiskLookup::kHit;
+}
+
+void DiskCache::remove_unused_files() const noexcept { fs::remove_old_files(dir_, kUnusedAge, is_cache_file_name); }
+
+bool DiskCache::is_cache_file_name(const std::string& name) {
+  constexpr std::string_view kSuffix = ".cubin";
+  constexpr std::size_t kHashDigits = 16;
+  // The readable part is not empty, then a dot, the hash and the suffix.
+  if (name.size() < 1 + 1 + kHashDigits + kSuffix.size() || !name.ends_with(kSuffix)) return false;
+  const std::size_t hash_at = name.size() - kSuffix.size() - kHashDigits;
+  if (name[hash_at - 1] != '.') return false;
+  return std::all_of(name.begin() + hash_at, name.begin() + hash_at + kHashDigits,
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 void DiskCache::store(const CompiledKernel& kernel) const {

@@ -3,6 +3,7 @@
 // and rebuilt over instead of loaded.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -27,6 +28,16 @@ class DiskCache {
 
   std::filesystem::path path_of(const KernelKey& key) const { return dir_ / (key.stem() + ".cubin"); }
   const std::filesystem::path& dir() const { return dir_; }
+
+  // Removes the cache files no process has loaded or stored for kUnusedAge (a hit refreshes a
+  // file's time once a day): each template or NVRTC change leaves a whole set behind otherwise.
+  // Safe while others use the folder: readers see a whole file or none, and a miss recompiles.
+  static constexpr std::chrono::days kUnusedAge{30};
+  void remove_unused_files() const noexcept;
+
+  // Whether a file name is one path_of gives: "<readable>.<16 hex digits>.cubin". Others in the
+  // folder (it may be shared) are not the cache's to remove.
+  static bool is_cache_file_name(const std::string& name);
 
   // Serialisation, exposed for tests. decode() returns nullopt for anything malformed.
   static std::string encode(const CompiledKernel& kernel);

@@ -29,16 +29,17 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A writer killed mid-write leaves its temporary file behind: swept once per process and
-// directory, at an age no live write reaches.
-void sweep_stale_temp_files(const std::filesystem::path& dir) {
+// Swept once per process and directory: the temporary files of writers killed mid-write, at an
+// age no live write reaches, and the cache files no one has used for DiskCache::kUnusedAge.
+void sweep_cache_folder(const DiskCache& disk) {
   static std::mutex mu;
   static std::set<std::filesystem::path> swept;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!swept.insert(dir).second) return;
+    if (!swept.insert(disk.dir()).second) return;
   }
-  fs::remove_stale_temp_files(dir, std::chrono::hours(1));
+  fs::remove_stale_temp_files(disk.dir(), std::chrono::hours(1));
+  disk.remove_unused_files();
 }
 
 // NVRTC takes tens of MB per compile: threads of several calls at once (one tuning thread per GPU,
@@ -86,7 +87,7 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   std::optional<DiskCache> disk;
   if (disk_dir) {
     disk.emplace(*disk_dir);
-    sweep_stale_temp_files(disk->dir());
+    sweep_cache_folder(*disk);
   }
   auto kernel = std::make_shared<CompiledKernel>();
   if (disk && disk->load(key, *kernel) == DiskLookup::kHit) {

@@ -197,6 +197,73 @@ TEST_CASE("a FIFO or an oversized file at a cache path is a miss, neither waited
   CHECK(cache.load(k.key, out) == DiskLookup::kMiss);
 }
 
+namespace {
+
+std::filesystem::file_time_type days_ago(int days) {
+  return std::filesystem::file_time_type::clock::now() - std::chrono::days(days);
+}
+
+}  // namespace
+
+TEST_CASE("cache files unused for 30 days are removed by the first build that uses the folder", "[cache]") {
+  TempDir dir("unused");
+  const DiskCache disk(dir.path());
+  const CompiledKernel old_kernel = fake_kernel("routing.old.sm_90a"), recent = fake_kernel("routing.recent.sm_90a");
+  disk.store(old_kernel);
+  disk.store(recent);
+  std::filesystem::last_write_time(disk.path_of(old_kernel.key), days_ago(60));
+  std::filesystem::last_write_time(disk.path_of(recent.key), days_ago(29));
+  ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
+  auto& cache = KernelCache::instance();
+  cache.forget_compiled();
+  const auto built = cache.get(spec(4, 8));
+  CHECK_FALSE(std::filesystem::exists(disk.path_of(old_kernel.key)));
+  CHECK(std::filesystem::exists(disk.path_of(recent.key)));
+  CHECK(std::filesystem::exists(disk.path_of(built->key)));
+}
+
+TEST_CASE("the sweep of unused cache files leaves names the cache does not write alone", "[cache]") {
+  TempDir dir("names");
+  const DiskCache disk(dir.path());
+  const CompiledKernel k = fake_kernel("routing.x.sm_90a");
+  disk.store(k);
+  CHECK(DiskCache::is_cache_file_name(disk.path_of(k.key).filename().string()));
+  // Old files in a folder the user may share, whose names are not the cache's.
+  const std::vector<std::string> others = {"notes.cubin", "routing.x.sm_90a.0123456789ABCDEF.cubin",
+                                           ".0123456789abcdef.cubin", "x0123456789abcdef.cubin",
+                                           "x.0123456789abcdef.cubin.bak", "x.0123456789abcde.cubin", "README"};
+  for (const std::string& other : others) {
+    INFO(other);
+    CHECK_FALSE(DiskCache::is_cache_file_name(other));
+    std::ofstream(dir / other) << "theirs";
+    std::filesystem::last_write_time(dir / other, days_ago(60));
+  }
+  std::filesystem::last_write_time(disk.path_of(k.key), days_ago(31));
+  disk.remove_unused_files();
+  CHECK_FALSE(std::filesystem::exists(disk.path_of(k.key)));
+  for (const std::string& other : others) CHECK(std::filesystem::exists(dir / other));
+  // A folder not made yet is not an error.
+  DiskCache(dir / "absent").remove_unused_files();
+}
+
+TEST_CASE("a disk hit marks an old cache file as in use, a young one is not written", "[cache]") {
+  TempDir dir("hit");
+  const DiskCache disk(dir.path());
+  const CompiledKernel k = fake_kernel("routing.hit.sm_90a");
+  disk.store(k);
+  const auto path = disk.path_of(k.key);
+  CompiledKernel out;
+  const auto now = std::filesystem::file_time_type::clock::now();
+  std::filesystem::last_write_time(path, now - std::chrono::hours(2));
+  REQUIRE(disk.load(k.key, out) == DiskLookup::kHit);
+  CHECK(std::filesystem::last_write_time(path) < now - std::chrono::hours(1));
+  std::filesystem::last_write_time(path, days_ago(60));
+  REQUIRE(disk.load(k.key, out) == DiskLookup::kHit);
+  CHECK(std::filesystem::last_write_time(path) > days_ago(1));
+  disk.remove_unused_files();
+  CHECK(std::filesystem::exists(path));
+}
+
 TEST_CASE("ptxas's performance advisories travel with the kernel through the disk cache", "[cache]") {
   CompiledKernel k = fake_kernel("bwd_dw1.x.sm_90a");
   k.performance_losses = {"(C7515) wgmma.mma_async instructions are serialized"};
