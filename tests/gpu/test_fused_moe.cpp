@@ -998,16 +998,42 @@ TEST_CASE("bad inputs are rejected with the argument named", "[gpu][moe]") {
   CHECK_THROWS_AS(infer.backward(run.backward_args(stream.get())), StateError);
 }
 
+namespace {
+
+// A small training plan whose outputs start poisoned, for the cases whose calls are refused
+// before anything is enqueued.
+struct PoisonedPlan {
+  CaseSpec spec{64, 8, 128, 64, 2};
+  FusedMoe plan{problem_of(spec, Mode::kTraining)};
+  DeviceRun run{make_case(spec), plan.memory()};
+  cuda::Stream stream;
+  ForwardArgs fwd;
+  BackwardArgs bwd;
+  static constexpr std::size_t x_elements = 64 * 128;
+
+  PoisonedPlan() {
+    run.poison();
+    fwd = run.forward_args(stream.get());
+    bwd = run.backward_args(stream.get());
+  }
+
+  // Nothing refused wrote out or dx: both still hold the poison.
+  void check_untouched() {
+    stream.synchronize();
+    const std::vector<double> out = download(run.out, spec.dtype, x_elements);
+    const std::vector<double> dx = download(run.dx, spec.dtype, x_elements);
+    CHECK(std::all_of(out.begin(), out.end(), [](double v) { return std::isnan(v); }));
+    CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+  }
+};
+
+}  // namespace
+
 TEST_CASE("tensors in host memory or past their buffer are rejected before anything is enqueued", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  const CaseSpec spec{64, 8, 128, 64, 2};
-  FusedMoe plan(problem_of(spec, Mode::kTraining));
-  DeviceRun run(make_case(spec), plan.memory());
-  run.poison();
-  cuda::Stream stream;
-  const ForwardArgs fwd = run.forward_args(stream.get());
-  const BackwardArgs bwd = run.backward_args(stream.get());
-  const std::size_t x_elements = 64 * 128, w1_elements = 8 * 2 * 64 * 128;
+  PoisonedPlan c;
+  auto& [spec, plan, run, stream, fwd, bwd] = c;
+  const std::size_t x_elements = PoisonedPlan::x_elements, w1_elements = 8 * 2 * 64 * 128;
 
   // Host memory from the C++ heap (16-byte aligned, so only where it lives is wrong).
   std::vector<std::uint16_t> host_x(x_elements, 0x3f80), host_dw1(w1_elements);
@@ -1032,11 +1058,8 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
     WARN("the addresses past the last buffer are mapped here, so x's overrun is not checked");
   }
 
-  // Nothing ran: out and dx still hold the poison. The valid calls then run as before.
-  const std::vector<double> out = download(run.out, spec.dtype, x_elements);
-  const std::vector<double> dx = download(run.dx, spec.dtype, x_elements);
-  CHECK(std::all_of(out.begin(), out.end(), [](double v) { return std::isnan(v); }));
-  CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+  // Nothing ran. The valid calls then run as before.
+  c.check_untouched();
   plan.forward(fwd);
   plan.backward(bwd);
   stream.synchronize();
@@ -1046,14 +1069,9 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
 
 TEST_CASE("another context's memory or stream, or another problem's saved state, is rejected before anything is enqueued", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  const CaseSpec spec{64, 8, 128, 64, 2};
-  FusedMoe plan(problem_of(spec, Mode::kTraining));
-  DeviceRun run(make_case(spec), plan.memory());
-  run.poison();
-  cuda::Stream stream;
-  const ForwardArgs fwd = run.forward_args(stream.get());
-  const BackwardArgs bwd = run.backward_args(stream.get());
-  const std::size_t x_elements = 64 * 128;
+  PoisonedPlan c;
+  auto& [spec, plan, run, stream, fwd, bwd] = c;
+  const std::size_t x_elements = PoisonedPlan::x_elements;
 
   // A second context on this GPU: its memory is not mapped in the plan's, its stream not the
   // plan's to launch on.
@@ -1080,12 +1098,8 @@ TEST_CASE("another context's memory or stream, or another problem's saved state,
   b.stream = other.stream();
   CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith("saved: it holds"));
 
-  // None of the refused calls ran: out and dx still hold the poison. The plan's own calls run.
-  stream.synchronize();
-  const std::vector<double> out = download(run.out, spec.dtype, x_elements);
-  const std::vector<double> dx = download(run.dx, spec.dtype, x_elements);
-  CHECK(std::all_of(out.begin(), out.end(), [](double v) { return std::isnan(v); }));
-  CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+  // None of the refused calls ran. The plan's own calls run.
+  c.check_untouched();
   plan.forward(fwd);
   CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith("stream: belongs to another CUDA context"));
   plan.backward(bwd);
