@@ -18,9 +18,6 @@ namespace {
 
 // Long enough for eight ranks each committing a batch of rows one after another.
 constexpr int kBusyTimeoutMs = 30000;
-// BEGIN IMMEDIATE already waits kBusyTimeoutMs; these retries cover SQLITE_BUSY returned
-// without waiting (e.g. while another connection recovers the WAL after a crash).
-constexpr int kBeginAttempts = 4;
 
 std::string open_path(const std::filesystem::path& path, OpenMode mode) {
   if (mode == OpenMode::kReadWrite && path.has_parent_path()) {
@@ -251,11 +248,17 @@ Transaction::Transaction(const Connection& conn, Kind kind) : conn_(conn) {
     open_ = true;
     return;
   }
+  // BEGIN IMMEDIATE waits on the busy handler, but some SQLITE_BUSY come back at once (another
+  // connection recovering the WAL after a crash, a new file switching to WAL): retried until the
+  // same deadline, since on a loaded machine the other process may take long to finish.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
   for (int attempt = 1;; ++attempt) {
     int rc = sqlite3_exec(conn_.handle(), "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
     if (rc == SQLITE_OK) break;
-    if ((rc & 0xff) != SQLITE_BUSY || attempt == kBeginAttempts) conn_.fail("cannot begin a write transaction");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20 * attempt));
+    if ((rc & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) {
+      conn_.fail("cannot begin a write transaction");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(2 * attempt, 50)));
   }
   open_ = true;
 }

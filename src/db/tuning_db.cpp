@@ -367,11 +367,18 @@ void refuse_foreign(const Connection& conn, long long version) {
 // Brings the schema to kSchemaVersion. The version is re-read inside the write transaction
 // because another process may have created or migrated the file meanwhile.
 void initialise(const Connection& conn) {
-  long long version = conn.query_int("PRAGMA user_version");
-  check_not_newer(conn.path(), version);
-  // Refused before anything of it changes, its journal mode included (a moejit schema and its
-  // version are written in one transaction, so a file being created reads as empty or as ours).
-  refuse_foreign(conn, version);
+  long long version = 0;
+  {
+    // Refused before anything of it changes, its journal mode included. A moejit schema and its
+    // version are written in one transaction, so a file being created reads as empty or as ours,
+    // provided the version and the tables are read in one snapshot: read apart, another process's
+    // commit between them would show a version-0 file with tables (another program's, then).
+    Transaction snapshot(conn, Transaction::Kind::kRead);
+    version = conn.query_int("PRAGMA user_version");
+    check_not_newer(conn.path(), version);
+    refuse_foreign(conn, version);
+    snapshot.commit();
+  }
   conn.use_wal();
   if (version == kSchemaVersion) return;
   // A read-only file of an older schema is read through a migrated copy (open_connection), so

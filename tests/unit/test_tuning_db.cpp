@@ -849,6 +849,52 @@ int write_rows_as_child(const std::filesystem::path& path, int child) noexcept {
 
 }  // namespace
 
+TEST_CASE("processes opening a database that does not exist yet all get it, none takes it for another program's",
+          "[db]") {
+  // One creates the schema while the others check whether the file is another program's: each
+  // must see it before the creator's commit (empty) or after (ours), never a mix of the two.
+  TempDir dir("create");
+  constexpr int kRounds = 30, kChildren = 6;
+  int refused = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const auto path = dir / fmt::format("round{}.sqlite", round);
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    std::vector<pid_t> children;
+    for (int c = 0; c < kChildren; ++c) {
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::close(go[1]);
+        char byte;
+        while (::read(go[0], &byte, 1) < 0) {}  // returns 0 once the parent closes its end
+        try {
+          TuningDb db(path);
+          ::_exit(db.schema_version() == kSchemaVersion ? 0 : 2);
+        } catch (const std::exception& e) {
+          try {
+            fs::atomic_write(dir / fmt::format("error{}-{}", round, c), e.what());
+          } catch (...) {
+          }
+          ::_exit(1);
+        }
+      }
+      children.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);
+    for (int c = 0; c < kChildren; ++c) {
+      int status = 0;
+      REQUIRE(::waitpid(children[c], &status, 0) == children[c]);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      ++refused;
+      FAIL_CHECK("round " << round << ", child " << c << ": "
+                          << fs::read_all(dir / fmt::format("error{}-{}", round, c)).value_or("no message"));
+    }
+  }
+  CHECK(refused == 0);
+}
+
 TEST_CASE("eight processes writing one database lose no rows and leave it intact", "[db]") {
   TempDir dir("db");
   const auto path = dir / "ranks" / "tuning.sqlite";  // nobody has created it yet: the schema races too
@@ -905,7 +951,8 @@ TuningRow numbered_row(int child, int n) {
 }
 
 // Records rows until killed; after each commit appends its number to `log` with one write(), so
-// the parent learns a subset of what was committed. Never returns normally.
+// the parent learns a subset of what was committed. Never returns normally; an error it meets
+// goes to `log`.error for the parent to show.
 [[noreturn]] void write_until_killed(const std::filesystem::path& path, const std::filesystem::path& log,
                                      int child) noexcept {
   try {
@@ -916,6 +963,12 @@ TuningRow numbered_row(int child, int n) {
       const std::string line = std::to_string(n) + "\n";
       if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) ::_exit(2);
     }
+  } catch (const std::exception& e) {
+    try {
+      fs::atomic_write(log.string() + ".error", e.what());
+    } catch (...) {
+    }
+    ::_exit(1);
   } catch (...) {
     ::_exit(1);
   }
@@ -943,7 +996,12 @@ TEST_CASE("writers killed mid-transaction lose no committed row and leave the da
     for (pid_t pid : children) {
       int status = 0;
       REQUIRE(::waitpid(pid, &status, 0) == pid);
+      INFO("exit status " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1));
       CHECK(WIFSIGNALED(status));  // an exit instead would mean a child failed to write
+    }
+    for (int c = 0; c < kChildren; ++c) {
+      const auto error = fs::read_all(dir / fmt::format("log{}.error", round * kChildren + c));
+      if (error) FAIL_CHECK("child " << round * kChildren + c << ": " << *error);
     }
   }
 
