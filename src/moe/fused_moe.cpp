@@ -49,10 +49,13 @@ struct FusedMoe::Impl {
 
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
-  void check_context() const {
-    if (cuda::current_context_id() != context) {
-      throw StateError("the current CUDA context is not the one this FusedMoe was built in");
-    }
+  // The current context, once it is known to be the plan's: the checks below compare against it.
+  CUcontext check_context() const {
+    const CUcontext current = cuda::current_context();
+    unsigned long long id = 0;
+    MOEJIT_CU(cuda::driver().cuCtxGetId(current, &id));
+    if (id != context) throw StateError("the current CUDA context is not the one this FusedMoe was built in");
+    return current;
   }
 
   // `ids`: checking mode's host copy of the expert ids, sized before anything is enqueued (empty
@@ -63,19 +66,19 @@ struct FusedMoe::Impl {
     if (options.check_expert_ids) check_expert_ids(dropped_count, args, ids);
   }
 
-  // After check_context: the driver answers for the current context. Two queries per tensor cost
-  // about 2 µs per call (0.06-0.09 µs each on the H200's host, session 35).
-  void require_device_memory(const std::vector<TensorRegion>& tensors) const {
-    moejit::require_device_memory(tensors, device.ordinal, reinterpret_cast<std::uintptr_t>(current_context()),
+  // `current` from check_context: the driver answers for it. Two queries per tensor cost about
+  // 2 µs per call (0.06-0.09 µs each on the H200's host, session 35).
+  void require_device_memory(const std::vector<TensorRegion>& tensors, CUcontext current) const {
+    moejit::require_device_memory(tensors, device.ordinal, reinterpret_cast<std::uintptr_t>(current),
                                   cuda::query_pointer);
   }
 
-  // After check_context. A stream of another context would fail only at the first enqueue, after a
-  // memory-efficient backward has given up its saved state.
-  void require_own_stream(CUstream stream) const {
+  // A stream of another context would fail only at the first enqueue, after a memory-efficient
+  // backward has given up its saved state.
+  void require_own_stream(CUstream stream, CUcontext current) const {
     CUcontext of_stream = nullptr;
     MOEJIT_CU(cuda::driver().cuStreamGetCtx(stream, &of_stream));
-    if (of_stream != current_context()) {
+    if (of_stream != current) {
       throw InvalidArgument("stream", "belongs to another CUDA context than the one this FusedMoe was built in");
     }
   }
@@ -83,12 +86,6 @@ struct FusedMoe::Impl {
   // Inference writes no saved state: a buffer passed there anyway keeps what it held.
   void record_saved(const void* saved, SavedStates::State state) const {
     if (memory.saved_bytes > 0) SavedStates::instance().record(saved, problem, state);
-  }
-
-  static CUcontext current_context() {
-    CUcontext ctx = nullptr;
-    MOEJIT_CU(cuda::driver().cuCtxGetCurrent(&ctx));
-    return ctx;
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -194,10 +191,10 @@ std::map<std::string, std::string> FusedMoe::config_sources() const {
 void FusedMoe::forward(const ForwardArgs& a) {
   Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
-  s.check_context();
-  s.require_device_memory(tensors);
+  const CUcontext current = s.check_context();
+  s.require_device_memory(tensors, current);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  s.require_own_stream(stream);
+  s.require_own_stream(stream, current);
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   std::vector<std::int32_t> ids;
   if (s.options.check_expert_ids) {
@@ -227,10 +224,10 @@ void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
   SavedStates::instance().require_usable(a.saved, s.problem);
-  s.check_context();
-  s.require_device_memory(tensors);
+  const CUcontext current = s.check_context();
+  s.require_device_memory(tensors, current);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  s.require_own_stream(stream);
+  s.require_own_stream(stream, current);
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   // bwd_down writes d_pre_act over the saved pre_act here: from the first launch on, even one
   // that fails later, the state is gone.
