@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # What a session runs on the GPU machine (build here, carry build/release, run this there).
-#   tools/gpu-round.sh tests [SECONDS [FIRST]]
+#   tools/gpu-round.sh tests [SECONDS [FIRST [BUDGET]]]
 #                                       every [gpu] test case in its own process, one line each,
 #                                       each stopped after SECONDS (default 500), from the
 #                                       FIRST-th case on (default 1: a second call resumes), from
 #                                       $BUILD (default build/release; build/asan-slim from
-#                                       tools/asan-slim.sh runs them under the sanitizers)
+#                                       tools/asan-slim.sh runs them under the sanitizers); no
+#                                       case starts once BUDGET seconds have passed (default 450,
+#                                       so a call ends inside the device's 600 s even when the
+#                                       slowest case, about 140 s, starts last): the last line
+#                                       then says which call resumes
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh python           the Python tests (python/tests/run_tests.py) on this build
@@ -53,12 +57,18 @@ case "${1:-}" in
       UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     limit=${2:-500}
     first=${3:-1}
+    budget=${4:-450}
     fails=0
     index=0
+    resume=
     while read -r name; do
       index=$((index + 1))
       ((index < first)) && continue
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
+      if ((SECONDS >= budget)); then
+        resume="resume with: tools/gpu-round.sh tests $limit $index $budget"
+        break
+      fi
       start=$SECONDS
       n=${name//,/\\,}; n=${n//[/\\[}
       timeout "$limit" "$bin" "$n" > /tmp/one.log 2>&1
@@ -72,7 +82,7 @@ case "${1:-}" in
         grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
       fi
     done < <("$bin" --list-test-names-only)
-    echo "gpu test cases failed: $fails"
+    echo "gpu test cases failed: $fails${resume:+ (stopped after ${SECONDS}s; $resume)}"
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
   bench) shift; env "${bench_env[@]}" build/release/bench/moejit_bench "$@" 2>&1 | tee -a "$out/bench.log" | tail -40 ;;
