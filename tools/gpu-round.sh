@@ -9,7 +9,10 @@
 #                                       case starts once BUDGET seconds have passed (default 450,
 #                                       so a call ends inside the device's 600 s even when the
 #                                       slowest case, about 140 s, starts last): the last line
-#                                       then says which call resumes
+#                                       then says which call resumes. CASES, a Catch test spec,
+#                                       picks the cases: CASES='~[configs]' leaves out the config
+#                                       sweeps (about 380 of the round's 600 s), enough where no
+#                                       template changed
 #   tools/gpu-round.sh tune ARGS...     moejit tune ARGS (into $MOEJIT_DB)
 #   tools/gpu-round.sh bench ARGS...    moejit_bench ARGS
 #   tools/gpu-round.sh python           the Python tests (python/tests/run_tests.py) on this build
@@ -66,7 +69,7 @@ case "${1:-}" in
       ((index < first)) && continue
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
       if ((SECONDS >= budget)); then
-        resume="resume with: tools/gpu-round.sh tests $limit $index $budget"
+        resume="resume with: ${CASES:+CASES='$CASES' }tools/gpu-round.sh tests $limit $index $budget"
         break
       fi
       start=$SECONDS
@@ -81,7 +84,7 @@ case "${1:-}" in
         grep -a -m3 "launch failure\|illegal instruction\|CUDA_ERROR\|Sanitizer\|runtime error" /tmp/one.log
         grep -a -B2 -A12 "FAILED" /tmp/one.log | cut -c1-160 | head -30
       fi
-    done < <("$bin" --list-test-names-only)
+    done < <("$bin" --list-test-names-only ${CASES:+"$CASES"})
     echo "gpu test cases failed: $fails${resume:+ (stopped after ${SECONDS}s; $resume)}"
     ;;
   tune) shift; build/release/tools/moejit/moejit tune "$@" 2>&1 | tee -a "$out/tune.log" ;;
