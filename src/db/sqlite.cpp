@@ -149,6 +149,8 @@ std::string Connection::query_text(const std::string& sql) const {
   return s.column_text(0);
 }
 
+int Connection::changes() const { return sqlite3_changes(db_); }
+
 Statement::Statement(const Connection& conn, const std::string& sql) : conn_(&conn) {
   if (sqlite3_prepare_v2(conn.handle(), sql.c_str(), static_cast<int>(sql.size()) + 1, &stmt_, nullptr) != SQLITE_OK) {
     finalize();

@@ -43,6 +43,9 @@ class Connection {
   // The first column of the first row of a query (e.g. a PRAGMA); throws when there is no row.
   long long query_int(const std::string& sql) const;
   std::string query_text(const std::string& sql) const;
+  // Rows the last INSERT, UPDATE or DELETE on this connection changed (sqlite3_changes; no
+  // RETURNING, which SQLite before 3.35 lacks).
+  int changes() const;
 
   // The file name, or "(in memory)"; used in every error message.
   const std::string& path() const { return path_; }

@@ -535,13 +535,13 @@ TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows) {
 int TuningDb::prune(const Provenance& keep) {
   Transaction t(conn_, Transaction::Kind::kWrite);
   const std::string other_builds = " WHERE template_hash != :template_hash OR nvrtc_version != :nvrtc_version";
-  Statement winners = conn_.prepare("DELETE FROM winners" + other_builds + " RETURNING 1");
+  Statement winners = conn_.prepare("DELETE FROM winners" + other_builds);
   Statement candidates = conn_.prepare("DELETE FROM candidates" + other_builds);
-  int removed = 0;
   for (Statement* s : {&winners, &candidates}) {
     s->bind(":template_hash", keep.template_hash).bind(":nvrtc_version", keep.nvrtc_version);
   }
-  while (winners.step()) ++removed;
+  winners.run();
+  const int removed = conn_.changes();
   candidates.run();
   t.commit();
   return removed;
