@@ -223,15 +223,16 @@ void FusedMoe::adopt_saved(const void* saved) {
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = live();
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
-  SavedStates::instance().require_usable(a.saved, s.problem);
   const CUcontext current = s.check_context();
   s.require_device_memory(tensors, current);
   CUstream stream = reinterpret_cast<CUstream>(a.stream);
   s.require_own_stream(stream, current);
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
-  // bwd_down writes d_pre_act over the saved pre_act here: from the first launch on, even one
-  // that fails later, the state is gone.
-  if (s.problem.mode == Mode::kMemoryEfficient) s.record_saved(a.saved, SavedStates::State::kConsumed);
+  // Last before the launches. bwd_down writes d_pre_act over the saved pre_act here: from the
+  // first launch on, even one that fails later, the state is gone.
+  SavedStates::instance().use(a.saved, s.problem,
+                              s.problem.mode == Mode::kMemoryEfficient ? SavedStates::Use::kConsume
+                                                                       : SavedStates::Use::kRead);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
   if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
       (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {

@@ -22,12 +22,18 @@ std::string describe(const MoeProblem& p) {
 }  // namespace
 
 SavedStates& SavedStates::instance() {
-  static SavedStates states;
-  return states;
+  // Never destroyed, as the kernel cache: a thread still in forward() or backward() when the
+  // process exits (a Python daemon thread, say) must not find the record gone.
+  static SavedStates* states = new SavedStates;
+  return *states;
 }
 
 void SavedStates::record(const void* saved, const MoeProblem& problem, State state) {
   std::lock_guard lock(mu_);
+  record_locked(saved, problem, state);
+}
+
+void SavedStates::record_locked(const void* saved, const MoeProblem& problem, State state) {
   entries_[saved] = Entry{problem, state, next_order_++};
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
@@ -38,27 +44,28 @@ void SavedStates::record(const void* saved, const MoeProblem& problem, State sta
   std::erase_if(entries_, [&](const auto& item) { return item.second.order < *middle; });
 }
 
-void SavedStates::require_usable(const void* saved, const MoeProblem& problem) const {
+void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(saved);
-  if (it == entries_.end()) return;
-  const Entry& e = it->second;
-  const char* why = nullptr;
-  std::string other;
-  switch (e.state) {
-    case State::kPartial:
-      why = "a forward() into it stopped part-way";
-      break;
-    case State::kConsumed:
-      why = "a memory-efficient backward() already consumed it";
-      break;
-    case State::kComplete:
-      if (same_problem(e.problem, problem)) return;
-      other = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
-      why = other.c_str();
-      break;
+  if (it != entries_.end()) {
+    const Entry& e = it->second;
+    std::string why;
+    switch (e.state) {
+      case State::kPartial:
+        why = "a forward() into it stopped part-way";
+        break;
+      case State::kConsumed:
+        why = "a memory-efficient backward() already consumed it";
+        break;
+      case State::kComplete:
+        if (!same_problem(e.problem, problem)) {
+          why = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
+        }
+        break;
+    }
+    if (!why.empty()) throw StateError(fmt::format("saved: {}; run forward() again first", why));
   }
-  throw StateError(fmt::format("saved: {}; run forward() again first", why));
+  if (use == Use::kConsume) record_locked(saved, problem, State::kConsumed);
 }
 
 }  // namespace moejit

@@ -24,9 +24,12 @@ class SavedStates {
   static SavedStates& instance();
 
   void record(const void* saved, const MoeProblem& problem, State state);
+
+  enum class Use { kRead, kConsume };
   // Throws StateError ("saved: ...") for a buffer recorded as partial, consumed, or complete for
-  // another problem.
-  void require_usable(const void* saved, const MoeProblem& problem) const;
+  // another problem. kConsume then records it consumed under the same lock, so of two
+  // memory-efficient backwards given one buffer at once, one runs and the other is refused.
+  void use(const void* saved, const MoeProblem& problem, Use use);
 
   // At most this many buffers are remembered; the oldest half is forgotten past it (then they
   // pass as never recorded), so a process whose allocator hands out ever new addresses stays
@@ -39,7 +42,9 @@ class SavedStates {
     State state = State::kComplete;
     std::uint64_t order = 0;  // when recorded, for forgetting the oldest
   };
-  mutable std::mutex mu_;
+  void record_locked(const void* saved, const MoeProblem& problem, State state);
+
+  std::mutex mu_;
   std::map<const void*, Entry> entries_;
   std::uint64_t next_order_ = 0;
 };

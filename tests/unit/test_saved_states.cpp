@@ -17,9 +17,10 @@ namespace {
 
 const void* address(std::uintptr_t n) { return reinterpret_cast<const void*>(n << 8); }
 
-std::string refusal(const SavedStates& states, const void* saved, const MoeProblem& p) {
+std::string refusal(SavedStates& states, const void* saved, const MoeProblem& p,
+                    SavedStates::Use use = SavedStates::Use::kRead) {
   try {
-    states.require_usable(saved, p);
+    states.use(saved, p, use);
   } catch (const StateError& e) {
     return e.what();
   }
@@ -52,6 +53,14 @@ TEST_CASE("a backward refuses a saved buffer known to hold no complete state of 
   // A forward that completes makes the buffer usable again.
   states.record(address(3), other_mode, SavedStates::State::kComplete);
   CHECK(refusal(states, address(3), other_mode).empty());
+  // Consuming is a use: once, then refused, also for a buffer never recorded before.
+  CHECK(refusal(states, address(3), other_mode, SavedStates::Use::kConsume).empty());
+  CHECK_THAT(refusal(states, address(3), other_mode), Catch::Contains("already consumed"));
+  CHECK(refusal(states, address(4), other_mode, SavedStates::Use::kConsume).empty());
+  CHECK_THAT(refusal(states, address(4), other_mode, SavedStates::Use::kConsume), Catch::Contains("already consumed"));
+  // A refused consumer consumes nothing: another problem's state stays usable by its own.
+  CHECK_THAT(refusal(states, address(1), other_mode, SavedStates::Use::kConsume), Catch::Contains("another problem"));
+  CHECK(refusal(states, address(1), p).empty());
 }
 
 TEST_CASE("the saved-state record stays bounded, forgetting the oldest buffers first", "[saved]") {
@@ -90,4 +99,26 @@ TEST_CASE("plans on many threads record and consult saved buffers at once", "[sa
   for (std::thread& th : threads) th.join();
   CHECK(refused == 0);
   CHECK_FALSE(refusal(states, address(1), p).empty());
+}
+
+TEST_CASE("of backwards consuming one buffer at once, exactly one runs", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kMemoryEfficient};
+  for (std::uintptr_t round = 0; round < 200; ++round) {
+    const void* saved = address(1 + round);
+    states.record(saved, p, SavedStates::State::kComplete);
+    std::atomic<int> ran{0}, ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        ++ready;
+        while (ready < 4) {
+        }
+        if (refusal(states, saved, p, SavedStates::Use::kConsume).empty()) ++ran;
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    INFO("round " << round);
+    CHECK(ran == 1);
+  }
 }
