@@ -14,6 +14,7 @@ Inputs must already be checked and converted (functional.fused_moe does that).
 """
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import _layout, _library
 from ..errors import StateError
@@ -78,6 +79,27 @@ def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode,
     return torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8)
 
 
+_ONE_BACKWARD = ("moejit: memory_efficient=True allows one backward per forward (it consumes the saved state); run the "
+                 "forward again, or use memory_efficient=False to backward twice")
+
+# The memory-efficient states a backward has consumed, by storage: the library's record goes by
+# address, and every backward adopts its state (below), so the front end keeps this one. A weak
+# reference keeps the storage's identity, not its memory: a new storage at a consumed one's
+# address is another state, and one brought back from the host (save_on_cpu) is a new storage.
+_consumed_states = {}
+
+
+def _consume(saved):
+    ref = StorageWeakRef(saved.untyped_storage())
+    held = _consumed_states.get(ref.cdata)
+    if held is not None and not held.expired():
+        raise StateError(_ONE_BACKWARD, status="state")
+    if len(_consumed_states) >= 1024:
+        for key in [k for k, r in _consumed_states.items() if r.expired()]:
+            del _consumed_states[key]
+    _consumed_states[ref.cdata] = ref
+
+
 def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
     if weight_grads:
         return torch.empty_like(gate_up_proj), torch.empty_like(down_proj)
@@ -96,6 +118,9 @@ def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, 
         dx, d_topk_weights = torch.empty_like(x), torch.empty_like(topk_weights)
         dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
         workspace = _bytes(m.backward_workspace_bytes, device)
+        # Consumed from here on, even if the call fails part-way (as the library counts it).
+        if plan_mode == MEMEFF:
+            _consume(saved)
         # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need.
         # Autograd hands each backward its own forward's state, which saved-tensor hooks may have
         # moved (save_on_cpu brings it back at an address another state last held): adopted, so
@@ -138,19 +163,19 @@ def _autograd_backward(ctx, d_out, _d_saved, eager=False):
     # Asked before ctx.saved_tensors, whose version check would otherwise answer a second
     # backward with autograd's generic in-place error.
     if ctx.mode == MEMEFF and getattr(ctx, "consumed", False):
-        raise StateError("moejit: memory_efficient=True allows one backward per forward (it consumes the saved "
-                         "state); run the forward again, or use memory_efficient=False to backward twice",
-                         status="state")
+        raise StateError(_ONE_BACKWARD, status="state")
     x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
     op = _backward if eager else fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
     needs = ctx.needs_input_grad
+    # Before the call: one that fails part-way has consumed the state too, and a retry must not
+    # run on what it overwrote.
+    ctx.consumed = True
     # Frozen experts skip the weight-gradient GEMMs; one weight needing its gradient computes
     # both (the library takes both or neither).
     dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
                           ctx.mode, ctx.check_expert_ids, needs[1] or needs[2])
-    ctx.consumed = True
     return (dx if needs[0] else None, dw1 if needs[1] else None, dw2 if needs[2] else None, None,
             ds if needs[4] else None, None, None)
 
