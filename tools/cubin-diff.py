@@ -42,7 +42,7 @@ def text_sections(elf):
 def load(folder):
     """Config name (the file name without its key hash) -> its .text sections."""
     kernels = {}
-    for path in pathlib.Path(folder).iterdir():
+    for path in pathlib.Path(folder).rglob("*.cubin"):  # in each build's subfolder
         name = re.sub(r"\.[0-9a-f]{16}\.cubin$", "", path.name)
         kernels[name] = text_sections(cubin_of(path))
     return kernels

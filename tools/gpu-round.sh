@@ -102,7 +102,7 @@ case "${1:-}" in
     fi
     env "${bench_env[@]}" MOEJIT_LIBRARY=$PWD/build/release/src/libmoejit.so python3 bench/bench_torch.py \
       "$out/torch.json" --markdown "$out/torch.md" "$@" 2>&1 | grep -v Warning | tail -40 ;;
-  sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/$1 | tee -a "$out/sass.log" ;;
+  sass) shift; PATH=/usr/local/cuda/bin:$PATH tools/sass-check.py "$MOEJIT_CACHE_DIR"/*/$1 | tee -a "$out/sass.log" ;;
   retune)
     shift
     timing=burst

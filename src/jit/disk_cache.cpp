@@ -9,6 +9,8 @@
 #include "core/fs.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
+#include "jit/embedded_templates.hpp"
+#include "jit/nvrtc.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit::jit {
@@ -116,27 +118,64 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
   return DiskLookup::kHit;
 }
 
-void DiskCache::remove_unused_files() const noexcept { fs::remove_old_files(dir_, kUnusedAge, is_cache_file_name); }
+DiskCache DiskCache::of_this_build(std::filesystem::path root) {
+  static const std::string build = build_folder_name(template_hash(), nvrtc_build_id());
+  return DiskCache(std::move(root), build);
+}
+
+void DiskCache::sweep() const noexcept {
+  // The flat layout before build subfolders: every file there is another build's.
+  fs::remove_stale_temp_files(root_, kDeadWriterAge);
+  fs::remove_old_files(root_, kUnusedAge, is_cache_file_name);
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (!is_build_folder_name(name) || it->is_symlink(type_ec) || !it->is_directory(type_ec)) continue;
+    fs::remove_stale_temp_files(it->path(), kDeadWriterAge);
+    if (name == build_) continue;
+    fs::remove_old_files(it->path(), kUnusedAge, is_cache_file_name);
+    std::error_code remove_ec;
+    std::filesystem::remove(it->path(), remove_ec);  // removes a folder only once it is empty
+  }
+}
+
+namespace {
+
+bool is_hex_digits(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+constexpr std::size_t kHashDigits = 16;
+
+}  // namespace
+
+std::string DiskCache::build_folder_name(std::string_view template_hash, std::string_view nvrtc_build) {
+  return std::string(template_hash) + "-" + Hasher().add(nvrtc_build).hex();
+}
+
+bool DiskCache::is_build_folder_name(const std::string& name) {
+  const std::string_view n = name;
+  return n.size() == 2 * kHashDigits + 1 && n[kHashDigits] == '-' && is_hex_digits(n.substr(0, kHashDigits)) &&
+         is_hex_digits(n.substr(kHashDigits + 1));
+}
 
 bool DiskCache::is_cache_file_name(const std::string& name) {
   constexpr std::string_view kSuffix = ".cubin";
-  constexpr std::size_t kHashDigits = 16;
   // The readable part is not empty, then a dot, the hash and the suffix.
   if (name.size() < 1 + 1 + kHashDigits + kSuffix.size() || !name.ends_with(kSuffix)) return false;
   const std::size_t hash_at = name.size() - kSuffix.size() - kHashDigits;
-  if (name[hash_at - 1] != '.') return false;
-  return std::all_of(name.begin() + hash_at, name.begin() + hash_at + kHashDigits,
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return name[hash_at - 1] == '.' && is_hex_digits(std::string_view(name).substr(hash_at, kHashDigits));
 }
 
 void DiskCache::store(const CompiledKernel& kernel) const {
-  if (failed_folders().contains(dir_)) return;
+  if (failed_folders().contains(folder())) return;
   try {
     fs::atomic_write(path_of(kernel.key), encode(kernel));
   } catch (const std::exception& e) {  // best effort: the kernel compiled, whatever the store met
-    if (failed_folders().add(dir_)) {
+    if (failed_folders().add(folder())) {
       log::warn("kernel cache not written: {}; no more kernels are stored in {} by this process", e.what(),
-                dir_.string());
+                folder().string());
     }
   }
 }

@@ -1,12 +1,15 @@
 // On-disk cubin cache. One file per kernel key, written atomically (temp file + rename) and
 // checksummed, so concurrent writers lose nothing and a truncated or corrupt file is detected
-// and rebuilt over instead of loaded.
+// and rebuilt over instead of loaded. Each build (template hash and NVRTC build) keeps its files
+// in a subfolder of the cache folder of its own, "<template hash>-<hash of the NVRTC build>", so
+// a sweep can tell the files another build left behind from this build's.
 #pragma once
 
 #include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "jit/compiled_kernel.hpp"
 
@@ -16,7 +19,10 @@ enum class DiskLookup { kHit, kMiss, kCorrupt };
 
 class DiskCache {
  public:
-  explicit DiskCache(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  // `build` is this build's subfolder name (build_folder_name).
+  DiskCache(std::filesystem::path root, std::string build) : root_(std::move(root)), build_(std::move(build)) {}
+  // This process's build: the embedded templates' hash and the loaded NVRTC's build.
+  static DiskCache of_this_build(std::filesystem::path root);
 
   // kHit fills `out`. kCorrupt means a file existed but failed validation; it stays until store()
   // replaces it.
@@ -26,15 +32,24 @@ class DiskCache {
   // there (loads are still tried), so the warning comes once per folder.
   void store(const CompiledKernel& kernel) const;
 
-  std::filesystem::path path_of(const KernelKey& key) const { return dir_ / (key.stem() + ".cubin"); }
-  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path folder() const { return root_ / build_; }
+  std::filesystem::path path_of(const KernelKey& key) const { return folder() / (key.stem() + ".cubin"); }
+  const std::filesystem::path& root() const { return root_; }
 
-  // Removes the cache files no process has loaded or stored for kUnusedAge (a hit refreshes a
-  // file's time once a day): each template or NVRTC change leaves a whole set behind otherwise.
-  // Safe while others use the folder: readers see a whole file or none, and a miss recompiles.
+  // Removes, in every build's subfolder, the temporary files of writers killed mid-write (at an
+  // age no live write reaches), and in other builds' subfolders the cache files no process has
+  // loaded or stored for kUnusedAge (a hit refreshes a file's time once a day), then those
+  // subfolders once empty; so do the cache files of the flat layout before subfolders, in the
+  // folder itself. This build's kernels stay however old: a cache filled ahead of time (moejit
+  // compile, a container image) keeps serving. Safe while others use the folder: readers see a
+  // whole file or none, and a miss recompiles.
   static constexpr std::chrono::days kUnusedAge{30};
-  void remove_unused_files() const noexcept;
+  static constexpr std::chrono::hours kDeadWriterAge{1};
+  void sweep() const noexcept;
 
+  // Pure. "6900f36b2e760088-1f2e3d4c5b6a7988": the template hash, then a hash of the NVRTC build.
+  static std::string build_folder_name(std::string_view template_hash, std::string_view nvrtc_build);
+  static bool is_build_folder_name(const std::string& name);
   // Whether a file name is one path_of gives: "<readable>.<16 hex digits>.cubin". Others in the
   // folder (it may be shared) are not the cache's to remove.
   static bool is_cache_file_name(const std::string& name);
@@ -44,7 +59,8 @@ class DiskCache {
   static std::optional<CompiledKernel> decode(const std::string& bytes, const KernelKey& expected);
 
  private:
-  std::filesystem::path dir_;
+  std::filesystem::path root_;
+  std::string build_;
 };
 
 }  // namespace moejit::jit

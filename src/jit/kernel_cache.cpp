@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "core/env.hpp"
-#include "core/fs.hpp"
 #include "core/log.hpp"
 #include "core/parallel.hpp"
 #include "cuda/device.hpp"
@@ -29,17 +28,15 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Swept once per process and directory: the temporary files of writers killed mid-write, at an
-// age no live write reaches, and the cache files no one has used for DiskCache::kUnusedAge.
+// Swept once per process and folder (DiskCache::sweep).
 void sweep_cache_folder(const DiskCache& disk) {
   static std::mutex mu;
   static std::set<std::filesystem::path> swept;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!swept.insert(disk.dir()).second) return;
+    if (!swept.insert(disk.root()).second) return;
   }
-  fs::remove_stale_temp_files(disk.dir(), std::chrono::hours(1));
-  disk.remove_unused_files();
+  disk.sweep();
 }
 
 // NVRTC takes tens of MB per compile: threads of several calls at once (one tuning thread per GPU,
@@ -86,7 +83,7 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
                                             const std::optional<std::filesystem::path>& disk_dir, Origin& origin) {
   std::optional<DiskCache> disk;
   if (disk_dir) {
-    disk.emplace(*disk_dir);
+    disk.emplace(DiskCache::of_this_build(*disk_dir));
     sweep_cache_folder(*disk);
   }
   auto kernel = std::make_shared<CompiledKernel>();

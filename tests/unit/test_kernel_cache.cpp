@@ -42,6 +42,9 @@ std::vector<std::filesystem::path> files_in(const std::filesystem::path& dir) {
   return out;
 }
 
+// Where the library's cache keeps this build's files in the folder `root`.
+std::filesystem::path this_build(const std::filesystem::path& root) { return DiskCache::of_this_build(root).folder(); }
+
 // The cache's files under final names, and the key each one's name spells.
 std::vector<std::filesystem::path> cubin_files(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> out;
@@ -80,8 +83,9 @@ TEST_CASE("compiled kernels are served from memory, then from disk", "[cache]") 
   CHECK(o1 == Origin::kCompiled);
   CHECK(o2 == Origin::kMemory);
   CHECK(k1 == k2);
-  REQUIRE(files_in(dir.path()).size() == 1);
-  CHECK(files_in(dir.path())[0].filename() == k1->key.stem() + ".cubin");
+  REQUIRE(files_in(dir.path()).size() == 1);  // this build's folder
+  REQUIRE(files_in(this_build(dir.path())).size() == 1);
+  CHECK(files_in(this_build(dir.path()))[0].filename() == k1->key.stem() + ".cubin");
   cache.forget_compiled();
   auto k3 = cache.get(spec(4, 8), &o3);
   CHECK(o3 == Origin::kDisk);
@@ -135,7 +139,7 @@ TEST_CASE("threads asking for the same kernels at once compile each once and sha
     }
     CHECK(compiled == 1);
   }
-  CHECK(cubin_files(dir.path()).size() == kSpecs);
+  CHECK(cubin_files(this_build(dir.path())).size() == kSpecs);
 }
 
 TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[cache]") {
@@ -144,7 +148,7 @@ TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[ca
   auto& cache = KernelCache::instance();
   cache.forget_compiled();
   auto good = cache.get(spec(4, 16));
-  const auto path = DiskCache(dir.path()).path_of(good->key);
+  const auto path = DiskCache::of_this_build(dir.path()).path_of(good->key);
   const std::string bytes = *fs::read_all(path);
 
   SECTION("truncated") { fs::atomic_write(path, bytes.substr(0, bytes.size() / 2)); }
@@ -160,8 +164,8 @@ TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[ca
   }
 
   CompiledKernel out;
-  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);
-  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);  // still there, still rejected
+  CHECK(DiskCache::of_this_build(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);
+  CHECK(DiskCache::of_this_build(dir.path()).load(good->key, out) == DiskLookup::kCorrupt);  // still there, still rejected
   cache.forget_compiled();
   Origin o;
   auto rebuilt = cache.get(spec(4, 16), &o);
@@ -170,7 +174,7 @@ TEST_CASE("a corrupt or truncated cache file is detected and rebuilt over", "[ca
   CHECK(rebuilt->key == good->key);
   CHECK(rebuilt->cubin.size() == good->cubin.size());
   CHECK(rebuilt->lowered_names == good->lowered_names);
-  CHECK(DiskCache(dir.path()).load(good->key, out) == DiskLookup::kHit);
+  CHECK(DiskCache::of_this_build(dir.path()).load(good->key, out) == DiskLookup::kHit);
   CHECK(out.cubin == rebuilt->cubin);
 }
 
@@ -187,7 +191,8 @@ TEST_CASE("decode rejects every malformed header", "[cache]") {
 TEST_CASE("a FIFO or an oversized file at a cache path is a miss, neither waited on nor read", "[cache]") {
   TempDir dir("odd");
   const CompiledKernel k = fake_kernel("routing.odd.sm_90a");
-  const DiskCache cache(dir.path());
+  const DiskCache cache(dir.path(), "build");
+  std::filesystem::create_directories(cache.folder());
   CompiledKernel out;
   REQUIRE(::mkfifo(cache.path_of(k.key).c_str(), 0600) == 0);
   CHECK(cache.load(k.key, out) == DiskLookup::kMiss);
@@ -205,50 +210,92 @@ std::filesystem::file_time_type days_ago(int days) {
 
 }  // namespace
 
-TEST_CASE("cache files unused for 30 days are removed by the first build that uses the folder", "[cache]") {
+TEST_CASE("the first build that uses a cache folder removes other builds' files unused for 30 days, never its own", "[cache]") {
   TempDir dir("unused");
-  const DiskCache disk(dir.path());
+  const DiskCache mine = DiskCache::of_this_build(dir.path());
+  const DiskCache other(dir.path(), DiskCache::build_folder_name("0123456789abcdef", "12.8 another nvrtc"));
+  const DiskCache idle(dir.path(), DiskCache::build_folder_name("fedcba9876543210", "12.8 another nvrtc"));
   const CompiledKernel old_kernel = fake_kernel("routing.old.sm_90a"), recent = fake_kernel("routing.recent.sm_90a");
-  disk.store(old_kernel);
-  disk.store(recent);
-  std::filesystem::last_write_time(disk.path_of(old_kernel.key), days_ago(60));
-  std::filesystem::last_write_time(disk.path_of(recent.key), days_ago(29));
+  // A cache filled ahead of time (moejit compile, a container image), 60 days ago.
+  mine.store(old_kernel);
+  other.store(old_kernel);
+  other.store(recent);
+  idle.store(old_kernel);
+  // The flat layout before build subfolders.
+  fs::atomic_write(dir / "routing.flat.sm_90a.0123456789abcdef.cubin", "a kernel");
+  fs::atomic_write(dir / "routing.young.sm_90a.0123456789abcdef.cubin", "a kernel");
+  for (const auto& path : {mine.path_of(old_kernel.key), other.path_of(old_kernel.key), idle.path_of(old_kernel.key),
+                           dir / "routing.flat.sm_90a.0123456789abcdef.cubin"}) {
+    std::filesystem::last_write_time(path, days_ago(60));
+  }
+  std::filesystem::last_write_time(other.path_of(recent.key), days_ago(29));
   ScopedEnv env("MOEJIT_CACHE_DIR", dir.path().string());
   auto& cache = KernelCache::instance();
   cache.forget_compiled();
   const auto built = cache.get(spec(4, 8));
-  CHECK_FALSE(std::filesystem::exists(disk.path_of(old_kernel.key)));
-  CHECK(std::filesystem::exists(disk.path_of(recent.key)));
-  CHECK(std::filesystem::exists(disk.path_of(built->key)));
+  CHECK(std::filesystem::exists(mine.path_of(old_kernel.key)));
+  CHECK(std::filesystem::exists(mine.path_of(built->key)));
+  CHECK_FALSE(std::filesystem::exists(other.path_of(old_kernel.key)));
+  CHECK(std::filesystem::exists(other.path_of(recent.key)));
+  CHECK_FALSE(std::filesystem::exists(idle.folder()));  // emptied, then removed
+  CHECK_FALSE(std::filesystem::exists(dir / "routing.flat.sm_90a.0123456789abcdef.cubin"));
+  CHECK(std::filesystem::exists(dir / "routing.young.sm_90a.0123456789abcdef.cubin"));
+}
+
+TEST_CASE("build folder names hold the template hash and the NVRTC build's hash", "[cache]") {
+  const std::string name = DiskCache::build_folder_name("6900f36b2e760088", "13.0 5a1b2c");
+  CHECK(name.starts_with("6900f36b2e760088-"));
+  CHECK(DiskCache::is_build_folder_name(name));
+  CHECK(name != DiskCache::build_folder_name("6900f36b2e760088", "13.0 5a1b2d"));
+  CHECK(name != DiskCache::build_folder_name("6900f36b2e760089", "13.0 5a1b2c"));
+  CHECK(DiskCache::is_build_folder_name(DiskCache::of_this_build("/x").folder().filename().string()));
+  for (const std::string other : {"6900f36b2e760088", "6900f36b2e760088-", "6900F36B2E760088-0123456789abcdef",
+                                  "6900f36b2e760088_0123456789abcdef", "6900f36b2e760088-0123456789abcdef0",
+                                  "x900f36b2e760088-0123456789abcdef", "notes"}) {
+    INFO(other);
+    CHECK_FALSE(DiskCache::is_build_folder_name(other));
+  }
 }
 
 TEST_CASE("the sweep of unused cache files leaves names the cache does not write alone", "[cache]") {
   TempDir dir("names");
-  const DiskCache disk(dir.path());
+  const DiskCache disk(dir.path(), DiskCache::build_folder_name("0123456789abcdef", "another build"));
   const CompiledKernel k = fake_kernel("routing.x.sm_90a");
   disk.store(k);
   CHECK(DiskCache::is_cache_file_name(disk.path_of(k.key).filename().string()));
-  // Old files in a folder the user may share, whose names are not the cache's.
+  // Old files in folders the user may share, whose names are not the cache's: in the cache
+  // folder, in a build's subfolder, and in a subfolder not named as a build's.
   const std::vector<std::string> others = {"notes.cubin", "routing.x.sm_90a.0123456789ABCDEF.cubin",
                                            ".0123456789abcdef.cubin", "x0123456789abcdef.cubin",
                                            "x.0123456789abcdef.cubin.bak", "x.0123456789abcde.cubin", "README"};
+  const auto theirs = dir / "their-folder";
+  std::filesystem::create_directories(theirs);
   for (const std::string& other : others) {
     INFO(other);
     CHECK_FALSE(DiskCache::is_cache_file_name(other));
-    std::ofstream(dir / other) << "theirs";
-    std::filesystem::last_write_time(dir / other, days_ago(60));
+    for (const auto& folder : {dir.path(), disk.folder()}) {
+      std::ofstream(folder / other) << "theirs";
+      std::filesystem::last_write_time(folder / other, days_ago(60));
+    }
   }
+  const std::string cache_named = "routing.x.sm_90a.0123456789abcdef.cubin";
+  std::ofstream(theirs / cache_named) << "theirs";
+  std::filesystem::last_write_time(theirs / cache_named, days_ago(60));
   std::filesystem::last_write_time(disk.path_of(k.key), days_ago(31));
-  disk.remove_unused_files();
+  DiskCache::of_this_build(dir.path()).sweep();
   CHECK_FALSE(std::filesystem::exists(disk.path_of(k.key)));
-  for (const std::string& other : others) CHECK(std::filesystem::exists(dir / other));
+  for (const std::string& other : others) {
+    CHECK(std::filesystem::exists(dir / other));
+    CHECK(std::filesystem::exists(disk.folder() / other));
+  }
+  CHECK(std::filesystem::exists(theirs / cache_named));
   // A folder not made yet is not an error.
-  DiskCache(dir / "absent").remove_unused_files();
+  DiskCache::of_this_build(dir / "absent").sweep();
 }
 
 TEST_CASE("a disk hit marks an old cache file as in use, a young one is not written", "[cache]") {
   TempDir dir("hit");
-  const DiskCache disk(dir.path());
+  const DiskCache disk(dir.path(), DiskCache::build_folder_name("0123456789abcdef", "another build"));
   const CompiledKernel k = fake_kernel("routing.hit.sm_90a");
   disk.store(k);
   const auto path = disk.path_of(k.key);
@@ -260,7 +307,7 @@ TEST_CASE("a disk hit marks an old cache file as in use, a young one is not writ
   std::filesystem::last_write_time(path, days_ago(60));
   REQUIRE(disk.load(k.key, out) == DiskLookup::kHit);
   CHECK(std::filesystem::last_write_time(path) > days_ago(1));
-  disk.remove_unused_files();
+  DiskCache::of_this_build(dir.path()).sweep();  // another build's sweep: the file is in use
   CHECK(std::filesystem::exists(path));
 }
 
@@ -295,16 +342,16 @@ TEST_CASE("several processes filling one cache directory lose nothing", "[cache]
   REQUIRE(test::run_command(all).exit_code == 0);
   auto codes = *fs::read_all(dir / "codes");
   CHECK(codes == "0\n0\n0\n0\n");
-  const auto cubins = cubin_files(dir.path());
+  const auto cubins = cubin_files(this_build(dir.path()));
   for (const auto& p : cubins) {
     CompiledKernel k;
-    CHECK(DiskCache(dir.path()).load(key_of_file(p), k) == DiskLookup::kHit);
+    CHECK(DiskCache::of_this_build(dir.path()).load(key_of_file(p), k) == DiskLookup::kHit);
   }
   // TK = 8192: every config with a chunk <= 8192 pairs survives pruning.
   int expected = 0;
   for (const auto& c : config_space(Role::kRouting, MoeShape{8192, 64, 2048, 768, 4, DType::kBF16})) expected += c.threads() * c.items <= 8192;
   CHECK(cubins.size() == static_cast<std::size_t>(expected));
-  for (const auto& p : files_in(dir.path())) CHECK(p.filename().string().find(".tmp.") == std::string::npos);
+  for (const auto& p : files_in(this_build(dir.path()))) CHECK(p.filename().string().find(".tmp.") == std::string::npos);
 }
 
 namespace {
@@ -321,7 +368,7 @@ CompiledKernel numbered_kernel(int child, int n, std::size_t bytes) {
 [[noreturn]] void store_until_killed(const std::filesystem::path& dir, const std::filesystem::path& log,
                                      int child) noexcept {
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  const DiskCache cache(dir);
+  const DiskCache cache(dir, "build");
   for (int n = 0;; ++n) {
     cache.store(numbered_kernel(child, n, std::size_t{1} << 18));
     const std::string line = std::to_string(n) + "\n";
@@ -349,7 +396,7 @@ TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][mult
     CHECK(WIFSIGNALED(status));
   }
 
-  const DiskCache cache(dir.path());
+  const DiskCache cache(dir.path(), "build");
   int logged = 0;
   for (int c = 0; c < kChildren; ++c) {
     std::istringstream log(fs::read_all(dir / fmt::format("log{}", c)).value_or(""));
@@ -363,7 +410,7 @@ TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][mult
   CHECK(logged >= kChildren);
   // Every file under a final name, logged or not, is whole; the rest are temporary files, which
   // the next process sweeps once they are old.
-  const auto files = cubin_files(dir.path());
+  const auto files = cubin_files(cache.folder());
   for (const auto& p : files) {
     CompiledKernel k;
     INFO(p);

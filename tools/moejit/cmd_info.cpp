@@ -6,6 +6,7 @@
 #include "core/env.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
+#include "jit/disk_cache.hpp"
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "moejit/version.hpp"
@@ -21,7 +22,10 @@ int run_info(int argc, char** argv, int start) {
   const auto user_db = env::user_db_path();
   constexpr const char* kNoFolder =
       "(none: no variable names a folder, and there is no private one in the temporary folder)";
-  fmt::print("kernel cache  {}{}\n", cache ? cache->string() : kNoFolder,
+  fmt::print("kernel cache  {}{}\n",
+             cache ? fmt::format("{} (this build's files in {}/)", cache->string(),
+                                 jit::DiskCache::of_this_build(*cache).folder().filename().string())
+                   : kNoFolder,
              env::disk_cache_enabled() ? "" : " (disabled by MOEJIT_DISK_CACHE=0)");
   fmt::print("tuning db     {}\n", user_db ? user_db->string() : kNoFolder);
   fmt::print("shipped dbs   {}\n", env::shipped_db_dir().string());
