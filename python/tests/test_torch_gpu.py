@@ -206,30 +206,58 @@ def _retained_backward(out, d_out, compiled):
         raise
 
 
+def _memeff_dx(fused, case, d_out, backward):
+    """dx of a memory-efficient forward of `case` through `fused`, after backward(out)."""
+    x, w1, w2, ids, weights = case
+    x = x.detach().requires_grad_()
+    out = fused(x, w1, w2, ids, weights, memory_efficient=True)
+    backward(out)
+    return x.grad
+
+
+def _refused_or_right(backward, want, compiled):
+    """Runs a backward that must not run on a consumed state: refused, or, compiled, where
+    AOTAutograd may hand the op a copy of the state each time (so the state itself is never
+    consumed), the right gradient."""
+    try:
+        got = backward()
+    except moejit.StateError as e:
+        assert "one backward per forward" in str(e)
+        return
+    assert compiled, "an eager backward on a consumed state ran"
+    assert torch.equal(got, want), "a backward ran on a consumed state and gave another gradient"
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_memory_efficient_state_is_consumed_by_one_backward(compiled):
-    # Compiled, the op's body is all that runs at each backward: the front end's record of
-    # consumed storages refuses the second (every state is adopted, so the library's record of
-    # the address would not).
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    case = (x, w1, w2, ids, weights)
+    want = _memeff_dx(mt.fused_moe, case, d_out, lambda out: out.backward(d_out))
     torch._dynamo.reset()
     fused = torch.compile(mt.fused_moe) if compiled else mt.fused_moe
-    x.requires_grad_()
-    out = fused(x, w1, w2, ids, weights, memory_efficient=True)
+    leaf = x.detach().requires_grad_()
+    out = fused(leaf, w1, w2, ids, weights, memory_efficient=True)
     _retained_backward(out, d_out, compiled)
-    with pytest.raises(moejit.StateError, match="one backward per forward"):
+    assert torch.equal(leaf.grad, want)
+    leaf.grad = None
+
+    def again():
         out.backward(d_out)
+        return leaf.grad
+
+    _refused_or_right(again, want, compiled)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_failed_memory_efficient_backward_is_not_run_again(compiled, monkeypatch):
     # The library counts the state consumed from its first launch on, so a retry could run on
-    # what a failed backward overwrote: refused, with the failure standing in for a launch's.
+    # what a failed backward overwrote; here a failure stands in for a launch's.
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    want = _memeff_dx(mt.fused_moe, (x, w1, w2, ids, weights), d_out, lambda out: out.backward(d_out))
     torch._dynamo.reset()
     fused = torch.compile(mt.fused_moe) if compiled else mt.fused_moe
-    x.requires_grad_()
-    out = fused(x, w1, w2, ids, weights, memory_efficient=True)
+    leaf = x.detach().requires_grad_()
+    out = fused(leaf, w1, w2, ids, weights, memory_efficient=True)
 
     class Failing:
         def __init__(self, plan):
@@ -246,8 +274,13 @@ def test_a_failed_memory_efficient_backward_is_not_run_again(compiled, monkeypat
     with pytest.raises(RuntimeError, match="stand-in"):
         _retained_backward(out, d_out, compiled)
     monkeypatch.undo()
-    with pytest.raises(moejit.StateError, match="one backward per forward"):
+    leaf.grad = None
+
+    def again():
         out.backward(d_out)
+        return leaf.grad
+
+    _refused_or_right(again, want, compiled)
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])
