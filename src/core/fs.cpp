@@ -111,9 +111,10 @@ void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   }
 }
 
-void remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
-                      const std::function<bool(const std::string& name)>& name_matches) noexcept {
+std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
+                             const std::function<bool(const std::string& name)>& name_matches) noexcept {
   std::error_code ec;
+  std::size_t removed = 0;
   const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code type_ec;
@@ -122,12 +123,13 @@ void remove_old_files(const std::filesystem::path& dir, std::chrono::seconds old
     }
     std::error_code time_ec;
     const auto written = std::filesystem::last_write_time(it->path(), time_ec);
-    if (!time_ec && written < cutoff) remove_quietly(it->path());
+    if (!time_ec && (older_than.count() == 0 || written < cutoff)) removed += remove_quietly(it->path());
   }
+  return removed;
 }
 
-void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept {
-  remove_old_files(dir, older_than, is_temp_name);
+std::size_t remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept {
+  return remove_old_files(dir, older_than, is_temp_name);
 }
 
 void refresh_write_time(const std::filesystem::path& path, std::chrono::seconds older_than) noexcept {
@@ -176,9 +178,9 @@ void make_private_dir(const std::filesystem::path& dir) {
   }
 }
 
-void remove_quietly(const std::filesystem::path& path) noexcept {
+bool remove_quietly(const std::filesystem::path& path) noexcept {
   std::error_code ec;
-  std::filesystem::remove(path, ec);
+  return std::filesystem::remove(path, ec);
 }
 
 FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout) {

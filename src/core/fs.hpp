@@ -17,14 +17,14 @@ namespace moejit::fs {
 void atomic_write(const std::filesystem::path& target, std::string_view bytes);
 
 // Removes the regular files (not symbolic links) directly in `dir` whose names `name_matches`
-// and whose last write is older than `older_than`, ignoring errors (the folder may not exist yet,
-// another process may remove a file first).
-void remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
-                      const std::function<bool(const std::string& name)>& name_matches) noexcept;
+// and whose last write is older than `older_than` (0: any), ignoring errors (the folder may not
+// exist yet, another process may remove a file first). Returns how many it removed.
+std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
+                             const std::function<bool(const std::string& name)>& name_matches) noexcept;
 
 // Removes the temporary files atomic_write left in `dir` (its writer died between creating and
 // renaming them) whose last write is older than `older_than`; a live writer's file is younger.
-void remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept;
+std::size_t remove_stale_temp_files(const std::filesystem::path& dir, std::chrono::seconds older_than) noexcept;
 
 // Sets the file's last write time to now when it is older than `older_than`, ignoring errors: a
 // mark that the file is still in use, for remove_old_files.
@@ -43,8 +43,8 @@ std::optional<std::string> read_all(const std::filesystem::path& path,
 // which check failed.
 void make_private_dir(const std::filesystem::path& dir);
 
-// Removes a file, ignoring errors (another process may have removed it first).
-void remove_quietly(const std::filesystem::path& path) noexcept;
+// Removes a file, ignoring errors (another process may have removed it first); whether it did.
+bool remove_quietly(const std::filesystem::path& path) noexcept;
 
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -123,10 +124,10 @@ DiskCache DiskCache::of_this_build(std::filesystem::path root) {
   return DiskCache(std::move(root), build);
 }
 
-void DiskCache::sweep() const noexcept {
+std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for) const noexcept {
   // The flat layout before build subfolders: every file there is another build's.
   fs::remove_stale_temp_files(root_, kDeadWriterAge);
-  fs::remove_old_files(root_, kUnusedAge, is_cache_file_name);
+  std::size_t removed = fs::remove_old_files(root_, unused_for, is_cache_file_name);
   std::error_code ec;
   for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -134,10 +135,44 @@ void DiskCache::sweep() const noexcept {
     if (!is_build_folder_name(name) || it->is_symlink(type_ec) || !it->is_directory(type_ec)) continue;
     fs::remove_stale_temp_files(it->path(), kDeadWriterAge);
     if (name == build_) continue;
-    fs::remove_old_files(it->path(), kUnusedAge, is_cache_file_name);
+    removed += fs::remove_old_files(it->path(), unused_for, is_cache_file_name);
     std::error_code remove_ec;
     std::filesystem::remove(it->path(), remove_ec);  // removes a folder only once it is empty
   }
+  return removed;
+}
+
+std::vector<DiskCache::BuildFiles> DiskCache::builds() const {
+  std::map<std::string, BuildFiles> found;
+  const auto count = [&](const std::filesystem::path& dir, const std::string& build) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code file_ec;
+      if (!is_cache_file_name(it->path().filename().string()) || !it->is_regular_file(file_ec) ||
+          it->is_symlink(file_ec)) {
+        continue;
+      }
+      const auto bytes = it->file_size(file_ec);
+      const auto written = it->last_write_time(file_ec);
+      if (file_ec) continue;  // removed meanwhile
+      BuildFiles& b = found[build];
+      b.build = build;
+      // file_time_type{} is the clock's epoch (2174 in libstdc++), not the earliest time.
+      if (b.files == 0 || written > b.last_used) b.last_used = written;
+      ++b.files;
+      b.bytes += bytes;
+    }
+  };
+  count(root_, "");
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (is_build_folder_name(name) && !it->is_symlink(type_ec) && it->is_directory(type_ec)) count(it->path(), name);
+  }
+  std::vector<BuildFiles> out;
+  for (auto& [name, b] : found) out.push_back(std::move(b));
+  return out;
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "jit/compiled_kernel.hpp"
 
@@ -45,7 +46,21 @@ class DiskCache {
   // whole file or none, and a miss recompiles.
   static constexpr std::chrono::days kUnusedAge{30};
   static constexpr std::chrono::hours kDeadWriterAge{1};
-  void sweep() const noexcept;
+  void sweep() const noexcept { remove_other_builds(kUnusedAge); }
+  // The sweep's removal of other builds' cache files, those unused for `unused_for` (0: all, as
+  // `moejit cache prune` asks); returns how many cache files it removed.
+  std::size_t remove_other_builds(std::chrono::seconds unused_for) const noexcept;
+
+  // The cache files of one build in the folder, for `moejit cache list`.
+  struct BuildFiles {
+    std::string build;  // its subfolder's name; empty for the flat layout's files in the folder itself
+    std::size_t files = 0;
+    std::uintmax_t bytes = 0;
+    std::filesystem::file_time_type last_used{};  // the newest file's time
+  };
+  // Each build with cache files, by name.
+  std::vector<BuildFiles> builds() const;
+  const std::string& build() const { return build_; }
 
   // Pure. "6900f36b2e760088-1f2e3d4c5b6a7988": the template hash, then a hash of the NVRTC build.
   static std::string build_folder_name(std::string_view template_hash, std::string_view nvrtc_build);

@@ -183,7 +183,8 @@ TEST_CASE("a missing driver library is reported, not fatal", "[cli][driver]") {
 }
 
 TEST_CASE("every moejit command prints its usage for -h and --help and exits 0", "[cli]") {
-  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db", "db list"}) {
+  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db", "db list", "cache",
+                                    "cache prune"}) {
     for (const char* help : {"-h", "--help"}) {
       const auto r = run_command(cli() + " " + command + " " + help);
       INFO(command << " " << help << "\n" << r.output);
@@ -198,7 +199,7 @@ TEST_CASE("moejit --help, each command's --help and README's CLI section list th
           "[cli]") {
   const std::string overview = run_command(cli() + " --help").output, readme = readme_cli();
   REQUIRE_THAT(readme, Catch::Contains("moejit tune"));
-  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db"}) {
+  for (const std::string command : {"info", "compile", "plan", "tune", "grid", "bench", "db", "cache"}) {
     const std::string help =
         synopsis_in(run_command(cli() + " " + command + " --help").output, "usage: moejit " + command);
     const std::set<std::string> documented = option_names(help);
@@ -207,7 +208,7 @@ TEST_CASE("moejit --help, each command's --help and README's CLI section list th
     CHECK(!help.empty());
     CHECK(option_names(synopsis_in(overview, "  " + command)) == documented);
     CHECK(option_names(synopsis_in(readme, "moejit " + command)) == documented);
-    if (command == "db") continue;  // db's options differ per subcommand
+    if (command == "db" || command == "cache") continue;  // their options follow a subcommand
     for (const std::string& name : documented) {
       // The parser stops at the first unknown option: reaching the probe means --name was taken,
       // and nothing runs.
@@ -280,4 +281,41 @@ TEST_CASE("moejit grid prints moejit tune's default token counts, without a GPU"
   INFO(r.output);
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("topk"));
+}
+
+TEST_CASE("moejit cache lists the kernel cache per build and prunes other builds' kernels", "[cli][cache]") {
+  TempDir dir("cli-cache");
+  const auto other = dir / "0123456789abcdef-fedcba9876543210";
+  std::filesystem::create_directories(other);
+  for (const char* name : {"routing.a.sm_90a.0123456789abcdef.cubin", "routing.b.sm_90a.0123456789abcdef.cubin"}) {
+    std::ofstream(other / name) << std::string(1 << 20, 'k');
+  }
+  std::ofstream(dir / "routing.flat.sm_90a.0123456789abcdef.cubin") << "flat";
+  std::ofstream(dir / "notes.txt") << "not the cache's";
+  // This build's folder, filled by compiling one routing config.
+  REQUIRE(run_command("MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                      " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2 --jobs 1")
+              .exit_code == 0);
+  auto r = run_command(cli() + " cache list --dir " + dir.path().string());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(std::regex_search(r.output, std::regex("\\n0123456789abcdef-fedcba9876543210 +2 +2\\.0  ")));
+  CHECK(std::regex_search(r.output, std::regex("\\n\\(no subfolder: before 2026-12-02\\) +1 +0\\.0  ")));
+  CHECK(std::regex_search(r.output, std::regex("\\n[0-9a-f]{16}-[0-9a-f]{16} +[1-9][0-9]* .*  this build\\n")));
+
+  r = run_command(cli() + " cache prune --dir " + dir.path().string());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::StartsWith("removed 3 kernel files of other builds"));
+  CHECK_FALSE(std::filesystem::exists(other));
+  CHECK(std::filesystem::exists(dir / "notes.txt"));
+  r = run_command(cli() + " cache list --dir " + dir.path().string());
+  CHECK_THAT(r.output, Catch::Contains("this build"));
+  CHECK_THAT(r.output, !Catch::Contains("0123456789abcdef-"));
+  CHECK_THAT(r.output, !Catch::Contains("no subfolder"));
+
+  CHECK(run_command(cli() + " cache list --dir " + (dir / "absent").string()).output.find("(empty)") !=
+        std::string::npos);
+  CHECK(run_command(cli() + " cache frobnicate").exit_code == 2);
+  CHECK(run_command(cli() + " cache").exit_code == 2);
+  CHECK(run_command(cli() + " cache list extra --dir " + dir.path().string()).exit_code != 0);
 }

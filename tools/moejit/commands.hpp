@@ -9,6 +9,7 @@ namespace moejit::cli {
 int run_info(int argc, char** argv, int start);
 int run_compile(int argc, char** argv, int start);
 int run_db(int argc, char** argv, int start);
+int run_cache(int argc, char** argv, int start);
 int run_plan(int argc, char** argv, int start);
 int run_tune(int argc, char** argv, int start);
 int run_grid(int argc, char** argv, int start);

@@ -46,6 +46,10 @@ constexpr Command kCommands[] = {
      "  merge OTHER          merge another tuning database file in, likewise\n"
      "  prune                delete the rows of every build but this one\n"
      "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n"},
+    {"cache", run_cache, "list|prune [--dir PATH]", "inspect the kernel cache and remove other builds' kernels",
+     "  list                 one line per build (template hash-NVRTC build): files, MiB, last use\n"
+     "  prune                delete the kernels of every build but this one (unused or not)\n"
+     "  --dir PATH           the cache folder; default the library's ($MOEJIT_CACHE_DIR, ...)\n"},
 };
 
 // `prefix`, the name and its options, continuation lines aligned under the first option.

@@ -1,0 +1,73 @@
+// moejit cache: what the kernel cache folder holds per build, and removing other builds' kernels.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "args.hpp"
+#include "commands.hpp"
+#include "core/env.hpp"
+#include "jit/disk_cache.hpp"
+#include "moejit/error.hpp"
+
+namespace moejit::cli {
+namespace {
+
+// --dir, else the folder the library uses (MOEJIT_CACHE_DIR and the fallbacks, README).
+jit::DiskCache cache_of(const Args& a) {
+  if (!a.positional.empty()) throw InvalidArgument("cache", fmt::format("unexpected argument '{}'", a.positional[0]));
+  if (a.has("dir")) return jit::DiskCache::of_this_build(a.get("dir"));
+  const auto dir = env::kernel_cache_dir();
+  if (!dir) throw InvalidArgument("cache", "no kernel cache folder: pass --dir or set MOEJIT_CACHE_DIR");
+  return jit::DiskCache::of_this_build(*dir);
+}
+
+std::string day_of(std::filesystem::file_time_type t) {
+  const auto system = std::chrono::time_point_cast<std::chrono::seconds>(std::chrono::file_clock::to_sys(t));
+  return fmt::format("{:%Y-%m-%d}", system);
+}
+
+int list(const Args& a) {
+  const jit::DiskCache cache = cache_of(a);
+  fmt::print("kernel cache: {}\n", cache.root().string());
+  const auto builds = cache.builds();
+  if (builds.empty()) {
+    fmt::print("(empty)\n");
+    return 0;
+  }
+  fmt::print("{:<36} {:>6} {:>8}  {}\n", "BUILD", "FILES", "MiB", "LAST USED");
+  for (const auto& b : builds) {
+    const std::string name = b.build.empty() ? "(no subfolder: before 2026-12-02)" : b.build;
+    fmt::print("{:<36} {:>6} {:>8.1f}  {:<10}{}\n", name, b.files, static_cast<double>(b.bytes) / (1 << 20),
+               day_of(b.last_used), b.build == cache.build() ? "  this build" : "");
+  }
+  return 0;
+}
+
+int prune(const Args& a) {
+  const jit::DiskCache cache = cache_of(a);
+  const std::size_t removed = cache.remove_other_builds(std::chrono::seconds(0));
+  fmt::print("removed {} kernel files of other builds from {}; this build's are in {}/\n", removed,
+             cache.root().string(), cache.build());
+  return 0;
+}
+
+}  // namespace
+
+int run_cache(int argc, char** argv, int start) {
+  const std::string sub = start < argc ? argv[start] : "";
+  if (sub == "list") return list(parse_args(argc, argv, start + 1, {}, {"dir"}, true));
+  if (sub == "prune") return prune(parse_args(argc, argv, start + 1, {}, {"dir"}, true));
+  if (sub == "help") {
+    print_usage("cache", stdout);
+    return 0;
+  }
+  if (!sub.empty()) std::fprintf(stderr, "moejit cache: unknown subcommand '%s'\n", sub.c_str());
+  print_usage("cache", stderr);
+  return 2;
+}
+
+}  // namespace moejit::cli
