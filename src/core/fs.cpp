@@ -74,16 +74,21 @@ constexpr int kTempNameAttempts = 16;
 }  // namespace
 
 void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
-  std::error_code ec;
-  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);
   std::filesystem::path tmp;
-  int fd = -1;
+  int fd = -1, error = ENOENT;
   for (int attempt = 0; fd < 0 && attempt < kTempNameAttempts; ++attempt) {
+    // Made again after ENOENT: another process may remove the folder once it is empty (the
+    // kernel cache's sweep of another build's folder) between making it and opening the file.
+    if (error == ENOENT && target.has_parent_path()) {
+      std::error_code ec;
+      std::filesystem::create_directories(target.parent_path(), ec);
+    }
     tmp = unique_temp_name(target);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
+    error = fd < 0 ? errno : 0;
+    if (fd < 0 && error != EEXIST && error != ENOENT) break;
   }
-  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), errno_text()));
+  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(error)));
   std::size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);

@@ -6,12 +6,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -191,4 +193,34 @@ TEST_CASE("atomic_write steps over temporary files a dead process of the same pi
   fs::remove_stale_temp_files(dir.path(), std::chrono::hours(1));
   CHECK_FALSE(std::filesystem::exists(dir / fmt::format("k.tmp.{}.{}", ::getpid(), next)));
   CHECK(fs::read_all(dir / "k") == "kernel");
+}
+
+TEST_CASE("atomic_write makes its folder again when another process removes it, empty, meanwhile", "[fs]") {
+  // The kernel cache's sweep removes another build's folder once it is empty, while a process of
+  // that build may be about to store into it.
+  test::TempDir dir("folder-race");
+  const auto folder = dir / "build";
+  std::atomic<bool> done{false};
+  // Removals some microseconds apart, as separate sweeps would be (one spinning without pause
+  // could win every retry).
+  std::thread remover([&] {
+    while (!done) {
+      std::error_code ec;
+      std::filesystem::remove(folder, ec);  // only while empty
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  int failures = 0;
+  for (int i = 0; i < 3000; ++i) {
+    try {
+      fs::atomic_write(folder / "k.cubin", "kernel");
+    } catch (const IoError& e) {
+      if (failures++ == 0) FAIL_CHECK(e.what());
+    }
+    std::error_code ec;
+    std::filesystem::remove(folder / "k.cubin", ec);
+  }
+  done = true;
+  remover.join();
+  CHECK(failures == 0);
 }
