@@ -13,6 +13,7 @@
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "moejit/error.hpp"
+#include "moejit/version.hpp"
 
 namespace moejit::jit {
 namespace {
@@ -120,7 +121,13 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
 }
 
 DiskCache DiskCache::of_this_build(std::filesystem::path root) {
-  static const std::string build = build_folder_name(template_hash(), nvrtc_build_id());
+  // What changes every kernel besides its spec: NVRTC, its options (the arch aside) and, for
+  // changes of code generation, the library's version.
+  static const std::string build = [] {
+    std::string rest = nvrtc_build_id() + "\n" + kLibraryVersion;
+    for (const std::string& option : nvrtc_options("")) rest += "\n" + option;
+    return build_folder_name(template_hash(), rest);
+  }();
   return DiskCache(std::move(root), build);
 }
 
@@ -185,8 +192,8 @@ constexpr std::size_t kHashDigits = 16;
 
 }  // namespace
 
-std::string DiskCache::build_folder_name(std::string_view template_hash, std::string_view nvrtc_build) {
-  return std::string(template_hash) + "-" + Hasher().add(nvrtc_build).hex();
+std::string DiskCache::build_folder_name(std::string_view template_hash, std::string_view rest_of_build) {
+  return std::string(template_hash) + "-" + Hasher().add(rest_of_build).hex();
 }
 
 bool DiskCache::is_build_folder_name(const std::string& name) {

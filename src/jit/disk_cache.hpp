@@ -1,8 +1,8 @@
 // On-disk cubin cache. One file per kernel key, written atomically (temp file + rename) and
 // checksummed, so concurrent writers lose nothing and a truncated or corrupt file is detected
-// and rebuilt over instead of loaded. Each build (template hash and NVRTC build) keeps its files
-// in a subfolder of the cache folder of its own, "<template hash>-<hash of the NVRTC build>", so
-// a sweep can tell the files another build left behind from this build's.
+// and rebuilt over instead of loaded. Each build keeps its files in a subfolder of the cache
+// folder of its own, "<template hash>-<hash of the NVRTC build, its options and the library
+// version>", so a sweep can tell the files another build left behind from this build's.
 #pragma once
 
 #include <chrono>
@@ -22,7 +22,8 @@ class DiskCache {
  public:
   // `build` is this build's subfolder name (build_folder_name).
   DiskCache(std::filesystem::path root, std::string build) : root_(std::move(root)), build_(std::move(build)) {}
-  // This process's build: the embedded templates' hash and the loaded NVRTC's build.
+  // This process's build: the embedded templates' hash; the loaded NVRTC's build, its options
+  // and the library version.
   static DiskCache of_this_build(std::filesystem::path root);
 
   // kHit fills `out`. kCorrupt means a file existed but failed validation; it stays until store()
@@ -62,8 +63,8 @@ class DiskCache {
   std::vector<BuildFiles> builds() const;
   const std::string& build() const { return build_; }
 
-  // Pure. "6900f36b2e760088-1f2e3d4c5b6a7988": the template hash, then a hash of the NVRTC build.
-  static std::string build_folder_name(std::string_view template_hash, std::string_view nvrtc_build);
+  // Pure. "6900f36b2e760088-1f2e3d4c5b6a7988": the template hash, then a hash of the rest.
+  static std::string build_folder_name(std::string_view template_hash, std::string_view rest_of_build);
   static bool is_build_folder_name(const std::string& name);
   // Whether a file name is one path_of gives: "<readable>.<16 hex digits>.cubin". Others in the
   // folder (it may be shared) are not the cache's to remove.

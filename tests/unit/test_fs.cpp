@@ -197,30 +197,37 @@ TEST_CASE("atomic_write steps over temporary files a dead process of the same pi
 
 TEST_CASE("atomic_write makes its folder again when another process removes it, empty, meanwhile", "[fs]") {
   // The kernel cache's sweep removes another build's folder once it is empty, while a process of
-  // that build may be about to store into it.
+  // that build may be about to store into it. Here the folder is removed at most once per store,
+  // as soon as it exists: mostly between atomic_write making it and opening a file in it.
   test::TempDir dir("folder-race");
   const auto folder = dir / "build";
-  std::atomic<bool> done{false};
-  // Removals some microseconds apart, as separate sweeps would be (one spinning without pause
-  // could win every retry).
+  std::atomic<bool> armed{false}, written{false}, done{false};
   std::thread remover([&] {
     while (!done) {
+      if (!armed) continue;
       std::error_code ec;
-      std::filesystem::remove(folder, ec);  // only while empty
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      while (!written && !std::filesystem::remove(folder, ec)) {
+      }
+      armed = false;
     }
   });
-  int failures = 0;
-  for (int i = 0; i < 3000; ++i) {
+  int failures = 0, removed_first = 0;
+  for (int i = 0; i < 2000; ++i) {
+    written = false;
+    armed = true;
     try {
       fs::atomic_write(folder / "k.cubin", "kernel");
     } catch (const IoError& e) {
       if (failures++ == 0) FAIL_CHECK(e.what());
     }
+    written = true;
+    while (armed) {
+    }
     std::error_code ec;
-    std::filesystem::remove(folder / "k.cubin", ec);
+    removed_first += std::filesystem::remove(folder / "k.cubin", ec);
   }
   done = true;
   remover.join();
   CHECK(failures == 0);
+  CHECK(removed_first == 2000);  // every store landed
 }
