@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
-from moejit.torch import plans  # noqa: E402
+from moejit.torch import ops, plans  # noqa: E402
 from reference import errors, make_case, moe_reference, unwritten_as_nan  # noqa: E402
 
 # (max-abs relative, relative L2) error bounds against the fp32 reference.
@@ -195,69 +195,60 @@ def test_a_double_backward_raises_instead_of_dropping_terms():
         dx.float().square().sum().backward()
 
 
-def _retained_backward(out, d_out, compiled):
-    try:
-        out.backward(d_out, retain_graph=True)
-    except RuntimeError as e:
-        # Where AOTAutograd donates the saved buffers it refuses retain_graph itself: nothing
-        # could run the consumed state again.
-        if compiled and "donated buffers" in str(e):
-            pytest.skip(f"this torch compiles the backward with donated buffers: {e}")
-        raise
+class _MemeffStep:
+    """A memory-efficient forward of CASES[1] through fused_moe, eager or compiled, and `want`,
+    the dx of a fresh forward and backward."""
 
+    def __init__(self, compiled):
+        x, w1, w2, ids, weights, self.d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+        self.compiled = compiled
+        self._forward(mt.fused_moe, x, w1, w2, ids, weights)
+        self.out.backward(self.d_out)
+        self.want = self.leaf.grad
+        torch._dynamo.reset()
+        self._forward(torch.compile(mt.fused_moe) if compiled else mt.fused_moe, x, w1, w2, ids, weights)
 
-def _memeff_dx(fused, case, d_out, backward):
-    """dx of a memory-efficient forward of `case` through `fused`, after backward(out)."""
-    x, w1, w2, ids, weights = case
-    x = x.detach().requires_grad_()
-    out = fused(x, w1, w2, ids, weights, memory_efficient=True)
-    backward(out)
-    return x.grad
+    def _forward(self, fused, x, w1, w2, ids, weights):
+        self.leaf = x.detach().requires_grad_()
+        self.out = fused(self.leaf, w1, w2, ids, weights, memory_efficient=True)
 
+    def retained_backward(self):
+        try:
+            self.out.backward(self.d_out, retain_graph=True)
+        except RuntimeError as e:
+            # Where AOTAutograd donates the saved buffers it refuses retain_graph itself: nothing
+            # could run the consumed state again.
+            if self.compiled and "donated buffers" in str(e):
+                pytest.skip(f"this torch compiles the backward with donated buffers: {e}")
+            raise
 
-def _refused_or_right(backward, want, compiled):
-    """Runs a backward that must not run on a consumed state: refused, or, compiled, where
-    AOTAutograd may hand the op a copy of the state each time (so the state itself is never
-    consumed), the right gradient."""
-    try:
-        got = backward()
-    except moejit.StateError as e:
-        assert "one backward per forward" in str(e)
-        return
-    assert compiled, "an eager backward on a consumed state ran"
-    assert torch.equal(got, want), "a backward ran on a consumed state and gave another gradient"
+    def again_is_refused_or_right(self):
+        """A backward that must not run on a consumed state: refused, or, compiled, where
+        AOTAutograd hands the op a copy of the state at each backward (so the state itself is
+        never consumed; session 47's H200 run took this branch), the right gradient."""
+        self.leaf.grad = None
+        try:
+            self.out.backward(self.d_out)
+        except moejit.StateError as e:
+            assert "one backward per forward" in str(e)
+            return
+        assert self.compiled, "an eager backward on a consumed state ran"
+        assert torch.equal(self.leaf.grad, self.want), "a backward ran on a consumed state and gave another gradient"
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_memory_efficient_state_is_consumed_by_one_backward(compiled):
-    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
-    case = (x, w1, w2, ids, weights)
-    want = _memeff_dx(mt.fused_moe, case, d_out, lambda out: out.backward(d_out))
-    torch._dynamo.reset()
-    fused = torch.compile(mt.fused_moe) if compiled else mt.fused_moe
-    leaf = x.detach().requires_grad_()
-    out = fused(leaf, w1, w2, ids, weights, memory_efficient=True)
-    _retained_backward(out, d_out, compiled)
-    assert torch.equal(leaf.grad, want)
-    leaf.grad = None
-
-    def again():
-        out.backward(d_out)
-        return leaf.grad
-
-    _refused_or_right(again, want, compiled)
+    step = _MemeffStep(compiled)
+    step.retained_backward()
+    assert torch.equal(step.leaf.grad, step.want)
+    step.again_is_refused_or_right()
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_failed_memory_efficient_backward_is_not_run_again(compiled, monkeypatch):
     # The library counts the state consumed from its first launch on, so a retry could run on
     # what a failed backward overwrote; here a failure stands in for a launch's.
-    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
-    want = _memeff_dx(mt.fused_moe, (x, w1, w2, ids, weights), d_out, lambda out: out.backward(d_out))
-    torch._dynamo.reset()
-    fused = torch.compile(mt.fused_moe) if compiled else mt.fused_moe
-    leaf = x.detach().requires_grad_()
-    out = fused(leaf, w1, w2, ids, weights, memory_efficient=True)
+    step = _MemeffStep(compiled)
 
     class Failing:
         def __init__(self, plan):
@@ -272,15 +263,24 @@ def test_a_failed_memory_efficient_backward_is_not_run_again(compiled, monkeypat
     real = plans.plan_for
     monkeypatch.setattr(plans, "plan_for", lambda problem, device: Failing(real(problem, device)))
     with pytest.raises(RuntimeError, match="stand-in"):
-        _retained_backward(out, d_out, compiled)
+        step.retained_backward()
     monkeypatch.undo()
-    leaf.grad = None
+    step.again_is_refused_or_right()
 
-    def again():
-        out.backward(d_out)
-        return leaf.grad
 
-    _refused_or_right(again, want, compiled)
+def test_the_consuming_op_refuses_a_state_it_consumed():
+    # Called directly, the op's own record of consumed storages is all that stands between a
+    # second call and the overwritten state (every state is adopted, so the library's would not).
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    ids, weights = ids.int(), weights.to(x.dtype)
+    out, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
+    args = (d_out, x, w1, w2, ids, weights, saved, ops.MEMEFF, False, True)
+    torch.ops.moejit.fused_moe_backward_consuming(*args)
+    with pytest.raises(moejit.StateError, match="one backward per forward"):
+        torch.ops.moejit.fused_moe_backward_consuming(*args)
+    # A new forward into a new buffer is a new state.
+    _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
+    torch.ops.moejit.fused_moe_backward_consuming(*args[:6], saved, *args[7:])
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])

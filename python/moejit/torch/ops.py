@@ -13,6 +13,8 @@ every buffer comes from PyTorch's caching allocator and every launch goes to the
 Inputs must already be checked and converted (functional.fused_moe does that).
 """
 
+import threading
+
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -86,18 +88,29 @@ _ONE_BACKWARD = ("moejit: memory_efficient=True allows one backward per forward 
 # address, and every backward adopts its state (below), so the front end keeps this one. A weak
 # reference keeps the storage's identity, not its memory: a new storage at a consumed one's
 # address is another state, and one brought back from the host (save_on_cpu) is a new storage.
+# Autograd runs each device's backward on a thread of its own, and the library calls release the GIL.
 _consumed_states = {}
+_consumed_lock = threading.Lock()
+_consumed_cleanup_at = [1024]  # the size that next drops the entries of freed storages
+
+
+def _is_consumed(saved):
+    with _consumed_lock:
+        held = _consumed_states.get(StorageWeakRef(saved.untyped_storage()).cdata)
+        return held is not None and not held.expired()
 
 
 def _consume(saved):
     ref = StorageWeakRef(saved.untyped_storage())
-    held = _consumed_states.get(ref.cdata)
-    if held is not None and not held.expired():
-        raise StateError(_ONE_BACKWARD, status="state")
-    if len(_consumed_states) >= 1024:
-        for key in [k for k, r in _consumed_states.items() if r.expired()]:
-            del _consumed_states[key]
-    _consumed_states[ref.cdata] = ref
+    with _consumed_lock:
+        held = _consumed_states.get(ref.cdata)
+        if held is not None and not held.expired():
+            raise StateError(_ONE_BACKWARD, status="state")
+        if len(_consumed_states) >= _consumed_cleanup_at[0]:
+            for key in [k for k, r in _consumed_states.items() if r.expired()]:
+                del _consumed_states[key]
+            _consumed_cleanup_at[0] = max(1024, 2 * len(_consumed_states))
+        _consumed_states[ref.cdata] = ref
 
 
 def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
@@ -169,13 +182,18 @@ def _autograd_backward(ctx, d_out, _d_saved, eager=False):
         return None, None, None, None, None, None, None
     op = _backward if eager else fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
     needs = ctx.needs_input_grad
-    # Before the call: one that fails part-way has consumed the state too, and a retry must not
-    # run on what it overwrote.
-    ctx.consumed = True
     # Frozen experts skip the weight-gradient GEMMs; one weight needing its gradient computes
     # both (the library takes both or neither).
-    dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
-                          ctx.mode, ctx.check_expert_ids, needs[1] or needs[2])
+    try:
+        dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
+                              ctx.mode, ctx.check_expert_ids, needs[1] or needs[2])
+    except BaseException:
+        # A call that failed part-way consumed the state too (_backward marks it before the
+        # library runs), and a retry must not run on what it overwrote; one that failed before
+        # (out of memory for its buffers, say) left it whole.
+        ctx.consumed = ctx.mode == MEMEFF and _is_consumed(saved)
+        raise
+    ctx.consumed = True
     return (dx if needs[0] else None, dw1 if needs[1] else None, dw2 if needs[2] else None, None,
             ds if needs[4] else None, None, None)
 
