@@ -69,7 +69,7 @@ case "${1:-}" in
       ((index < first)) && continue
       [[ -z "$name" || "$name" == *"test cases"* ]] && continue
       if ((SECONDS >= budget)); then
-        resume="resume with: ${CASES:+CASES='$CASES' }tools/gpu-round.sh tests $limit $index $budget"
+        resume="resume with: ${BUILD:+BUILD=$BUILD }${CASES:+CASES='$CASES' }tools/gpu-round.sh tests $limit $index $budget"
         break
       fi
       start=$SECONDS

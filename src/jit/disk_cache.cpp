@@ -58,6 +58,26 @@ FailedFolders& failed_folders() {
   return folders;
 }
 
+bool is_hex_digits(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+constexpr std::size_t kHashDigits = 16;
+
+// Calls fn(path, name) for each build's subfolder of `root`: named as one, a real folder, not a
+// symbolic link (another user's link in a shared folder must not lead a sweep elsewhere).
+template <typename Fn>
+void for_each_build_folder(const std::filesystem::path& root, Fn fn) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (DiskCache::is_build_folder_name(name) && !it->is_symlink(type_ec) && it->is_directory(type_ec)) {
+      fn(it->path(), name);
+    }
+  }
+}
+
 }  // namespace
 
 std::string DiskCache::encode(const CompiledKernel& k) {
@@ -135,17 +155,13 @@ std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for) cons
   // The flat layout before build subfolders: every file there is another build's.
   fs::remove_stale_temp_files(root_, kDeadWriterAge);
   std::size_t removed = fs::remove_old_files(root_, unused_for, is_cache_file_name);
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    std::error_code type_ec;
-    if (!is_build_folder_name(name) || it->is_symlink(type_ec) || !it->is_directory(type_ec)) continue;
-    fs::remove_stale_temp_files(it->path(), kDeadWriterAge);
-    if (name == build_) continue;
-    removed += fs::remove_old_files(it->path(), unused_for, is_cache_file_name);
+  for_each_build_folder(root_, [&](const std::filesystem::path& folder, const std::string& name) {
+    fs::remove_stale_temp_files(folder, kDeadWriterAge);
+    if (name == build_) return;
+    removed += fs::remove_old_files(folder, unused_for, is_cache_file_name);
     std::error_code remove_ec;
-    std::filesystem::remove(it->path(), remove_ec);  // removes a folder only once it is empty
-  }
+    std::filesystem::remove(folder, remove_ec);  // removes a folder only once it is empty
+  });
   return removed;
 }
 
@@ -171,26 +187,11 @@ std::vector<DiskCache::BuildFiles> DiskCache::builds() const {
     }
   };
   count(root_, "");
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    std::error_code type_ec;
-    if (is_build_folder_name(name) && !it->is_symlink(type_ec) && it->is_directory(type_ec)) count(it->path(), name);
-  }
+  for_each_build_folder(root_, count);
   std::vector<BuildFiles> out;
   for (auto& [name, b] : found) out.push_back(std::move(b));
   return out;
 }
-
-namespace {
-
-bool is_hex_digits(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-constexpr std::size_t kHashDigits = 16;
-
-}  // namespace
 
 std::string DiskCache::build_folder_name(std::string_view template_hash, std::string_view rest_of_build) {
   return std::string(template_hash) + "-" + Hasher().add(rest_of_build).hex();
