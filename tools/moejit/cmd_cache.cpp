@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -61,13 +60,7 @@ int run_cache(int argc, char** argv, int start) {
   const std::string sub = start < argc ? argv[start] : "";
   if (sub == "list") return list(parse_args(argc, argv, start + 1, {}, {"dir"}, true));
   if (sub == "prune") return prune(parse_args(argc, argv, start + 1, {}, {"dir"}, true));
-  if (sub == "help") {
-    print_usage("cache", stdout);
-    return 0;
-  }
-  if (!sub.empty()) std::fprintf(stderr, "moejit cache: unknown subcommand '%s'\n", sub.c_str());
-  print_usage("cache", stderr);
-  return 2;
+  return help_or_unknown_subcommand("cache", sub);
 }
 
 }  // namespace moejit::cli

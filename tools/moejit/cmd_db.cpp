@@ -134,13 +134,7 @@ int run_db(int argc, char** argv, int start) {
   if (sub == "import") return import_rows(parse_args(argc, argv, start + 1, flags, {"db"}, true));
   if (sub == "merge") return merge(parse_args(argc, argv, start + 1, flags, {"db"}, true));
   if (sub == "prune") return prune(parse_args(argc, argv, start + 1, flags, {"db"}, true));
-  if (sub == "help") {
-    print_usage("db", stdout);
-    return 0;
-  }
-  if (!sub.empty()) std::fprintf(stderr, "moejit db: unknown subcommand '%s'\n", sub.c_str());
-  print_usage("db", stderr);
-  return 2;
+  return help_or_unknown_subcommand("db", sub);
 }
 
 }  // namespace moejit::cli

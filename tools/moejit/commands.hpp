@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <string>
 
 namespace moejit::cli {
 
@@ -17,5 +18,9 @@ int run_bench(int argc, char** argv, int start);
 
 // What `moejit <command> --help` prints (main.cpp); `command` is one of the names above.
 void print_usage(const char* command, std::FILE* out);
+
+// The exit code of a command with subcommands given none it knows: "help" prints its usage (0);
+// anything else is named, then the usage goes to stderr (2).
+int help_or_unknown_subcommand(const char* command, const std::string& sub);
 
 }  // namespace moejit::cli

@@ -93,6 +93,16 @@ void print_usage(const char* command, std::FILE* out) {
   std::fprintf(out, "%s\n  %s\n%s", synopsis("usage: moejit ", *c).c_str(), c->summary, c->details);
 }
 
+int help_or_unknown_subcommand(const char* command, const std::string& sub) {
+  if (sub == "help") {
+    print_usage(command, stdout);
+    return 0;
+  }
+  if (!sub.empty()) std::fprintf(stderr, "moejit %s: unknown subcommand '%s'\n", command, sub.c_str());
+  print_usage(command, stderr);
+  return 2;
+}
+
 }  // namespace moejit::cli
 
 int main(int argc, char** argv) {
