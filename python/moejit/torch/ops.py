@@ -95,8 +95,12 @@ _consumed_cleanup_at = [1024]  # the size that next drops the entries of freed s
 
 
 def _is_consumed(saved):
+    try:
+        key = StorageWeakRef(saved.untyped_storage()).cdata
+    except Exception:  # a tensor without a storage of its own (tracing): take it as consumed
+        return True
     with _consumed_lock:
-        held = _consumed_states.get(StorageWeakRef(saved.untyped_storage()).cdata)
+        held = _consumed_states.get(key)
         return held is not None and not held.expired()
 
 
