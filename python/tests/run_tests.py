@@ -4,12 +4,14 @@
 (parametrize, raises, skip, importorskip, the tmp_path/monkeypatch/capfd fixtures); with pytest
 installed, prefer `python3 -m pytest python/tests`."""
 
+import functools
 import importlib
 import inspect
 import itertools
 import os
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 import traceback
@@ -135,6 +137,7 @@ def run_test(fn, kwargs):
         wanted = inspect.signature(fn).parameters
         if "tmp_path" in wanted:
             kwargs["tmp_path"] = pathlib.Path(tempfile.mkdtemp(prefix="moejit-test-"))
+            cleanups.append(functools.partial(shutil.rmtree, kwargs["tmp_path"], ignore_errors=True))
         if "monkeypatch" in wanted:
             kwargs["monkeypatch"] = MonkeyPatch()
             cleanups.append(kwargs["monkeypatch"].undo)
