@@ -195,6 +195,44 @@ def test_a_double_backward_raises_instead_of_dropping_terms():
         dx.float().square().sum().backward()
 
 
+def _green_context(num_sms):
+    """A PyTorch green context holding num_sms SMs of device 0, or a skip saying why not."""
+    green_contexts = getattr(torch.cuda, "green_contexts", None)
+    if green_contexts is None:
+        pytest.skip("this PyTorch has no torch.cuda.green_contexts")
+    try:
+        return green_contexts.GreenContext.create(num_sms=num_sms, device_id=0)
+    except RuntimeError as e:
+        pytest.skip(f"no green context here: {e}")
+
+
+def test_green_contexts_run_the_op_bit_for_bit():
+    """A green context (half the SMs, for overlapping other work) runs the op as the whole device
+    does: on its stream (PyTorch 2.12 on), and made current with its stream (2.10's way)."""
+    inputs = make_case(*CASES[1], dtype=torch.bfloat16)
+    want = run(mt.fused_moe, inputs[:5], inputs[5])
+    green = _green_context(torch.cuda.get_device_properties(0).multi_processor_count // 2)
+    tried = []
+    if hasattr(green, "Stream"):
+        stream = green.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            tried.append(("its stream", run(mt.fused_moe, inputs[:5], inputs[5])))
+        torch.cuda.current_stream().wait_stream(stream)
+    if hasattr(green, "set_context"):
+        green.set_context()
+        try:
+            tried.append(("made current", run(mt.fused_moe, inputs[:5], inputs[5])))
+            torch.cuda.current_stream().synchronize()
+        finally:
+            green.pop_context()
+    assert tried, "this PyTorch's GreenContext has neither Stream() nor set_context()"
+    torch.cuda.synchronize()
+    for how, got in tried:
+        for name, g, w in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), got, want):
+            assert torch.equal(g, w), f"{how}: {name}"
+
+
 class _MemeffStep:
     """A memory-efficient forward of CASES[1] through fused_moe, eager or compiled, and `want`,
     the dx of a fresh forward and backward."""

@@ -40,6 +40,10 @@ LoadResult load() {
   if (r.driver.name == nullptr) missing += std::string(missing.empty() ? "" : ", ") + MOEJIT_SYMBOL(name);
   MOEJIT_DRIVER_FUNCTIONS(MOEJIT_LOAD_FN)
 #undef MOEJIT_LOAD_FN
+#define MOEJIT_LOAD_OPTIONAL_FN(name) \
+  r.driver.name = reinterpret_cast<decltype(r.driver.name)>(::dlsym(handle, MOEJIT_SYMBOL(name)));
+  MOEJIT_DRIVER_OPTIONAL_FUNCTIONS(MOEJIT_LOAD_OPTIONAL_FN)
+#undef MOEJIT_LOAD_OPTIONAL_FN
   if (!missing.empty()) {
     r.error = fmt::format("CUDA driver {} lacks {}", lib, missing);
     return r;

@@ -16,6 +16,7 @@ namespace moejit::cuda {
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)             \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)              \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
+  X(cuCtxPushCurrent) X(cuCtxPopCurrent)                                                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)          \
   X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyDtoDAsync)          \
@@ -31,9 +32,14 @@ namespace moejit::cuda {
   X(cuOccupancyMaxActiveClusters)                                                           \
   X(cuTensorMapEncodeTiled) X(cuPointerGetAttributes)
 
+// Entry points of newer drivers than the oldest moejit runs on: null where the driver lacks them.
+// cuStreamGetCtx_v2 (12.5) names the primary context behind a green context.
+#define MOEJIT_DRIVER_OPTIONAL_FUNCTIONS(X) X(cuStreamGetCtx_v2)
+
 struct Driver {
 #define MOEJIT_DECLARE_FN(name) decltype(&::name) name = nullptr;
   MOEJIT_DRIVER_FUNCTIONS(MOEJIT_DECLARE_FN)
+  MOEJIT_DRIVER_OPTIONAL_FUNCTIONS(MOEJIT_DECLARE_FN)
 #undef MOEJIT_DECLARE_FN
   int version = 0;  // cuDriverGetVersion, e.g. 13000
 };

@@ -45,13 +45,54 @@ PrimaryContext::~PrimaryContext() {
   warn_on_failure(d.cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
 }
 
+namespace {
+
+// The context behind the current one, or null where the driver predates cuStreamGetCtx_v2. The
+// null stream stands for the current context.
+CUcontext owner_of_current() {
+  const Driver& d = driver();
+  if (d.cuStreamGetCtx_v2 == nullptr) return nullptr;
+  CUcontext owner = nullptr;
+  CUgreenCtx green = nullptr;
+  MOEJIT_CU(d.cuStreamGetCtx_v2(nullptr, &owner, &green));
+  return owner;
+}
+
+}  // namespace
+
 CUcontext current_context() {
   CUcontext ctx = nullptr;
   MOEJIT_CU(driver().cuCtxGetCurrent(&ctx));
   if (ctx == nullptr) {
     throw NoDeviceError("no CUDA context is current on this thread (create one, e.g. with the CUDA runtime)");
   }
+  const CUcontext owner = owner_of_current();
+  return owner != nullptr ? owner : ctx;
+}
+
+CUcontext stream_context(CUstream stream) {
+  const Driver& d = driver();
+  CUcontext ctx = nullptr;
+  if (d.cuStreamGetCtx_v2 != nullptr) {
+    CUgreenCtx green = nullptr;
+    MOEJIT_CU(d.cuStreamGetCtx_v2(stream, &ctx, &green));
+  } else {
+    MOEJIT_CU(d.cuStreamGetCtx(stream, &ctx));
+  }
   return ctx;
+}
+
+CUcontext owning_context(CUcontext context) {
+  const Driver& d = driver();
+  if (d.cuStreamGetCtx_v2 == nullptr) return context;
+  MOEJIT_CU(d.cuCtxPushCurrent(context));
+  CUcontext owner = nullptr;
+  CUgreenCtx green = nullptr;
+  const CUresult asked = d.cuStreamGetCtx_v2(nullptr, &owner, &green);
+  CUcontext popped = nullptr;
+  MOEJIT_CU(d.cuCtxPopCurrent(&popped));
+  check(asked, "cuStreamGetCtx_v2");
+  return owner != nullptr ? owner : context;
 }
 
 unsigned long long current_context_id() {

@@ -28,10 +28,20 @@ class PrimaryContext {
   CUcontext previous_ = nullptr;
 };
 
-// The context current on this thread; throws NoDeviceError when there is none.
+// The context current on this thread; throws NoDeviceError when there is none. Where a green
+// context is current (cuCtxFromGreenCtx), its device's primary context: a green context shares
+// that context's memory and modules and only runs kernels on fewer SMs.
 CUcontext current_context();
 
-// A process-unique id of the current context. Unlike the CUcontext pointer it is never reused
+// The context `stream` enqueues in, as current_context() names it: for a green context's stream,
+// its device's primary context.
+CUcontext stream_context(CUstream stream);
+
+// `context`, or its device's primary context where `context` stands for a green context. Makes
+// `context` current for a moment, so callers ask only where another answer already differs.
+CUcontext owning_context(CUcontext context);
+
+// A process-unique id of the current context (current_context()). Unlike the CUcontext pointer it is never reused
 // when a context is destroyed and another created (e.g. a primary context released and retained
 // again), so it can key per-context state such as loaded modules.
 unsigned long long current_context_id();

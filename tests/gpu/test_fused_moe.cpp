@@ -20,6 +20,7 @@
 #include "moe/routing.hpp"
 #include "moe/validate.hpp"
 #include "support/differences.hpp"
+#include "support/green_context.hpp"
 #include "support/gpu.hpp"
 #include "support/kernel_paths.hpp"
 #include "support/moe_case.hpp"
@@ -67,15 +68,8 @@ std::vector<double> reference_rows(const std::vector<double>& per_pair, std::siz
   return out;
 }
 
-Outputs run_case(const CaseData& data, Mode mode, const Options& options = {}, bool intermediates = false) {
-  const CaseSpec& s = data.spec;
-  FusedMoe plan(problem_of(s, mode), options);
-  DeviceRun run(data, plan.memory());
-  cuda::Stream stream;
-  plan.forward(run.forward_args(stream.get()));
-  if (mode != Mode::kInference) plan.backward(run.backward_args(stream.get()));
-  stream.synchronize();
-
+// What a step of `mode` left in `run`, its work finished.
+Outputs outputs_of(const DeviceRun& run, const CaseSpec& s, Mode mode, bool intermediates = false) {
   const std::size_t T = s.tokens, H = s.hidden, I = s.intermediate, E = s.experts, K = s.topk;
   Outputs o;
   o.out = download(run.out, s.dtype, T * H);
@@ -105,6 +99,21 @@ Outputs run_case(const CaseData& data, Mode mode, const Options& options = {}, b
     }
   }
   return o;
+}
+
+// One step of `mode` on `stream`, finished.
+void run_step(FusedMoe& plan, const DeviceRun& run, Mode mode, CUstream stream) {
+  plan.forward(run.forward_args(stream));
+  if (mode != Mode::kInference) plan.backward(run.backward_args(stream));
+  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream));
+}
+
+Outputs run_case(const CaseData& data, Mode mode, const Options& options = {}, bool intermediates = false) {
+  FusedMoe plan(problem_of(data.spec, mode), options);
+  DeviceRun run(data, plan.memory());
+  cuda::Stream stream;
+  run_step(plan, run, mode, stream.get());
+  return outputs_of(run, data.spec, mode, intermediates);
 }
 
 struct Reference {
@@ -1123,6 +1132,65 @@ TEST_CASE("another context's memory or stream, or another problem's saved state,
   plan.backward(from_moved);
   stream.synchronize();
   CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
+}
+
+TEST_CASE("a green context's stream runs a plan of its primary context, with either context current", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  std::string why;
+  const auto green = test::GreenContext::create(gpu->info.ordinal, static_cast<unsigned>(gpu->info.sm_count / 2), &why);
+  if (!green) {
+    WARN("skipped: " << why);
+    return;
+  }
+  INFO("green context of " << green->sm_count() << " SMs of " << gpu->info.sm_count);
+  REQUIRE(green->sm_count() < static_cast<unsigned>(gpu->info.sm_count));
+  // Persistent grids where the space has them: sized for the whole device, they run in more than
+  // one round on the green context's SMs, which no kernel may wait across.
+  const CaseSpec spec{2048, 16, 256, 256, 4, DType::kBF16, Routing::kRandom, 71};
+  const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
+  Options persistent;
+  for (Role r : kAllRoles) {
+    for (const PruneDecision& d : prune_space(r, shape, gpu->info)) {
+      if (d.reason || !d.config.persistent) continue;
+      persistent.config_overrides[role_name(r)] = d.config.name();
+      break;
+    }
+  }
+  if (gpu->info.is_hopper()) CHECK(persistent.config_overrides.size() == 6);
+  const CaseData data = make_case(spec);
+  const Outputs want = run_case(data, Mode::kTraining, persistent);
+  check_outputs(want, reference_of(data));
+
+  // The primary context current, as the CUDA runtime leaves it; the green context's stream.
+  FusedMoe plan(problem_of(spec, Mode::kTraining), persistent);
+  const auto green_step = [&](FusedMoe& p) {
+    DeviceRun run(data, p.memory());
+    run.poison();
+    run_step(p, run, Mode::kTraining, green->stream());
+    return outputs_of(run, spec, Mode::kTraining);
+  };
+  check_same_bits(green_step(plan), want);
+
+  // The green context current, as PyTorch's GreenContext.set_context() leaves it: the plan built
+  // before, then one built there, with memory allocated there.
+  test::CurrentContext in_green(green->context());
+  {
+    // The driver may name either context as the owner of memory allocated here.
+    cuda::DeviceBuffer here(256);
+    const std::uintptr_t named = cuda::query_pointer(here.as<void>()).context;
+    const bool by_green = named == reinterpret_cast<std::uintptr_t>(green->context());
+    CHECK((by_green || named == reinterpret_cast<std::uintptr_t>(gpu->context.get())));
+    WARN("memory allocated with the green context current is named by the " << (by_green ? "green" : "primary")
+                                                                          << " context");
+  }
+  check_same_bits(green_step(plan), want);
+  FusedMoe built_in_green(problem_of(spec, Mode::kTraining), persistent);
+  check_same_bits(green_step(built_in_green), want);
+  // Another context's stream is refused still.
+  test::OtherContext other(gpu->info.ordinal, 256);
+  DeviceRun run(data, plan.memory());
+  CHECK_THROWS_WITH(plan.forward(run.forward_args(other.stream())),
+                    Catch::StartsWith("stream: belongs to another CUDA context"));
 }
 
 TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed or pool memory, run; past their memory they are rejected", "[gpu][moe]") {

@@ -1,12 +1,10 @@
 #include "support/virtual_memory.hpp"
 
-#include <dlfcn.h>
-
 #include <stdexcept>
 #include <string>
 
-#include "core/env.hpp"
 #include "cuda/driver.hpp"
+#include "support/driver_symbol.hpp"
 
 namespace moejit::test {
 namespace {
@@ -14,10 +12,7 @@ namespace {
 #define MOEJIT_TEST_VM_FUNCTIONS(X)                                                                \
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) \
   X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemFreeAsync)   \
-  X(cuCtxCreate) X(cuCtxDestroy) X(cuCtxPushCurrent) X(cuCtxPopCurrent)
-// As in src/cuda/driver.cpp: cuda.h's versioning macros expand before the name is a string.
-#define MOEJIT_TEST_SYMBOL_TEXT(name) #name
-#define MOEJIT_TEST_SYMBOL(name) MOEJIT_TEST_SYMBOL_TEXT(name)
+  X(cuCtxCreate) X(cuCtxDestroy)
 
 struct VmDriver {
 #define MOEJIT_TEST_DECLARE(name) decltype(&::name) name = nullptr;
@@ -27,12 +22,9 @@ struct VmDriver {
 
 const VmDriver& vm() {
   static const VmDriver d = [] {
-    cuda::driver();  // loaded and initialised, or NoDeviceError
-    void* handle = ::dlopen(env::cuda_driver_library().c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) throw std::runtime_error("cannot load the CUDA driver");
     VmDriver out;
-#define MOEJIT_TEST_LOAD(name)                                                                          \
-  out.name = reinterpret_cast<decltype(out.name)>(::dlsym(handle, MOEJIT_TEST_SYMBOL(name)));          \
+#define MOEJIT_TEST_LOAD(name)                                                                 \
+  out.name = reinterpret_cast<decltype(out.name)>(driver_symbol(MOEJIT_TEST_SYMBOL(name)));    \
   if (out.name == nullptr) throw std::runtime_error(std::string("the CUDA driver lacks ") + MOEJIT_TEST_SYMBOL(name));
     MOEJIT_TEST_VM_FUNCTIONS(MOEJIT_TEST_LOAD)
 #undef MOEJIT_TEST_LOAD
@@ -113,7 +105,7 @@ OtherContext::OtherContext(int device, std::size_t bytes) {
     throw;
   }
   CUcontext popped = nullptr;
-  d.cuCtxPopCurrent(&popped);
+  cuda::driver().cuCtxPopCurrent(&popped);
 }
 
 OtherContext::~OtherContext() { release(); }
@@ -122,11 +114,11 @@ OtherContext::~OtherContext() { release(); }
 void OtherContext::release() noexcept {
   const VmDriver& d = vm();
   if (context_ == nullptr) return;
-  d.cuCtxPushCurrent(context_);
+  cuda::driver().cuCtxPushCurrent(context_);
   if (stream_ != nullptr) cuda::driver().cuStreamDestroy(stream_);
   if (memory_ != 0) cuda::driver().cuMemFree(memory_);
   CUcontext popped = nullptr;
-  d.cuCtxPopCurrent(&popped);
+  cuda::driver().cuCtxPopCurrent(&popped);
   d.cuCtxDestroy(context_);
   context_ = nullptr;
 }

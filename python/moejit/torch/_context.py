@@ -30,7 +30,22 @@ def _load_driver():
     d.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(vp), i]
     for fn in (d.cuCtxGetCurrent, d.cuCtxSetCurrent, d.cuDeviceGet, d.cuDevicePrimaryCtxRetain):
         fn.restype = i
+    # Drivers before 12.5 lack it, and have no green context to resolve either.
+    if hasattr(d, "cuStreamGetCtx_v2"):
+        d.cuStreamGetCtx_v2.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(vp)]
+        d.cuStreamGetCtx_v2.restype = i
     return d
+
+
+def _owner_of_current(d):
+    """The context behind the current one: for a green context (PyTorch's
+    GreenContext.set_context()), its device's primary context, which the library takes as its own
+    and which must stay current under it. None where the driver cannot say."""
+    if not hasattr(d, "cuStreamGetCtx_v2"):
+        return None
+    owner, green = ctypes.c_void_p(), ctypes.c_void_p()
+    _check(d.cuStreamGetCtx_v2(None, ctypes.byref(owner), ctypes.byref(green)), "cuStreamGetCtx_v2")
+    return owner.value
 
 
 def _check(result, call):
@@ -51,7 +66,8 @@ def _primary_context(d, ordinal):
 
 
 def make_current(ordinal):
-    """Makes device `ordinal`'s primary context (PyTorch's) current on this thread."""
+    """Makes device `ordinal`'s primary context (PyTorch's) current on this thread, unless a
+    green context of it is current already."""
     global _driver
     if _driver is None:
         with _lock:
@@ -61,5 +77,5 @@ def make_current(ordinal):
     current = ctypes.c_void_p()
     _check(d.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
     primary = _primary_context(d, ordinal)
-    if current.value != primary.value:
+    if current.value != primary.value and (current.value is None or _owner_of_current(d) != primary.value):
         _check(d.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
