@@ -117,6 +117,9 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         continue;
       }
       const TuningSession::RoleKernel k{c, kernel};
+      // A candidate that leaves some of its outputs unwritten would otherwise match the
+      // reference's values still there.
+      if (i > 0) session.poison(rc.role);
       session.run(rc.role, k);
       if (options.inspect) {
         const std::vector<TuningSession::Span> outputs = session.outputs_of(rc.role);
@@ -128,6 +131,8 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         session.snapshot(rc.role);
       } else if (const double diff = session.diff(rc.role); !(diff <= kTuneTolerance)) {
         rc.results.push_back(rejected(c, fmt::format("output differs from the reference config by {:.3g}", diff)));
+        // Later roles read these outputs: the reference's go back.
+        session.run(rc.role, primed.at(rc.role));
         continue;
       }
       const Timing t = session.time(rc.role, k, reps, options.sustained);

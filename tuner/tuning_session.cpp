@@ -296,6 +296,13 @@ void TuningSession::snapshot(Role role) {
   stream_.synchronize();
 }
 
+void TuningSession::poison(Role role) {
+  if (role == Role::kRouting) return;
+  for (const Span& s : outputs_of(role)) {
+    MOEJIT_CU(cuda::driver().cuMemsetD8Async(s.ptr, 0xff, s.bytes, stream_.get()));
+  }
+}
+
 double TuningSession::diff(Role role) {
   const cuda::Driver& d = cuda::driver();
   stream_.synchronize();

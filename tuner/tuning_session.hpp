@@ -50,6 +50,10 @@ class TuningSession {
 
   // Keeps a copy of the role's current outputs as the reference for diff().
   void snapshot(Role role);
+  // Fills the role's outputs with 0xff bytes (NaN in every dtype), so that diff() finds any the
+  // next run leaves unwritten. Routing is left alone: its tables are sized for the most tiles any
+  // routing can need, and the entries past this routing's are nobody's output.
+  void poison(Role role);
   // The largest relative L2 difference of the role's outputs to the snapshot; infinity when an
   // output has a non-finite value (routing: 0 when identical, infinity otherwise).
   double diff(Role role);

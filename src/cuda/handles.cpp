@@ -1,6 +1,7 @@
 #include "cuda/handles.hpp"
 
 #include <string>
+#include <utility>
 
 #include "core/log.hpp"
 #include "cuda/driver.hpp"
@@ -47,27 +48,37 @@ PrimaryContext::~PrimaryContext() {
 
 namespace {
 
-// The context behind the current one, or null where the driver predates cuStreamGetCtx_v2. The
-// null stream stands for the current context.
-CUcontext owner_of_current() {
+// The contexts behind the current one: the regular context, and the green context it stands
+// for (null where none). Both null where the driver predates cuStreamGetCtx_v2. The null stream
+// stands for the current context.
+std::pair<CUcontext, CUgreenCtx> owners_of_current() {
   const Driver& d = driver();
-  if (d.cuStreamGetCtx_v2 == nullptr) return nullptr;
   CUcontext owner = nullptr;
   CUgreenCtx green = nullptr;
-  MOEJIT_CU(d.cuStreamGetCtx_v2(nullptr, &owner, &green));
-  return owner;
+  if (d.cuStreamGetCtx_v2 != nullptr) MOEJIT_CU(d.cuStreamGetCtx_v2(nullptr, &owner, &green));
+  return {owner, green};
 }
 
-}  // namespace
-
-CUcontext current_context() {
+CUcontext raw_current_context() {
   CUcontext ctx = nullptr;
   MOEJIT_CU(driver().cuCtxGetCurrent(&ctx));
   if (ctx == nullptr) {
     throw NoDeviceError("no CUDA context is current on this thread (create one, e.g. with the CUDA runtime)");
   }
-  const CUcontext owner = owner_of_current();
+  return ctx;
+}
+
+}  // namespace
+
+CUcontext current_context() {
+  const CUcontext ctx = raw_current_context();
+  const CUcontext owner = owners_of_current().first;
   return owner != nullptr ? owner : ctx;
+}
+
+bool green_context_current() {
+  raw_current_context();
+  return owners_of_current().second != nullptr;
 }
 
 CUcontext stream_context(CUstream stream) {
@@ -82,17 +93,15 @@ CUcontext stream_context(CUstream stream) {
   return ctx;
 }
 
-CUcontext owning_context(CUcontext context) {
-  const Driver& d = driver();
-  if (d.cuStreamGetCtx_v2 == nullptr) return context;
-  MOEJIT_CU(d.cuCtxPushCurrent(context));
-  CUcontext owner = nullptr;
-  CUgreenCtx green = nullptr;
-  const CUresult asked = d.cuStreamGetCtx_v2(nullptr, &owner, &green);
+ScopedContext::ScopedContext(CUcontext context) {
+  if (raw_current_context() == context) return;
+  MOEJIT_CU(driver().cuCtxPushCurrent(context));
+  pushed_ = true;
+}
+
+ScopedContext::~ScopedContext() {
   CUcontext popped = nullptr;
-  MOEJIT_CU(d.cuCtxPopCurrent(&popped));
-  check(asked, "cuStreamGetCtx_v2");
-  return owner != nullptr ? owner : context;
+  if (pushed_) warn_on_failure(driver().cuCtxPopCurrent(&popped), "cuCtxPopCurrent");
 }
 
 unsigned long long current_context_id() {

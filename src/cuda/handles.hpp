@@ -37,9 +37,22 @@ CUcontext current_context();
 // its device's primary context.
 CUcontext stream_context(CUstream stream);
 
-// `context`, or its device's primary context where `context` stands for a green context. Makes
-// `context` current for a moment, so callers ask only where another answer already differs.
-CUcontext owning_context(CUcontext context);
+// Whether the current context stands for a green context (never, where the driver predates
+// cuStreamGetCtx_v2).
+bool green_context_current();
+
+// Makes `context` current on this thread for its lifetime, where another context is (pushed,
+// then popped).
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext context);
+  ~ScopedContext();
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
 
 // A process-unique id of the current context (current_context()). Unlike the CUcontext pointer it is never reused
 // when a context is destroyed and another created (e.g. a primary context released and retained

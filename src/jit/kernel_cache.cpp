@@ -289,6 +289,9 @@ unsigned LoadedKernel::resident_clusters(std::size_t index, Dim3 block, unsigned
     MOEJIT_CU(d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
     count = per_sm * sms;
   } else {
+    // Asked of the whole device even where a green context is current, which would answer for
+    // its share of the SMs: the count is kept for every later launch, in any context.
+    const cuda::ScopedContext whole_device(cuda::current_context());
     ClusterLaunch launch(Dim3{cluster, 1, 1}, block, smem_bytes, nullptr, cluster);
     MOEJIT_CU(d.cuOccupancyMaxActiveClusters(&count, functions[index], &launch.config));
   }

@@ -69,22 +69,17 @@ struct FusedMoe::Impl {
   // `current` from check_context: the driver answers for it. Two queries per tensor cost about
   // 2 µs per call (0.06-0.09 µs each on the H200's host, session 35).
   void require_device_memory(const std::vector<TensorRegion>& tensors, CUcontext current) const {
-    const auto plan_context = reinterpret_cast<std::uintptr_t>(current);
-    // Memory allocated while a green context was current may name that context: it is its
-    // primary context's memory all the same.
-    const auto query = [plan_context](const void* p) {
-      cuda::PointerInfo info = cuda::query_pointer(p);
-      if (info.context != 0 && info.context != plan_context) {
-        info.context = reinterpret_cast<std::uintptr_t>(cuda::owning_context(reinterpret_cast<CUcontext>(info.context)));
-      }
-      return info;
-    };
-    moejit::require_device_memory(tensors, device.ordinal, plan_context, query);
+    moejit::require_device_memory(tensors, device.ordinal, reinterpret_cast<std::uintptr_t>(current),
+                                  cuda::query_pointer);
   }
 
   // A stream of another context would fail only at the first enqueue, after a memory-efficient
   // backward has given up its saved state.
   void require_own_stream(CUstream stream, CUcontext current) const {
+    if (stream == CU_STREAM_PER_THREAD && cuda::green_context_current()) {
+      throw InvalidArgument("stream", "the per-thread default stream cannot be used while a green context is current "
+                                      "(the driver's rule): pass a stream of the green context");
+    }
     if (cuda::stream_context(stream) != current) {
       throw InvalidArgument("stream", "belongs to another CUDA context than the one this FusedMoe was built in");
     }

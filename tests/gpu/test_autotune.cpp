@@ -14,12 +14,16 @@
 
 #include "db/tuning_db.hpp"
 #include "jit/embedded_templates.hpp"
+#include "jit/kernel_cache.hpp"
+#include "moe/kernel_specs.hpp"
 #include "support/gpu.hpp"
 #include "support/moe_case.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
 #include "tuner/autotuner.hpp"
 #include "tuner/config_space.hpp"
+#include "tuner/tuning_keys.hpp"
+#include "tuner/tuning_session.hpp"
 
 using namespace moejit;
 using namespace moejit::test;
@@ -253,6 +257,35 @@ TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][
       CHECK_THAT(c.reason, Catch::Contains("differs from the reference"));
     }
     CHECK(found);
+  }
+}
+
+TEST_CASE("the tuner's poison shows an output left unwritten, and each role's reference writes all of its outputs",
+          "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // Each mode's roles, memory-efficient mode's bwd_down without the weighted activation among
+  // them: poisoned after its reference's snapshot, then run again.
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient, Mode::kInference}) {
+    MoeProblem problem = kProblem;
+    problem.mode = mode;
+    const MoeShape shape{problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk,
+                         problem.dtype};
+    std::map<Role, TuningSession::RoleKernel> primed;
+    for (Role r : roles_of(mode)) {
+      const TileConfig c = default_config(r, shape, gpu->info, mode);
+      primed[r] = {c, &jit::KernelCache::instance().load(role_kernel_spec(r, c, problem, gpu->info.arch()))};
+    }
+    TuningSession session(problem, gpu->info);
+    session.prime(primed);
+    for (const auto& [role, kernel] : primed) {
+      if (role == Role::kRouting) continue;
+      INFO(mode_name(mode) << " " << role_name(role));
+      session.snapshot(role);
+      session.poison(role);
+      CHECK(std::isinf(session.diff(role)));
+      session.run(role, kernel);
+      CHECK(session.diff(role) <= kTuneTolerance);
+    }
   }
 }
 

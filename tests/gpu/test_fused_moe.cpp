@@ -1175,22 +1175,22 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   // before, then one built there, with memory allocated there.
   test::CurrentContext in_green(green->context());
   {
-    // The driver may name either context as the owner of memory allocated here.
+    // The tensor checks rely on it: the driver names the primary context as the owner of memory
+    // allocated here.
     cuda::DeviceBuffer here(256);
-    const std::uintptr_t named = cuda::query_pointer(here.as<void>()).context;
-    const bool by_green = named == reinterpret_cast<std::uintptr_t>(green->context());
-    CHECK((by_green || named == reinterpret_cast<std::uintptr_t>(gpu->context.get())));
-    WARN("memory allocated with the green context current is named by the " << (by_green ? "green" : "primary")
-                                                                          << " context");
+    CHECK(cuda::query_pointer(here.as<void>()).context == reinterpret_cast<std::uintptr_t>(gpu->context.get()));
   }
   check_same_bits(green_step(plan), want);
   FusedMoe built_in_green(problem_of(spec, Mode::kTraining), persistent);
   check_same_bits(green_step(built_in_green), want);
-  // Another context's stream is refused still.
+  // Another context's stream is refused still, and the per-thread default stream, which the
+  // driver does not serve while a green context is current.
   test::OtherContext other(gpu->info.ordinal, 256);
   DeviceRun run(data, plan.memory());
   CHECK_THROWS_WITH(plan.forward(run.forward_args(other.stream())),
                     Catch::StartsWith("stream: belongs to another CUDA context"));
+  CHECK_THROWS_WITH(plan.forward(run.forward_args(CU_STREAM_PER_THREAD)),
+                    Catch::StartsWith("stream: the per-thread default stream cannot be used while a green context"));
 }
 
 TEST_CASE("tensors across the physical handles of mapped virtual memory, or in managed or pool memory, run; past their memory they are rejected", "[gpu][moe]") {
