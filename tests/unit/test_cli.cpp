@@ -1,15 +1,24 @@
 // CLI smoke tests: the commands a user runs first, on a machine with or without a GPU.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "cuda/device.hpp"
+#include "moe/kernel_specs.hpp"
+#include "moe/memory_layout.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "tuner/prune.hpp"
 
 using moejit::test::cli;
 using moejit::test::run_command;
@@ -111,6 +120,54 @@ TEST_CASE("moejit compile fills the cache, then serves the second run from it", 
   CHECK_THAT(second.output, !Catch::Contains(" 0 from cache"));
 }
 
+TEST_CASE("moejit compile builds the kernels plans of the problem load, in every mode or in --mode's", "[cli]") {
+  using namespace moejit;
+  const cuda::DeviceInfo device = cuda::fabricated::for_arch("sm_90a");
+  // What `compile --role ROLE --shape 8,H,I,2 --tokens T` writes into an empty cache, as readable
+  // names (file names without the hash), and what plans of that problem in `modes` load.
+  const auto check = [&](Role role, int hidden, int inter, long long tokens, const std::vector<Mode>& modes,
+                         const std::string& mode_option) {
+    const TempDir dir("cli-variants");
+    const MoeProblem p{tokens, 8, hidden, inter, 2, DType::kBF16, Mode::kTraining};
+    const auto r = run_command(fmt::format("MOEJIT_CACHE_DIR={} {} compile --arch sm_90a --role {} --shape 8,{},{},2 "
+                                           "--tokens {} {}",
+                                           dir.path().string(), cli(), role_name(role), hidden, inter, tokens,
+                                           mode_option));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::set<std::string> written, planned;
+    constexpr std::size_t kHashAndSuffix = std::string_view(".0123456789abcdef.cubin").size();
+    for (const auto& f : std::filesystem::recursive_directory_iterator(dir.path())) {
+      const std::string name = f.path().filename().string();
+      if (f.is_regular_file()) written.insert(name.substr(0, name.size() - kHashAndSuffix));
+    }
+    std::map<Role, std::vector<TileConfig>> legal;
+    for (const PruneDecision& d : prune_space(role, shape_of(p), device)) {
+      if (!d.reason) legal[role].push_back(d.config);
+    }
+    for (const jit::KernelSpec& spec : plan_kernel_specs(p, modes, legal, "sm_90a")) {
+      planned.insert(spec.readable_name());
+    }
+    CHECK(!planned.empty());
+    CHECK(written == planned);
+    return written;
+  };
+  const std::vector<Mode> all = {Mode::kTraining, Mode::kInference, Mode::kMemoryEfficient};
+  // H = 260: rows are not 16-byte aligned, so plans load the element-wise kernels.
+  for (const std::string& name : check(Role::kGatherSum, 260, 128, 64, all, "")) {
+    CHECK_THAT(name, Catch::EndsWith(".unaligned"));
+  }
+  // T = 4096 of 8,64,64,2: memory-efficient bwd_dw2 recomputes the activation, in kernels of its own.
+  REQUIRE(memeff_recomputes_act(shape_of(MoeProblem{4096, 8, 64, 64, 2}), Mode::kMemoryEfficient));
+  const auto both = check(Role::kBwdDw2, 64, 64, 4096, all, "");
+  const auto fused = check(Role::kBwdDw2, 64, 64, 4096, {Mode::kMemoryEfficient}, "--mode memeff");
+  CHECK(both.size() == 2 * fused.size());
+  for (const std::string& name : fused) CHECK_THAT(name, Catch::EndsWith(".fused_act"));
+  for (const std::string& name : check(Role::kBwdDw2, 64, 64, 4096, {Mode::kTraining}, "--mode train")) {
+    CHECK_THAT(name, !Catch::Contains("fused_act"));
+  }
+}
+
 TEST_CASE("a kernel cache folder that cannot be made is warned about once, not once per kernel", "[cli]") {
   auto r = run_command("MOEJIT_CACHE_DIR=/proc/moejit-nope/kernels " + cli() +
                        " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
@@ -132,6 +189,12 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   CHECK_THAT(r.output, Catch::Contains("arch"));
   r = run_command(cli() + " compile --bogus");
   CHECK(r.exit_code == 2);
+  r = run_command(cli() + " compile --arch sm_90a --mode infer --role bwd_dw2");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--role: bwd_dw2 does not run in infer mode"));
+  r = run_command(cli() + " compile --arch sm_90a --mode training");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--mode: unknown mode 'training'"));
   r = run_command(cli() + " tune --shape 8,256,128,2 --tokens 512 --timing warm --db /nonexistent/x.sqlite");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Catch::Contains("--timing"));

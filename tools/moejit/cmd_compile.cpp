@@ -1,10 +1,12 @@
 // moejit compile: prune each role's config space for a target and shape, compile every survivor
-// in parallel into the kernel cache, and print the plan. Needs no GPU.
+// in parallel into the kernel cache, as the kernels plans of the problem load (plan_kernel_specs),
+// and print the plan. Needs no GPU.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,9 +18,11 @@
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "jit/kernel_cache.hpp"
+#include "moe/kernel_specs.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
+#include "tuner/tuning_keys.hpp"
 
 namespace moejit::cli {
 namespace {
@@ -38,6 +42,67 @@ cuda::DeviceInfo target_device(const Args& a) {
     if (d.arch() == arch) return d;
   }
   return cuda::fabricated::for_arch(arch);
+}
+
+// --mode, else all three: a cache filled for every plan of the problem. The modes share most
+// kernels; inference runs the forward roles alone, and memory-efficient bwd_dw2 has a kernel of its
+// own where it recomputes the activation (memeff_recomputes_act).
+std::vector<Mode> modes_of(const Args& a) {
+  if (a.has("mode")) return {parse_mode(a.get("mode"))};
+  return {Mode::kTraining, Mode::kInference, Mode::kMemoryEfficient};
+}
+
+bool runs(Mode mode, Role role) {
+  const std::vector<Role> roles = roles_of(mode);
+  return std::find(roles.begin(), roles.end(), role) != roles.end();
+}
+
+std::string mode_list(const std::vector<Mode>& modes) {
+  std::string out;
+  for (Mode m : modes) {
+    if (!out.empty()) out += ',';
+    out += mode_name(m);
+  }
+  return out;
+}
+
+// --role, else every role the modes run. A role none of them runs would compile nothing.
+std::vector<Role> selected_roles(const Args& a, const std::vector<Mode>& modes) {
+  std::vector<Role> named(kAllRoles.begin(), kAllRoles.end());
+  if (a.has("role")) named = {parse_role(a.get("role"))};
+  std::vector<Role> out;
+  for (Role r : named) {
+    if (std::any_of(modes.begin(), modes.end(), [r](Mode m) { return runs(m, r); })) out.push_back(r);
+  }
+  if (out.empty()) {
+    throw InvalidArgument("--role", fmt::format("{} does not run in {} mode", a.get("role"), mode_list(modes)));
+  }
+  return out;
+}
+
+// The heuristic default of each role per mode that runs it, one line per config with its modes
+// (memory-efficient bwd_dw2 prefers other tiles where it recomputes the activation).
+void print_defaults(const std::vector<Role>& roles, const std::vector<Mode>& modes, const MoeShape& shape,
+                    const cuda::DeviceInfo& device) {
+  fmt::print("\nplan (heuristic default per role):\n");
+  for (Role r : roles) {
+    std::vector<std::pair<TileConfig, std::vector<Mode>>> lines;
+    for (Mode m : modes) {
+      if (!runs(m, r)) continue;
+      const TileConfig c = default_config(r, shape, device, m);
+      auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& line) { return line.first == c; });
+      if (it == lines.end()) {
+        lines.push_back({c, {m}});
+      } else {
+        it->second.push_back(m);
+      }
+    }
+    for (const auto& [c, served] : lines) {
+      auto why = prune_reason(r, c, shape, device);
+      fmt::print("  {:<12} {:<34} {}{}\n", role_name(r), c.name(), mode_list(served),
+                 why ? " (pruned: " + *why + ")" : "");
+    }
+  }
 }
 
 // Median NVRTC time of what this run compiled, and the cost of an in-process cache hit (what
@@ -76,29 +141,26 @@ void print_row(std::string_view role, std::string_view config, std::string_view 
 }  // namespace
 
 int run_compile(int argc, char** argv, int start) {
-  Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "jobs"});
+  Args a = parse_args(argc, argv, start, {}, {"arch", "role", "shape", "tokens", "dtype", "mode", "jobs"});
   const cuda::DeviceInfo device = target_device(a);
   MoeProblem p = parse_dims(a);
   p.tokens = parse_token(a, p, 8192);
   const MoeShape shape = shape_of(p);
-  std::vector<Role> roles;
-  if (a.has("role")) {
-    roles.push_back(parse_role(a.get("role")));
-  } else {
-    roles.assign(kAllRoles.begin(), kAllRoles.end());
-  }
+  const std::vector<Mode> modes = modes_of(a);
+  const std::vector<Role> roles = selected_roles(a, modes);
   // MOEJIT_JOBS is read only without --jobs, so a bad value there does not fail a call that names its count.
   const auto jobs = static_cast<unsigned>(
       a.has("jobs") ? a.get_int("jobs", 1, 1, std::numeric_limits<unsigned>::max()) : env::compile_jobs());
 
   const auto cache_dir = env::kernel_cache_dir();
-  fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\ncache   {}\n\n", device.arch(), device.name,
-             shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens, dtype_name(shape.dtype),
+  fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\nmodes   {}\ncache   {}\n\n", device.arch(),
+             device.name, shape.experts, shape.hidden, shape.intermediate, shape.topk, shape.tokens,
+             dtype_name(shape.dtype), mode_list(modes),
              !env::disk_cache_enabled() ? "(disk cache disabled)"
              : cache_dir                ? cache_dir->string()
                                         : "(disk cache off: no folder for it)");
 
-  std::vector<jit::KernelSpec> specs;
+  std::map<Role, std::vector<TileConfig>> legal;
   int pruned = 0;
   print_row("role", "config", "status", "ms", "regs", "spills", "stack", "note");
   for (Role r : roles) {
@@ -107,10 +169,11 @@ int run_compile(int argc, char** argv, int start) {
         ++pruned;
         print_row(role_name(r), d.config.name(), "pruned", "-", "-", "-", "-", *d.reason);
       } else {
-        specs.push_back({r, d.config, shape.dtype, device.arch()});
+        legal[r].push_back(d.config);
       }
     }
   }
+  const std::vector<jit::KernelSpec> specs = plan_kernel_specs(p, modes, legal, device.arch());
 
   auto t0 = std::chrono::steady_clock::now();
   auto results = jit::KernelCache::instance().compile_all(specs, jobs);
@@ -135,12 +198,7 @@ int run_compile(int argc, char** argv, int start) {
               fmt::format("{:.1f}", r.wall_ms), std::to_string(r.kernel->max_registers()),
               std::to_string(r.kernel->max_spill_bytes()), std::to_string(r.kernel->max_stack_bytes()), note);
   }
-  fmt::print("\nplan (heuristic default per role):\n");
-  for (Role r : roles) {
-    TileConfig c = default_config(r, shape, device);
-    auto why = prune_reason(r, c, shape, device);
-    fmt::print("  {:<12} {}{}\n", role_name(r), c.name(), why ? " (pruned: " + *why + ")" : "");
-  }
+  print_defaults(roles, modes, shape, device);
   fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} threads\n", compiled, cached, pruned,
              failed, wall, jobs);
   print_cache_costs(results);

@@ -23,8 +23,13 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", run_info, "", "device, driver, NVRTC, cache and database paths", ""},
-    {"compile", run_compile, "[--arch sm_90a] [--role R] [--shape E,H,I,K] [--tokens T] [--dtype bf16|fp16] [--jobs N]",
-     "prune and compile a role's configs into the kernel cache (no GPU needed)", ""},
+    {"compile", run_compile,
+     "[--arch sm_90a] [--role R] [--shape E,H,I,K] [--tokens T] [--dtype bf16|fp16] [--mode train|infer|memeff]\n"
+     "[--jobs N]",
+     "prune and compile a role's configs into the kernel cache (no GPU needed)",
+     "  --mode M             only the kernels plans of mode M load; default all three modes' (they\n"
+     "                       share most: infer runs the forward roles alone; memeff's bwd_dw2 has a\n"
+     "                       kernel of its own where it recomputes the activation, at very large T)\n"},
     {"plan", run_plan, "[--shape E,H,I,K] [--tokens T] [--mode train|infer|memeff] [--dtype bf16|fp16] [--device N]",
      "build a plan on the GPU (self-tuning if allowed); show configs", ""},
     {"tune", run_tune,
