@@ -62,6 +62,19 @@ class Program {
 
 }  // namespace
 
+const std::vector<int>& nvrtc_target_ccs() {
+  static const std::vector<int> ccs = [] {
+    int n = 0;
+    std::vector<int> out;
+    if (nvrtcGetNumSupportedArchs(&n) == NVRTC_SUCCESS) out.resize(static_cast<std::size_t>(n));
+    if (out.empty() || nvrtcGetSupportedArchs(out.data()) != NVRTC_SUCCESS) {
+      throw InternalError("NVRTC did not list the architectures it targets");
+    }
+    return out;
+  }();
+  return ccs;
+}
+
 const std::string& nvrtc_version() {
   static const std::string v = [] {
     int major = 0, minor = 0;

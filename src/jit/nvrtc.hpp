@@ -27,6 +27,10 @@ const std::string& nvrtc_version();
 // reused, while one NVRTC keys the same whatever path loaded it (a soname link, a wheel's copy).
 const std::string& nvrtc_build_id();
 
+// The compute capabilities the linked NVRTC can target, ascending (75, 80, ..., 120 for 13.0);
+// an arch-specific target (sm_90a) counts as its capability's.
+const std::vector<int>& nvrtc_target_ccs();
+
 // Options for a target arch ("sm_90a", "sm_80"); part of every kernel key.
 std::vector<std::string> nvrtc_options(const std::string& arch);
 

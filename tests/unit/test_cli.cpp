@@ -211,6 +211,31 @@ TEST_CASE("moejit rejects bad arguments with exit code 2 and a message", "[cli]"
   CHECK_THAT(r.output, Catch::Contains("usage"));
 }
 
+TEST_CASE("moejit compile takes the archs from sm_80 that NVRTC targets and refuses others with exit code 2",
+          "[cli]") {
+  const TempDir dir("cli-arch");
+  const std::string compile = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                              " compile --role routing --shape 8,256,128,2 --tokens 64 --arch ";
+  for (const char* arch : {"sm_80", "sm_86", "sm_90a"}) {
+    const auto r = run_command(compile + arch);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.output, Catch::Contains(" 0 failed"));
+  }
+  // Pruning dropped every config of sm_75 and the command exited 0 with nothing built.
+  for (const char* arch : {"sm_75", "sm_70", "sm_50"}) {
+    const auto r = run_command(compile + arch);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(std::string("--arch: ") + arch + ": moejit's kernels need sm_80 or newer"));
+  }
+  // NVRTC failed each kernel of an arch it does not know (exit 1, once per kernel).
+  const auto r = run_command(compile + "sm_81");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--arch: sm_81: NVRTC") && Catch::Contains("cannot target it (sm_80, "));
+}
+
 TEST_CASE("moejit tune reads --incumbents before it needs a GPU, and names the file it cannot use", "[cli]") {
   const TempDir dir;
   const std::string bad = (dir.path() / "bad.json").string();

@@ -18,14 +18,34 @@
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "jit/kernel_cache.hpp"
+#include "jit/nvrtc.hpp"
 #include "moe/kernel_specs.hpp"
 #include "moejit/error.hpp"
 #include "tuner/config_space.hpp"
+#include "tuner/gating.hpp"
 #include "tuner/prune.hpp"
 #include "tuner/tuning_keys.hpp"
 
 namespace moejit::cli {
 namespace {
+
+// A target moejit cannot build for is refused up front: below sm_80 (the portable path's floor)
+// pruning would drop every config and report success with nothing built, and NVRTC would fail
+// every kernel of an arch it does not know. `what` names the target in the message.
+void require_buildable(int cc, const std::string& what) {
+  if (arch_gate_reason(ArchTag::kPortable, cc)) {
+    throw InvalidArgument("--arch", fmt::format("{}: moejit's kernels need sm_80 or newer", what));
+  }
+  const std::vector<int>& ccs = jit::nvrtc_target_ccs();
+  if (std::find(ccs.begin(), ccs.end(), cc) == ccs.end()) {
+    std::string targets;
+    for (int c : ccs) {
+      if (!arch_gate_reason(ArchTag::kPortable, c)) targets += (targets.empty() ? "" : ", ") + cuda::arch_for_cc(c);
+    }
+    throw InvalidArgument("--arch",
+                          fmt::format("{}: NVRTC {} cannot target it ({})", what, jit::nvrtc_version(), targets));
+  }
+}
 
 // The device to plan for: the visible GPU when it matches (or no --arch was given), otherwise a
 // fabricated descriptor of the requested architecture.
@@ -34,9 +54,13 @@ cuda::DeviceInfo target_device(const Args& a) {
   const bool gpu = cuda::device_available(&why);
   if (!a.has("arch")) {
     if (!gpu) throw InvalidArgument("--arch", "no GPU here (" + why + "); name a target, e.g. --arch sm_90a");
-    return cuda::query_device(0);
+    cuda::DeviceInfo d = cuda::query_device(0);
+    require_buildable(d.cc(), fmt::format("the GPU here ({}, {})", d.name, d.arch()));
+    return d;
   }
-  const std::string arch = cuda::arch_for_cc(cuda::cc_from_arch(a.get("arch")));
+  const int cc = cuda::cc_from_arch(a.get("arch"));
+  require_buildable(cc, a.get("arch"));
+  const std::string arch = cuda::arch_for_cc(cc);
   if (gpu) {
     cuda::DeviceInfo d = cuda::query_device(0);
     if (d.arch() == arch) return d;
