@@ -401,8 +401,24 @@ TEST_CASE("moejit cache lists the kernel cache per build and prunes other builds
   CHECK_THAT(r.output, !Catch::Contains("0123456789abcdef-"));
   CHECK_THAT(r.output, !Catch::Contains("no subfolder"));
 
-  CHECK(run_command(cli() + " cache list --dir " + (dir / "absent").string()).output.find("(empty)") !=
-        std::string::npos);
+  // A --dir that is not a folder (a typo) is an error, not an empty cache; the library's own
+  // folder, before anything is compiled into it, is empty.
+  for (const std::string sub : {"list", "prune"}) {
+    for (const auto& wrong : {dir / "absent", dir / "notes.txt"}) {
+      r = run_command(cli() + " cache " + sub + " --dir " + wrong.string());
+      INFO(r.output);
+      CHECK(r.exit_code == 1);
+      CHECK_THAT(r.output, Catch::Contains("moejit cache: no kernel cache folder at " + wrong.string()));
+      CHECK_THAT(r.output, !Catch::Contains("removed") && !Catch::Contains("(empty)"));
+    }
+    r = run_command(cli() + " cache " + sub + " --dir=");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--dir: needs a value"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "absent"));
+  r = run_command("MOEJIT_CACHE_DIR=" + (dir / "absent").string() + " " + cli() + " cache list");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("(empty)"));
   CHECK(run_command(cli() + " cache frobnicate").exit_code == 2);
   CHECK(run_command(cli() + " cache").exit_code == 2);
   CHECK(run_command(cli() + " cache list extra --dir " + dir.path().string()).exit_code != 0);

@@ -15,10 +15,21 @@
 namespace moejit::cli {
 namespace {
 
-// --dir, else the folder the library uses (MOEJIT_CACHE_DIR and the fallbacks, README).
+// --dir, else the folder the library uses (MOEJIT_CACHE_DIR and the fallbacks, README). The
+// library's folder may not exist yet (nothing compiled); a --dir that does not is a mistake, which
+// would otherwise list as empty and prune nothing, successfully. Missing, it fails as db's
+// commands fail on a database that is not there (IoError, exit 1).
 jit::DiskCache cache_of(const Args& a) {
   if (!a.positional.empty()) throw InvalidArgument("cache", fmt::format("unexpected argument '{}'", a.positional[0]));
-  if (a.has("dir")) return jit::DiskCache::of_this_build(a.get("dir"));
+  if (a.has("dir")) {
+    const std::filesystem::path dir = a.get("dir");
+    if (dir.empty()) throw InvalidArgument("--dir", "needs a value");
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      throw IoError(fmt::format("no kernel cache folder at {}", dir.string()));
+    }
+    return jit::DiskCache::of_this_build(dir);
+  }
   const auto dir = env::kernel_cache_dir();
   if (!dir) throw InvalidArgument("cache", "no kernel cache folder: pass --dir or set MOEJIT_CACHE_DIR");
   return jit::DiskCache::of_this_build(*dir);
