@@ -556,7 +556,7 @@ std::string TuningDb::export_json() const {
   return doc.dump(2) + "\n";
 }
 
-TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
+TuningDb::MergeStats TuningDb::import_json(const std::string& text, BadRows bad_rows) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
@@ -576,17 +576,28 @@ TuningDb::MergeStats TuningDb::import_json(const std::string& text) {
     throw DatabaseError(fmt::format("import into {}: \"rows\" (an array) is missing", path()));
   }
   std::vector<TuningRow> rows;
+  std::vector<std::string> skipped;
   const nlohmann::json& items = doc["rows"];
   for (std::size_t n = 0; n < items.size(); ++n) {
+    const auto bad = [&](const char* why) {
+      // The id, where the row has one, finds it in the file without counting.
+      const nlohmann::json* id = items[n].is_object() && items[n].contains("id") ? &items[n]["id"] : nullptr;
+      const std::string row = id && id->is_string() ? fmt::format("rows[{}] ({})", n, id->get<std::string>())
+                                                    : fmt::format("rows[{}]", n);
+      if (bad_rows == BadRows::kRefuse) throw DatabaseError(fmt::format("import into {}: {}: {}", path(), row, why));
+      skipped.push_back(fmt::format("{}: {}", row, why));
+    };
     try {
       rows.push_back(items[n].get<TuningRow>());
     } catch (const nlohmann::json::exception& e) {
-      throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
+      bad(e.what());
     } catch (const InvalidArgument& e) {
-      throw DatabaseError(fmt::format("import into {}: rows[{}]: {}", path(), n, e.what()));
+      bad(e.what());
     }
   }
-  return merge_rows(rows);
+  MergeStats stats = merge_rows(rows);
+  stats.skipped = std::move(skipped);
+  return stats;
 }
 
 }  // namespace moejit::db

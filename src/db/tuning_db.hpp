@@ -39,6 +39,15 @@ class TuningDb {
     int added = 0;     // rows (key and build) that were not in this database
     int replaced = 0;  // rows whose winner was slower than the incoming one
     int kept = 0;      // rows whose winner was as fast or faster
+    // import_json with BadRows::kSkip: each row left out, "rows[N] (<id>): <why>".
+    std::vector<std::string> skipped;
+  };
+
+  // What import_json does with a row this build cannot read (a newer moejit's role, dtype or arch
+  // tag, a value out of range, a key id that does not match the key's fields).
+  enum class BadRows {
+    kRefuse,  // throw, writing nothing: `moejit db import` moves a table whole or not at all
+    kSkip,    // leave it out (MergeStats::skipped): a shipped table or --incumbents serves the rest
   };
 
   // kReadWrite creates the file (and directories) and its schema, or migrates an older schema.
@@ -89,8 +98,10 @@ class TuningDb {
   // sorted, indent 2, trailing newline.
   std::string export_json() const;
   // Parses and validates all of `text` before writing anything, then merges (merge_rows).
-  // Throws DatabaseError naming the row and field that is wrong.
-  MergeStats import_json(const std::string& text);
+  // Throws DatabaseError naming the row and field that is wrong: for any such row under
+  // BadRows::kRefuse, and under either for a document that is not an export (not JSON, no
+  // readable schema_version, no rows array).
+  MergeStats import_json(const std::string& text, BadRows bad_rows = BadRows::kRefuse);
 
  private:
   explicit TuningDb(Connection conn);

@@ -8,9 +8,13 @@
 //      shipped DB;
 //   5. the heuristic default passed in.
 // Stale rows (template hash or NVRTC version differ from the current provenance) are ignored
-// at every level (the databases are asked for the current build's rows only), and so are rows the caller's `accept` refuses (a winner that no longer passes
-// pruning: its rules live in host code, outside the template hash). A database that cannot be opened, parsed or read is logged once and skipped
-// from then on: a lookup never fails because of a database, it falls through to the next level.
+// at every level (the databases are asked for the current build's rows only), and so are rows
+// the caller's `accept` refuses (a winner that no longer passes pruning: its rules live in host
+// code, outside the template hash). Rows this build cannot read cost their own key alone: a
+// database file's are skipped as read, a shipped table's left out one by one at its import, each
+// logged (TuningDb::BadRows::kSkip). A database that cannot be opened, parsed or read is logged
+// once and skipped from then on: a lookup never fails because of a database, it falls through to
+// the next level.
 // Databases are opened on first use, never at construction (the user DB is created if missing,
 // as the tuner would); do not carry a lookup that has resolved keys across fork(): SQLite
 // connections must not cross it.

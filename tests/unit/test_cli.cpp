@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "cuda/device.hpp"
 #include "moe/kernel_specs.hpp"
@@ -251,6 +252,21 @@ TEST_CASE("moejit tune reads --incumbents before it needs a GPU, and names the f
   r = run_command(tune + MOEJIT_TEST_SHIPPED_DB_DIR "/NVIDIA_H200.json");
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.output, !Catch::Contains("--incumbents"));
+  // So does a table with a row this build cannot read, less that row, named in a warning.
+  auto doc = nlohmann::json::parse(std::ifstream(MOEJIT_TEST_SHIPPED_DB_DIR "/NVIDIA_H200.json"));
+  const std::size_t last = doc["rows"].size();
+  auto newer = doc["rows"][0];
+  newer["winner"]["arch_tag"] = "blackwell_gb";
+  doc["rows"].push_back(newer);
+  const std::string table = (dir.path() / "newer.json").string();
+  std::ofstream(table) << doc.dump();
+  r = run_command(tune + table);
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.output, Catch::Contains(fmt::format("[moejit warn] --incumbents {}: skipped rows[{}] ({}): ", table,
+                                                   last, newer["id"].get<std::string>())) &&
+                           Catch::Contains("blackwell_gb"));
+  CHECK_THAT(r.output, !Catch::Contains("import into"));
 }
 
 TEST_CASE("every driver entry point resolves by name in the toolkit's stub driver", "[cli][driver]") {

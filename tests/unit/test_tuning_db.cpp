@@ -773,6 +773,75 @@ TEST_CASE("an unreadable shipped table is skipped, not fatal", "[db]") {
   CHECK(lookup.resolve(key_at(64)).source == Resolved::Source::kHeuristic);
 }
 
+TEST_CASE("a shipped table loses only the rows this build cannot read; db import refuses the table", "[db]") {
+  const TempDir dir("shipped-bad-rows");
+  write_shipped(dir.path(), "NVIDIA H200", {row_for(key_at(64), 64, 0.1), row_for(key_at(128), 128, 0.2)});
+  const auto file = dir / shipped_db_file_name("NVIDIA H200");
+  auto doc = nlohmann::json::parse(*fs::read_all(file));
+  // What a newer moejit's table may hold: an arch tag this build does not know (the confirmed
+  // case, which once sent every key of the table to the heuristic), a key id that is not its
+  // fields', and something that is no row at all.
+  auto newer = doc["rows"][0];
+  newer["key"]["tpe_bucket"] = 256;
+  newer["id"] = key_at(256).id();
+  newer["winner"]["arch_tag"] = "blackwell_gb";
+  auto mislabelled = doc["rows"][0];
+  mislabelled["id"] = key_at(512).id();
+  for (const auto& row : {newer, mislabelled, nlohmann::json(3)}) doc["rows"].push_back(row);
+  const std::string text = doc.dump();
+  fs::atomic_write(file, text);
+
+  TuningDb copy = TuningDb::in_memory();
+  const TuningDb::MergeStats stats = copy.import_json(text, TuningDb::BadRows::kSkip);
+  CHECK(stats.added == 2);
+  REQUIRE(stats.skipped.size() == 3);
+  CHECK_THAT(stats.skipped[0], Catch::StartsWith("rows[2] (" + key_at(256).id() + "): ") &&
+                                   Catch::Contains("blackwell_gb"));
+  CHECK_THAT(stats.skipped[1], Catch::StartsWith("rows[3] (" + key_at(512).id() + "): ") &&
+                                   Catch::Contains("does not match"));
+  CHECK_THAT(stats.skipped[2], Catch::StartsWith("rows[4]: "));
+  CHECK(copy.rows().size() == 2);
+
+  TuningLookup lookup({}, dir.path(), kFresh, [](const TuningKey&) { return heuristic_config(); });
+  for (int tpe : {64, 128}) {
+    const Resolved r = lookup.resolve(key_at(tpe));
+    INFO("tpe " << tpe);
+    CHECK(r.source == Resolved::Source::kShippedDb);
+    CHECK(r.config == config(tpe));
+  }
+  CHECK(lookup.resolve(key_at(256)).source == Resolved::Source::kNearestBucket);
+
+  // `moejit db import` moves a table whole or not at all: the first bad row stops it, named.
+  TuningDb target = TuningDb::in_memory();
+  CHECK_THROWS_WITH(target.import_json(text), Catch::Contains("rows[2] (" + key_at(256).id() + ")") &&
+                                                  Catch::Contains("blackwell_gb"));
+  CHECK(target.rows().empty());
+  // A document that is no export is refused either way.
+  CHECK_THROWS_AS(target.import_json("{\"rows\": []}", TuningDb::BadRows::kSkip), DatabaseError);
+}
+
+TEST_CASE("one unreadable row appended to the shipped H200 table costs no other key", "[db]") {
+  const auto text = fs::read_all(std::filesystem::path(MOEJIT_TEST_SHIPPED_DB_DIR) / "NVIDIA_H200.json");
+  REQUIRE(text);
+  auto doc = nlohmann::json::parse(*text);
+  const std::size_t shipped = doc["rows"].size();
+  auto bad = doc["rows"][0];
+  bad["winner"]["arch_tag"] = "blackwell_gb";
+  doc["rows"].push_back(bad);
+  const TempDir dir("shipped-h200");
+  fs::atomic_write(dir / "NVIDIA_H200.json", doc.dump());
+  // Every row of the table resolves from it, under the build that tuned it.
+  const TuningRow first = doc["rows"][0].get<TuningRow>();
+  TuningLookup lookup({}, dir.path(), first.provenance, [](const TuningKey&) { return heuristic_config(); });
+  std::size_t served = 0;
+  for (std::size_t n = 0; n < shipped; ++n) {
+    const TuningRow row = doc["rows"][n].get<TuningRow>();
+    const Resolved r = lookup.resolve(row.key);
+    served += r.source == Resolved::Source::kShippedDb && r.config == row.winner;
+  }
+  CHECK(served == shipped);
+}
+
 TEST_CASE("importing malformed JSON throws, names the problem and writes nothing", "[db]") {
   TempDir dir("db");
   TuningDb db(dir / "tuning.sqlite");

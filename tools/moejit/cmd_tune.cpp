@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "core/env.hpp"
 #include "core/fs.hpp"
+#include "core/log.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
@@ -68,7 +69,10 @@ std::map<std::string, TileConfig> prior_winners(const Args& a) {
   if (!text) throw IoError(fmt::format("--incumbents: cannot read {}", file));
   db::TuningDb table = db::TuningDb::in_memory();
   try {
-    table.import_json(*text);
+    // A row this build cannot read is no incumbent; the rest of the table still are.
+    for (const std::string& row : table.import_json(*text, db::TuningDb::BadRows::kSkip).skipped) {
+      log::warn("--incumbents {}: skipped {}", file, row);
+    }
   } catch (const DatabaseError& e) {
     throw DatabaseError(fmt::format("--incumbents {}: {}", file, e.what()));
   }
