@@ -40,12 +40,14 @@ void print_stats(const std::string& what, const db::TuningDb::MergeStats& s) {
 int list(const Args& a) {
   expect_positionals(a, "list", 0, "no arguments");
   const std::filesystem::path path = database_path(a);
-  fmt::print("database: {}\n", path.string());
-  if (!std::filesystem::exists(path)) {
-    fmt::print("(empty)\n");
+  // The default database (MOEJIT_DB's, or the user's) is made by the first tuning: before it, it
+  // is empty. A path given with --db names a file that must exist, so a typo is not "empty".
+  if (!a.has("db") && !std::filesystem::exists(path)) {
+    fmt::print("database: {}\n(empty)\n", path.string());
     return 0;
   }
   std::vector<db::TuningRow> rows = open_existing(path).rows();
+  fmt::print("database: {}\n", path.string());
   if (a.has("stale")) {
     // Stale: tuned with other templates or another NVRTC; this build's lookups pass them over.
     const db::Provenance current = db::current_provenance(0);
