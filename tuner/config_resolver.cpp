@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -81,14 +80,8 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   std::map<Role, db::Resolved> fallback;
   std::vector<Role> missing;
   // A stored winner that no longer passes pruning, or that the role's space does not hold, is
-  // passed over at every level: pruning rules and the space are host code, outside the template
-  // hash that makes rows stale, and a hand-edited table's config (a BLOCK_K of 48, say) could
-  // otherwise reach NVRTC and fail the plan instead of falling back.
-  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) {
-    if (prune_reason(row.key.role, row.winner, shape, device)) return false;
-    const std::vector<TileConfig> space = config_space(row.key.role, shape);
-    return std::find(space.begin(), space.end(), row.winner) != space.end();
-  };
+  // passed over at every level, to fall back instead of failing the plan.
+  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) { return winner_legal(row, shape, device); };
   for (Role r : roles_of(problem.mode)) {
     if (auto c = override_for(r, shape, device, options)) {
       out[r] = {*c, "override"};

@@ -149,4 +149,10 @@ bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candida
   });
 }
 
+bool winner_legal(const db::TuningRow& row, const MoeShape& shape, const cuda::DeviceInfo& device) {
+  if (prune_reason(row.key.role, row.winner, shape, device)) return false;
+  const std::vector<TileConfig> space = config_space(row.key.role, shape);
+  return std::find(space.begin(), space.end(), row.winner) != space.end();
+}
+
 }  // namespace moejit

@@ -41,4 +41,10 @@ std::optional<std::string> first_call_exclusion(const TileConfig& config, const 
 // first_call_exclusion's reason): `moejit tune` times such a key again, over the whole space.
 bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates);
 
+// Whether a stored row's winner may run for `shape` on `device`: it passes pruning and its role's
+// space holds it. Pruning rules and the space are host code, outside the template hash that makes
+// rows stale, and an imported or hand-edited table may carry anything (a BLOCK_K of 48, which
+// would reach NVRTC and fail the plan).
+bool winner_legal(const db::TuningRow& row, const MoeShape& shape, const cuda::DeviceInfo& device);
+
 }  // namespace moejit

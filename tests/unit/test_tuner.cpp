@@ -48,6 +48,17 @@ db::CandidateResult timed(const TileConfig& c, double ms) { return {c, ms, 0.01,
 
 const MoeProblem kProblem{8192, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
 
+// A row of this build for `role` of `problem`, its whole space timed (the winner alone here).
+db::TuningRow whole_row(Role role, const MoeProblem& problem, const TileConfig& winner) {
+  db::TuningRow row;
+  row.key = tuning_key(role, problem, cuda::fabricated::h200());
+  row.winner = winner;
+  row.median_ms = 0.1;
+  row.candidates = {timed(winner, 0.1)};
+  row.provenance = db::current_provenance(0);
+  return row;
+}
+
 }  // namespace
 
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
@@ -349,6 +360,61 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
     const TileConfig expected = whole_first ? whole.winner : narrow.winner;
     CHECK(rows[0].winner == expected);
     CHECK(db::TuningDb(db_path).lookup(narrow.key, db::current_provenance(0))->winner == expected);
+  }
+}
+
+TEST_CASE("a first call's narrow row keeps only a whole stored row the caller accepts; a refused one is replaced",
+          "[tuner]") {
+  TempDir dir("partial-vs-stored");
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());  // where tune_shared records
+  const auto h200 = cuda::fabricated::h200();
+  const MoeShape shape = shape_of(kProblem);
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape, h200);
+  std::vector<TileConfig> first_call, other;  // legal configs in and out of the first call's space
+  for (const PruneDecision& d : space) {
+    if (!d.reason) (first_call_exclusion(d.config, space) ? other : first_call).push_back(d.config);
+  }
+  REQUIRE(first_call.size() >= 2);
+  REQUIRE(!other.empty());
+  // The rows: tuned whole; timed over the first call's space.
+  const auto row_of = [&](const TileConfig& winner, const std::string& kind) {
+    db::TuningRow row = whole_row(Role::kFwdUp, kProblem, winner);
+    if (kind == "narrow") {
+      row.candidates.push_back({other.front(), std::nan(""), std::nan(""), true,
+                                *first_call_exclusion(other.front(), space)});
+    }
+    return row;
+  };
+  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) { return winner_legal(row, shape, h200); };
+  TileConfig illegal = first_call[1];
+  illegal.block_k = 48;  // an imported row: no template takes it
+  struct Case {
+    TileConfig stored;
+    std::string stored_kind, fresh_kind;
+    bool keeps_stored;
+  };
+  const std::vector<Case> cases = {
+      {illegal, "whole", "narrow", false},  // was kept, dropped by the resolver, tuned at every plan
+      {illegal, "whole", "whole", false},
+      {first_call[1], "whole", "narrow", true},
+      {first_call[1], "whole", "whole", false},
+      {first_call[1], "narrow", "narrow", false},
+  };
+  for (const Case& c : cases) {
+    INFO("stored " << c.stored.name() << " (" << c.stored_kind << "), fresh row " << c.fresh_kind);
+    std::filesystem::remove(db_path);
+    db::TuningLookup lookup(db_path, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+    const db::TuningRow fresh = row_of(first_call[0], c.fresh_kind);
+    const TuneFn tune = [&](const std::vector<Role>&) {
+      db::TuningDb(db_path).record(row_of(c.stored, c.stored_kind));  // another process, or an import
+      return std::vector<db::TuningRow>{fresh};
+    };
+    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, legal);
+    REQUIRE(rows.size() == 1);
+    const TileConfig expected = c.keeps_stored ? c.stored : fresh.winner;
+    CHECK(rows[0].winner == expected);
+    CHECK(db::TuningDb(db_path).lookup(fresh.key, db::current_provenance(0))->winner == expected);
   }
 }
 
