@@ -98,7 +98,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     for (std::size_t i = 0; i < rc.survivors.size(); ++i) {
       const TileConfig& c = rc.survivors[i];
       if (i > 0 && Clock::now() > deadline) {
-        rc.results.push_back(rejected(c, fmt::format("skipped: tuning budget of {:.0f} s spent", options.budget_s)));
+        rc.results.push_back(rejected(c, budget_skip_reason(options.budget_s)));
         continue;
       }
       // prime() loaded every role's reference (survivors[0]), so only the candidates after it can

@@ -21,7 +21,8 @@ namespace moejit {
 
 struct TuneOptions {
   // Wall clock from the start, compiling included; once spent, candidates not yet timed are recorded
-  // as skipped (each role's reference and finalist rounds still run).
+  // as skipped (each role's reference and finalist rounds still run), which marks the row as
+  // tuned partly (tuner/prune.hpp: tuned_partly).
   double budget_s = 60;
   int reps = 7;          // timed launches per candidate (the median is kept)
   int final_rounds = 7;  // rounds of the finalists' timing in turns (tuner/winner.hpp: finalists)

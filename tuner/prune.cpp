@@ -143,9 +143,16 @@ std::optional<std::string> first_call_exclusion(const TileConfig& config, const 
   return std::nullopt;
 }
 
-bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates) {
+constexpr std::string_view kBudgetSkip = "skipped: tuning budget";
+
+std::string budget_skip_reason(double budget_s) {
+  return fmt::format("{} of {:.0f} s spent", kBudgetSkip, budget_s);
+}
+
+bool tuned_partly(const std::vector<db::CandidateResult>& candidates) {
   return std::any_of(candidates.begin(), candidates.end(), [](const db::CandidateResult& c) {
-    return c.rejected && (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion);
+    return c.rejected && (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion ||
+                          c.reason.starts_with(kBudgetSkip));
   });
 }
 

@@ -37,9 +37,14 @@ std::vector<PruneDecision> prune_space(Role role, const MoeShape& shape, const c
 // rule for every device). `moejit tune` times the whole space. nullopt: the config stays.
 std::optional<std::string> first_call_exclusion(const TileConfig& config, const std::vector<PruneDecision>& space);
 
-// Whether a row's candidates were timed over the first call's space only (some carry
-// first_call_exclusion's reason): `moejit tune` times such a key again, over the whole space.
-bool tuned_first_call_space_only(const std::vector<db::CandidateResult>& candidates);
+// Why the tuner recorded a candidate untimed once its budget of `budget_s` seconds was spent.
+std::string budget_skip_reason(double budget_s);
+
+// Whether a row's candidates leave part of the space untimed: the first call's narrower space
+// (first_call_exclusion's reasons) or a tuning budget spent first (budget_skip_reason). Plans run
+// such a row; `moejit tune` times its key again, whole, and a plan's own partial row does not
+// replace a whole one.
+bool tuned_partly(const std::vector<db::CandidateResult>& candidates);
 
 // Whether a stored row's winner may run for `shape` on `device`: it passes pruning and its role's
 // space holds it. Pruning rules and the space are host code, outside the template hash that makes

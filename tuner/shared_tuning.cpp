@@ -51,16 +51,16 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   if (user_db) {
     try {
       db::TuningDb user(*user_db);
-      // `moejit tune` takes no tuning lock: a whole-space row it recorded while this first call's
-      // narrower tune ran stays, and this process runs it too. A stored row `accept` refuses is
-      // replaced: kept, it would be dropped by the caller, and every plan would tune again and
-      // drop its result. (record() weighs only a row of this build.)
+      // `moejit tune` takes no tuning lock: a whole row it recorded while this process's partial
+      // tune ran (the first call's narrower space, or cut short by the budget) stays, and this
+      // process runs it too. A stored row `accept` refuses is replaced: kept, it would be dropped
+      // by the caller, and every plan would tune again and drop its result.
+      // (record() weighs only a row of this build.)
       const db::TuningDb::RowFilter keep = [&](const db::TuningRow& existing) {
-        return !tuned_first_call_space_only(existing.candidates) && (!accept || accept(existing));
+        return !tuned_partly(existing.candidates) && (!accept || accept(existing));
       };
       for (auto& row : tuned) {
-        const bool narrow = tuned_first_call_space_only(row.candidates);
-        if (!user.record(row, narrow ? keep : db::TuningDb::RowFilter{})) {
+        if (!user.record(row, tuned_partly(row.candidates) ? keep : db::TuningDb::RowFilter{})) {
           if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
         }
       }

@@ -683,7 +683,8 @@ TEST_CASE("the first call's space: TMA warp-specialized configs where a role has
   CHECK(rfirst == rlegal);
 }
 
-TEST_CASE("a row timed over the first call's space only is told from a whole-space row", "[prune][tma]") {
+TEST_CASE("a row timed over the first call's space only, or cut short by the budget, is told from a whole row",
+          "[prune][tma]") {
   const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape(8192, 128, 8), fab::h200());
   std::vector<db::CandidateResult> narrow, whole;
   for (const PruneDecision& p : space) {
@@ -697,8 +698,8 @@ TEST_CASE("a row timed over the first call's space only is told from a whole-spa
     }
     narrow.push_back(c);
   }
-  CHECK(tuned_first_call_space_only(narrow));
-  CHECK_FALSE(tuned_first_call_space_only(whole));
+  CHECK(tuned_partly(narrow));
+  CHECK_FALSE(tuned_partly(whole));
   // Likewise a small token tile's row, narrowed to BK 64 and deeper.
   const std::vector<PruneDecision> small = prune_space(Role::kFwdUp, shape(128, 128, 8), fab::h200());
   std::vector<db::CandidateResult> small_narrow;
@@ -711,9 +712,18 @@ TEST_CASE("a row timed over the first call's space only is told from a whole-spa
     }
     small_narrow.push_back(c);
   }
-  CHECK(tuned_first_call_space_only(small_narrow));
+  CHECK(tuned_partly(small_narrow));
   // Rejections for other reasons (pruning, a wrong answer) do not make a row narrow.
   whole.front().rejected = true;
   whole.front().reason = "wrong result";
-  CHECK_FALSE(tuned_first_call_space_only(whole));
+  CHECK_FALSE(tuned_partly(whole));
+  // A row whose budget ran out before some candidates were timed is partial too, whatever the
+  // budget (rows of earlier builds carry the same text).
+  for (double budget : {5.0, 60.0, 2.5}) {
+    std::vector<db::CandidateResult> cut = whole;
+    cut.back().rejected = true;
+    cut.back().reason = budget_skip_reason(budget);
+    CHECK(tuned_partly(cut));
+  }
+  CHECK(budget_skip_reason(60) == "skipped: tuning budget of 60 s spent");
 }

@@ -342,7 +342,7 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
     narrow.candidates.push_back({p.config, why ? std::nan("") : 0.5, why ? std::nan("") : 0.01, why.has_value(),
                                  why.value_or("")});
   }
-  REQUIRE(tuned_first_call_space_only(narrow.candidates));
+  REQUIRE(tuned_partly(narrow.candidates));
   db::TuningRow whole = narrow;
   whole.winner = gemm(128, 128, 64);
   whole.median_ms = 0.4;
@@ -363,7 +363,7 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
   }
 }
 
-TEST_CASE("a first call's narrow row keeps only a whole stored row the caller accepts; a refused one is replaced",
+TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts; a refused one is replaced",
           "[tuner]") {
   TempDir dir("partial-vs-stored");
   const auto db_path = dir / "tuning.sqlite";
@@ -377,12 +377,14 @@ TEST_CASE("a first call's narrow row keeps only a whole stored row the caller ac
   }
   REQUIRE(first_call.size() >= 2);
   REQUIRE(!other.empty());
-  // The rows: tuned whole; timed over the first call's space.
+  // The rows: tuned whole; timed over the first call's space; cut short by the budget.
   const auto row_of = [&](const TileConfig& winner, const std::string& kind) {
     db::TuningRow row = whole_row(Role::kFwdUp, kProblem, winner);
     if (kind == "narrow") {
       row.candidates.push_back({other.front(), std::nan(""), std::nan(""), true,
                                 *first_call_exclusion(other.front(), space)});
+    } else if (kind == "cut") {
+      row.candidates.push_back({other.front(), std::nan(""), std::nan(""), true, budget_skip_reason(60)});
     }
     return row;
   };
@@ -396,9 +398,13 @@ TEST_CASE("a first call's narrow row keeps only a whole stored row the caller ac
   };
   const std::vector<Case> cases = {
       {illegal, "whole", "narrow", false},  // was kept, dropped by the resolver, tuned at every plan
+      {illegal, "whole", "cut", false},
       {illegal, "whole", "whole", false},
       {first_call[1], "whole", "narrow", true},
+      {first_call[1], "whole", "cut", true},  // was replaced by the budget-cut row
       {first_call[1], "whole", "whole", false},
+      {first_call[1], "cut", "narrow", false},  // was kept as if whole
+      {first_call[1], "cut", "cut", false},
       {first_call[1], "narrow", "narrow", false},
   };
   for (const Case& c : cases) {

@@ -138,8 +138,9 @@ int run_tune(int argc, char** argv, int start) {
   const db::Provenance current = db::current_provenance(first.driver_version);
   for (const auto& row : db::TuningDb(db_path).rows()) {
     if (db::is_stale(row, current)) continue;
-    // A plan's self-tune timed a narrower space: such a key is tuned again, its winner an incumbent.
-    if (!tuned_first_call_space_only(row.candidates)) done.insert(row.key.id());
+    // A plan's first call timed a narrower space, or a budget ran out: such a key is tuned
+    // again, its winner an incumbent.
+    if (!tuned_partly(row.candidates)) done.insert(row.key.id());
     incumbents[row.key.id()] = row.winner;
   }
   const std::vector<TuneItem> items = plan_tuning(req, first, done);
