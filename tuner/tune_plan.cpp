@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "db/tuning_key.hpp"
 #include "moejit/error.hpp"
+#include "tuner/prune.hpp"
 #include "tuner/role_traits.hpp"
 #include "tuner/tuning_keys.hpp"
 
@@ -33,7 +35,7 @@ std::vector<long long> table_token_counts(int experts, int topk, long long max_t
 }
 
 std::vector<TuneItem> plan_tuning(const TunePlanRequest& r, const cuda::DeviceInfo& device,
-                                  const std::set<std::string>& done) {
+                                  const std::map<std::string, db::TuningRow>& stored) {
   if (r.shards < 1 || r.shard < 0 || r.shard >= r.shards) {
     throw InvalidArgument("shard", "expected i/n with 0 <= i < n");
   }
@@ -57,8 +59,12 @@ std::vector<TuneItem> plan_tuning(const TunePlanRequest& r, const cuda::DeviceIn
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (static_cast<int>(i % r.shards) != r.shard) continue;
     TuneItem& item = all[i];
-    std::erase_if(item.roles,
-                  [&](Role role) { return !r.force && done.count(tuning_key(role, item.problem, device).id()); });
+    const auto done = [&](Role role) {
+      const auto row = stored.find(tuning_key(role, item.problem, device).id());
+      return row != stored.end() && !tuned_partly(row->second.candidates) &&
+             winner_legal(row->second, shape_of(item.problem), device);
+    };
+    std::erase_if(item.roles, [&](Role role) { return !r.force && done(role); });
     if (!item.roles.empty()) mine.push_back(std::move(item));
   }
   return mine;

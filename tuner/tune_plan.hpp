@@ -2,11 +2,12 @@
 // the roles whose keys still need tuning. Pure, so resuming and sharding are unit-tested.
 #pragma once
 
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "cuda/device.hpp"
+#include "db/tuning_row.hpp"
 #include "jit/role.hpp"
 #include "moejit/moejit.hpp"
 
@@ -35,11 +36,14 @@ struct TunePlanRequest {
 std::vector<long long> table_token_counts(int experts, int topk, long long max_tokens);
 inline constexpr long long kTableMaxTokens = 32768;  // `moejit tune`'s default max_tokens
 
-// Keys already tuned (ids in `done`) are skipped unless force; a key shared by several modes
-// (e.g. fwd_down is "train" for inference too) is tuned once, in the first mode listed. Items
-// are ordered by token count, then mode; shard i of n takes items i, i+n, ... of the list before
-// done keys are skipped, so a resumed shard keeps its share.
+// Keys already tuned are skipped unless force: those whose row in `stored` (this build's rows, by
+// key id) was tuned whole (tuner/prune.hpp: tuned_partly) and has a winner that is legal at the
+// problem the key is tuned at (winner_legal: pruning and the space change without the template
+// hash). A key shared by several modes (e.g. fwd_down is "train" for inference too) is tuned
+// once, in the first mode listed. Items are ordered by token count, then mode; shard i of n
+// takes items i, i+n, ... of the list before done keys are skipped, so a resumed shard keeps its
+// share.
 std::vector<TuneItem> plan_tuning(const TunePlanRequest& request, const cuda::DeviceInfo& device,
-                                  const std::set<std::string>& done);
+                                  const std::map<std::string, db::TuningRow>& stored);
 
 }  // namespace moejit

@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -57,6 +59,17 @@ db::TuningRow whole_row(Role role, const MoeProblem& problem, const TileConfig& 
   row.candidates = {timed(winner, 0.1)};
   row.provenance = db::current_provenance(0);
   return row;
+}
+
+// This build's rows of every role of `problem`, tuned whole, the heuristic defaults winning.
+std::map<std::string, db::TuningRow> tuned_whole(const MoeProblem& problem) {
+  const auto h200 = cuda::fabricated::h200();
+  std::map<std::string, db::TuningRow> out;
+  for (Role role : roles_of(problem.mode)) {
+    db::TuningRow row = whole_row(role, problem, default_config(role, shape_of(problem), h200, problem.mode));
+    out.emplace(row.key.id(), std::move(row));
+  }
+  return out;
 }
 
 }  // namespace
@@ -160,8 +173,7 @@ TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tun
   CHECK(all[1].roles[0] == Role::kFwdUp);
 
   // Resume: keys already in the database are skipped.
-  std::set<std::string> done;
-  for (Role role : all[0].roles) done.insert(tuning_key(role, all[0].problem, h200).id());
+  const std::map<std::string, db::TuningRow> done = tuned_whole(all[0].problem);
   auto rest = plan_tuning(r, h200, done);
   CHECK(rest.size() == 3);
   CHECK(rest[0].problem.mode == Mode::kInference);
@@ -193,6 +205,49 @@ TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tun
   r.shards = 3;
   r.shard = 3;
   CHECK_THROWS_AS(plan_tuning(r, h200, {}), InvalidArgument);
+}
+
+TEST_CASE("moejit tune's resume tunes again a key tuned partly or whose stored winner cannot run there", "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  TunePlanRequest r;
+  r.experts = kProblem.experts;
+  r.hidden = kProblem.hidden;
+  r.intermediate = kProblem.intermediate;
+  r.topk = kProblem.topk;
+  r.tokens = {kProblem.tokens};
+  r.modes = {kProblem.mode};
+  const std::map<std::string, db::TuningRow> whole = tuned_whole(kProblem);
+  for (const auto& [id, row] : whole) REQUIRE(winner_legal(row, shape_of(kProblem), h200));
+  REQUIRE(plan_tuning(r, h200, whole).empty());
+  const std::string up = tuning_key(Role::kFwdUp, kProblem, h200).id();
+  const auto left_with = [&](const std::function<void(db::TuningRow&)>& edit) {
+    std::map<std::string, db::TuningRow> stored = whole;
+    edit(stored.at(up));
+    const std::vector<TuneItem> items = plan_tuning(r, h200, stored);
+    return items.empty() ? std::vector<Role>{} : items.front().roles;
+  };
+  const std::vector<Role> fwd_up{Role::kFwdUp};
+  // An imported winner outside the space (BLOCK_K 48), and one pruning refuses (a token tile of
+  // the wrong height): both are passed over by plans, so they are not done.
+  CHECK(left_with([](db::TuningRow& row) { row.winner.block_k = 48; }) == fwd_up);
+  CHECK(left_with([](db::TuningRow& row) { row.winner.block_m = 16; }) == fwd_up);
+  // A plan's first call timed a narrower space; a budget ran out before every candidate was timed.
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape_of(kProblem), h200);
+  const auto excluded = std::find_if(space.begin(), space.end(), [&](const PruneDecision& d) {
+    return !d.reason && first_call_exclusion(d.config, space);
+  });
+  REQUIRE(excluded != space.end());
+  CHECK(left_with([&](db::TuningRow& row) {
+          row.candidates.push_back({excluded->config, std::nan(""), std::nan(""), true,
+                                    *first_call_exclusion(excluded->config, space)});
+        }) == fwd_up);
+  CHECK(left_with([&](db::TuningRow& row) {
+          row.candidates.push_back({excluded->config, std::nan(""), std::nan(""), true, budget_skip_reason(5)});
+        }) == fwd_up);
+  // Rejections for other reasons leave the key done.
+  CHECK(left_with([&](db::TuningRow& row) {
+          row.candidates.push_back({excluded->config, std::nan(""), std::nan(""), true, "compile failed: x"});
+        }).empty());
 }
 
 TEST_CASE("the default tuning grid gives every T up to the largest a row of its own key", "[tuner]") {

@@ -10,8 +10,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
+#include <utility>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -24,7 +24,6 @@
 #include "db/tuning_db.hpp"
 #include "problem_args.hpp"
 #include "tuner/autotuner.hpp"
-#include "tuner/prune.hpp"
 #include "tuner/tune_plan.hpp"
 #include "tuner/tuning_keys.hpp"
 
@@ -134,16 +133,16 @@ int run_tune(int argc, char** argv, int start) {
       throw InvalidArgument("--devices", "tune one GPU model per run (keys are per SKU)");
     }
   }
-  std::set<std::string> done;
+  // This build's rows: plan_tuning skips the keys they tuned whole; a key tuned partly (a plan's
+  // first call, a budget) is tuned again, its winner an incumbent.
+  std::map<std::string, db::TuningRow> stored;
   const db::Provenance current = db::current_provenance(first.driver_version);
-  for (const auto& row : db::TuningDb(db_path).rows()) {
+  for (auto& row : db::TuningDb(db_path).rows()) {
     if (db::is_stale(row, current)) continue;
-    // A plan's first call timed a narrower space, or a budget ran out: such a key is tuned
-    // again, its winner an incumbent.
-    if (!tuned_partly(row.candidates)) done.insert(row.key.id());
     incumbents[row.key.id()] = row.winner;
+    stored.emplace(row.key.id(), std::move(row));
   }
-  const std::vector<TuneItem> items = plan_tuning(req, first, done);
+  const std::vector<TuneItem> items = plan_tuning(req, first, stored);
   fmt::print("tuning {} item(s) on {} GPU(s) ({}) into {}\n", items.size(), devices.size(), first.name,
              db_path.string());
 
