@@ -66,6 +66,10 @@ std::optional<TileConfig> override_for(Role role, const MoeShape& shape, const c
 std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                                const Options& options, bool allow_tuning) {
   const MoeShape shape = shape_of(problem);
+  // Read on every resolve, not only when a key is missing: a malformed value is an error whether
+  // or not the tables cover this problem.
+  const bool autotune_on = env::autotune_enabled();
+  const double budget_s = env::tune_budget_s();
   // A misspelt role would otherwise override nothing, silently; a role this mode does not run
   // is fine (one set of overrides may serve training and inference plans).
   for (const auto& [role, config] : options.config_overrides) {
@@ -99,12 +103,12 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   }
   if (missing.empty()) return out;
 
-  const bool tuning = allow_tuning && env::autotune_enabled();
+  const bool tuning = allow_tuning && autotune_on;
   if (tuning && !capturing(options.stream)) {
     const TuneFn tune = [&](const std::vector<Role>& roles) {
       const auto t0 = std::chrono::steady_clock::now();
       TuneOptions tune_options;
-      tune_options.budget_s = env::tune_budget_s();
+      tune_options.budget_s = budget_s;
       tune_options.first_call_space = true;
       auto rows = autotune(problem, device, roles, tune_options);
       log::info("tuned {} role(s) of E={} H={} I={} K={} T={} in {:.1f} s", rows.size(), problem.experts,

@@ -31,6 +31,7 @@ struct ResolvedConfig {
 db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device);
 
 // allow_tuning=false skips level 3 whatever MOEJIT_AUTOTUNE says (e.g. to report what is stored).
+// Either way a malformed MOEJIT_AUTOTUNE or MOEJIT_TUNE_BUDGET_S throws InvalidArgument naming it.
 std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                                const Options& options, bool allow_tuning = true);
 

@@ -27,7 +27,10 @@ unsigned compile_jobs();
 LogLevel log_level();
 // MOEJIT_CUDA_DRIVER: path of the driver library to dlopen instead of libcuda.so.1.
 std::string cuda_driver_library();
-// MOEJIT_AUTOTUNE=0 turns self-tuning off (the tuning database is still read).
+// MOEJIT_AUTOTUNE=0 turns self-tuning off (the tuning database is still read); any other
+// integer leaves it on. Like MOEJIT_DISK_CACHE it takes integers only: "false" or "off" throw
+// InvalidArgument naming the variable (config_resolver reads it at every resolve, so they fail
+// every plan at once, not only plans the tables do not cover).
 bool autotune_enabled();
 // MOEJIT_TUNE_BUDGET_S: wall-clock seconds one self-tuning run may take; default 60.
 double tune_budget_s();

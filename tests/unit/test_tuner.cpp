@@ -479,6 +479,37 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
   }
 }
 
+TEST_CASE("a malformed MOEJIT_AUTOTUNE or tuning budget fails every resolve, covered by the tables or not",
+          "[tuner][env]") {
+  TempDir dir("autotune-env");
+  ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", (dir / "no-shipped-tables").string());
+  const auto h200 = cuda::fabricated::h200();
+  const auto resolves = [&](bool allow_tuning) { return resolve_configs(kProblem, h200, Options{}, allow_tuning); };
+  for (bool covered : {false, true}) {
+    INFO((covered ? "every role has a row" : "no rows"));
+    if (covered) {
+      db::TuningDb user(dir / "tuning.sqlite");
+      for (const auto& [id, row] : tuned_whole(kProblem)) user.record(row);
+    }
+    for (const char* bad : {"false", "off", "1x"}) {
+      INFO(bad);
+      ScopedEnv autotune("MOEJIT_AUTOTUNE", bad);
+      CHECK_THROWS_WITH(resolves(false), Catch::Contains("MOEJIT_AUTOTUNE"));
+      // With rows for every role nothing is tuned, so no device is asked.
+      if (covered) CHECK_THROWS_WITH(resolves(true), Catch::Contains("MOEJIT_AUTOTUNE"));
+    }
+    {
+      ScopedEnv autotune("MOEJIT_AUTOTUNE", "0");
+      ScopedEnv budget("MOEJIT_TUNE_BUDGET_S", "10s");
+      CHECK_THROWS_WITH(resolves(false), Catch::Contains("MOEJIT_TUNE_BUDGET_S"));
+    }
+    ScopedEnv autotune("MOEJIT_AUTOTUNE", "0");
+    CHECK((resolves(false).at(Role::kFwdUp).source == "heuristic") != covered);
+    if (covered) CHECK(resolves(true).at(Role::kFwdUp).source == "memory");  // the user DB's row, kept
+  }
+}
+
 TEST_CASE("config overrides naming no role are rejected; a role the mode does not run is ignored", "[tuner]") {
   TempDir dir("overrides");
   ScopedEnv db("MOEJIT_DB", (dir / "tuning.sqlite").string());
