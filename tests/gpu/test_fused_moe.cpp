@@ -1173,7 +1173,7 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
 
   // The green context current, as PyTorch's GreenContext.set_context() leaves it: the plan built
   // before, then one built there, with memory allocated there.
-  test::CurrentContext in_green(green->context());
+  const cuda::ScopedContext in_green(green->context());
   {
     // The tensor checks rely on it: the driver names the primary context as the owner of memory
     // allocated here.

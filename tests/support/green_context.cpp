@@ -59,11 +59,4 @@ GreenContext::~GreenContext() {
   if (green_ != nullptr) green_driver().destroy(green_);
 }
 
-CurrentContext::CurrentContext(CUcontext context) { MOEJIT_CU(cuda::driver().cuCtxPushCurrent(context)); }
-
-CurrentContext::~CurrentContext() {
-  CUcontext popped = nullptr;
-  cuda::driver().cuCtxPopCurrent(&popped);
-}
-
 }  // namespace moejit::test

@@ -33,13 +33,4 @@ class GreenContext {
   unsigned sm_count_ = 0;
 };
 
-// Makes `context` current on this thread for its lifetime (push, then pop).
-class CurrentContext {
- public:
-  explicit CurrentContext(CUcontext context);
-  ~CurrentContext();
-  CurrentContext(const CurrentContext&) = delete;
-  CurrentContext& operator=(const CurrentContext&) = delete;
-};
-
 }  // namespace moejit::test
