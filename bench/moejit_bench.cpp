@@ -27,6 +27,7 @@
 #include "moejit/moejit.hpp"
 #include "report.hpp"
 #include "steps.hpp"
+#include "support/green_context.hpp"
 #include "timing.hpp"
 
 namespace moejit::bench {
@@ -50,6 +51,8 @@ const char* kUsage =
     "                           under load hit all of them alike (default 4, or --iters if fewer)\n"
     "  --json FILE              write every number, device, driver, date and command line to FILE\n"
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
+    "  --sms N                  run every step and dense sequence on a green context of at least N SMs (the\n"
+    "                           driver rounds up to its partition size; needs a 12.4 or newer driver)\n"
     "  -h, --help               this text\n"
     "Prints, per token count and mode: median/min/p90 ms, TFLOP/s, the dense cuBLAS ceiling of equal\n"
     "FLOPs and ratio = dense_ms / ms. Needs an NVIDIA GPU.\n";
@@ -62,6 +65,7 @@ struct Args {
   std::vector<StepKind> steps{StepKind::kForward, StepKind::kBackward, StepKind::kFull, StepKind::kInference};
   RoutingSpec routing;
   int warmup = 5, iters = 20, rounds = 4;
+  int sms = 0;  // 0: the whole device
   std::string json;
   Options options;
   bool help = false;
@@ -134,6 +138,8 @@ Args parse_args(int argc, char** argv) {
     } else if (name == "--rounds") {
       rounds_given = true;
       a.rounds = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
+    } else if (name == "--sms") {
+      a.sms = static_cast<int>(std::min<long long>(positive(name, value), 1 << 20));
     } else if (name == "--json") {
       a.json = value;
     } else if (name == "--override") {
@@ -295,15 +301,25 @@ int run(const Args& args, const std::string& command) {
   info.rounds = args.rounds;
   info.overrides = args.options.config_overrides;
 
-  cuda::Stream stream;
-  const Cublas blas(stream.get());
+  // A green context's stream carries everything on its share of the SMs, the dense ceiling too.
+  cuda::Stream own;
+  CUstream stream = own.get();
+  std::unique_ptr<test::GreenContext> green;
+  if (args.sms > 0) {
+    std::string why;
+    green = test::GreenContext::create(0, static_cast<unsigned>(args.sms), &why);
+    if (!green) throw std::runtime_error("--sms: " + why);
+    stream = green->stream();
+    info.green_sms = static_cast<int>(green->sm_count());
+  }
+  const Cublas blas(stream);
   check_cublas(cublasGetVersion(blas.get(), &info.cublas_version), "cublasGetVersion");
-  StreamTimer timer(stream.get());
+  StreamTimer timer(stream);
   const Weights weights(args.problem, kSeed);
 
   std::vector<TokenResult> results;
   for (long long tokens : args.tokens) {
-    results.push_back(run_tokens(args, tokens, info.device, weights, blas, stream.get(), timer));
+    results.push_back(run_tokens(args, tokens, info.device, weights, blas, stream, timer));
     const TokenResult& r = results.back();
     fmt::print("T={} done: plans {:.1f} s, enqueue {:.1f} us per forward(), {:.1f} per backward(), {:.1f} per "
                "graph replay of both, input copies {}, dense copies {}{}\n",

@@ -109,9 +109,10 @@ bool any_error(const std::vector<TokenResult>& results) {
 void print_report(const RunInfo& info, const std::vector<TokenResult>& results) {
   const cuda::DeviceInfo& d = info.device;
   const MoeProblem& p = info.problem;
-  fmt::print("\n== moejit_bench {} | {} ({}, {} SMs, {} MiB L2) | driver {} | cuBLAS {} | {}\n", kLibraryVersion,
+  fmt::print("\n== moejit_bench {} | {} ({}, {} SMs, {} MiB L2) | driver {} | cuBLAS {} | {}{}\n", kLibraryVersion,
              d.name, d.arch(), d.sm_count, d.l2_bytes >> 20, driver_string(d.driver_version), info.cublas_version,
-             info.date_utc);
+             info.date_utc,
+             info.green_sms > 0 ? fmt::format(" | on a green context of {} SMs", info.green_sms) : std::string());
   fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} in {} rounds | ms: CUDA-event median, min, p90{}\n",
              p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), routing_name(info.routing),
              info.warmup, info.iters, info.rounds, info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides));
@@ -164,6 +165,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
   j["iters"] = info.iters;
   j["rounds"] = info.rounds;
   j["config_overrides"] = info.overrides;
+  j["green_context_sms"] = info.green_sms > 0 ? nlohmann::json(info.green_sms) : nlohmann::json(nullptr);
   j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward and frozen 12*H*I, full and memeff 18*H*I";
   j["weight_bytes_model"] = "W1 and W2 read by the forward and again by the backward, dW1 and dW2 written once";
   nlohmann::json rows = nlohmann::json::array();

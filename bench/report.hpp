@@ -47,6 +47,7 @@ struct RunInfo {
   RoutingSpec routing;
   int warmup = 0, iters = 0, rounds = 0;
   std::map<std::string, std::string> overrides;
+  int green_sms = 0;  // SMs of the green context every step ran on; 0: the whole device
 };
 
 bool any_error(const std::vector<TokenResult>& results);
