@@ -33,8 +33,9 @@ namespace moejit::cuda {
   X(cuTensorMapEncodeTiled) X(cuPointerGetAttributes)
 
 // Entry points of newer drivers than the oldest moejit runs on: null where the driver lacks them.
-// cuStreamGetCtx_v2 (12.5) names the primary context behind a green context.
-#define MOEJIT_DRIVER_OPTIONAL_FUNCTIONS(X) X(cuStreamGetCtx_v2)
+// cuStreamGetCtx_v2 (12.5) names the primary context behind a green context;
+// cuGreenCtxGetDevResource (12.4) the SMs a green context holds.
+#define MOEJIT_DRIVER_OPTIONAL_FUNCTIONS(X) X(cuStreamGetCtx_v2) X(cuGreenCtxGetDevResource)
 
 struct Driver {
 #define MOEJIT_DECLARE_FN(name) decltype(&::name) name = nullptr;

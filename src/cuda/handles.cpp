@@ -93,6 +93,23 @@ CUcontext stream_context(CUstream stream) {
   return ctx;
 }
 
+std::optional<SmShare> green_sm_share(CUstream stream) {
+  const Driver& d = driver();
+  if (d.cuStreamGetCtx_v2 == nullptr || d.cuGreenCtxGetDevResource == nullptr) return std::nullopt;
+  CUcontext ctx = nullptr;
+  CUgreenCtx green = nullptr;
+  MOEJIT_CU(d.cuStreamGetCtx_v2(stream, &ctx, &green));
+  if (green == nullptr) return std::nullopt;
+  CUdevResource resource{};
+  MOEJIT_CU(d.cuGreenCtxGetDevResource(green, &resource, CU_DEV_RESOURCE_TYPE_SM));
+  CUdevice dev = 0;
+  SmShare share;
+  MOEJIT_CU(d.cuCtxGetDevice(&dev));
+  MOEJIT_CU(d.cuDeviceGetAttribute(&share.device_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  share.sms = static_cast<int>(resource.sm.smCount);
+  return share;
+}
+
 ScopedContext::ScopedContext(CUcontext context) {
   if (raw_current_context() == context) return;
   MOEJIT_CU(driver().cuCtxPushCurrent(context));

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -36,6 +37,14 @@ CUcontext current_context();
 // The context `stream` enqueues in, as current_context() names it: for a green context's stream,
 // its device's primary context.
 CUcontext stream_context(CUstream stream);
+
+// The SMs a stream's kernels may run on where it is a green context's (its share, and its
+// device's whole count); nullopt for any other stream, or where the driver cannot tell.
+struct SmShare {
+  int sms = 0;
+  int device_sms = 0;
+};
+std::optional<SmShare> green_sm_share(CUstream stream);
 
 // Whether the current context stands for a green context (never, where the driver predates
 // cuStreamGetCtx_v2).

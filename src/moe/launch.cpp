@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "cuda/handles.hpp"
 #include "moe/tensor_maps.hpp"
 #include "moejit/error.hpp"
 #include "tuner/role_traits.hpp"
@@ -74,6 +75,13 @@ LaunchGeometry column_subset(const LaunchGeometry& g, int of, int columns, int b
   return out;
 }
 
+unsigned clusters_on_share(unsigned whole_device, int share_sms, int device_sms) {
+  if (share_sms <= 0 || device_sms <= 0 || share_sms >= device_sms) return whole_device;
+  const unsigned long long part = static_cast<unsigned long long>(whole_device) * static_cast<unsigned>(share_sms) /
+                                  static_cast<unsigned>(device_sms);
+  return std::max(1u, static_cast<unsigned>(part));
+}
+
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
                  const LaunchGeometry& g, void* params, CUstream stream) {
   bind_tensor_maps(role, config, shape, params);
@@ -81,7 +89,9 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
   jit::Dim3 grid = g.grid;
   if (persistent_grid(role, config)) {
     // Blocks beyond those resident would only wait for a slot; the persistent ones loop over the tiles.
-    grid.x = std::min(grid.x, g.cluster * kernel.resident_clusters(kRoleKernel, g.block, g.smem_bytes, g.cluster));
+    unsigned clusters = kernel.resident_clusters(kRoleKernel, g.block, g.smem_bytes, g.cluster);
+    if (const auto share = cuda::green_sm_share(stream)) clusters = clusters_on_share(clusters, share->sms, share->device_sms);
+    grid.x = std::min(grid.x, g.cluster * clusters);
   }
   kernel.launch(kRoleKernel, grid, g.block, g.smem_bytes, stream, args, g.cluster);
 }

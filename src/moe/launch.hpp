@@ -34,8 +34,15 @@ LaunchGeometry expert_subset(const LaunchGeometry& g, int of, int experts);
 // those columns, in whole clusters (a token grid's blocks past its tiles exit at once).
 LaunchGeometry column_subset(const LaunchGeometry& g, int of, int columns, int block_n);
 
+// A persistent grid's clusters on a share of `share_sms` of the device's `device_sms` SMs (a
+// green context), from the `whole_device` clusters resident on all of them: in proportion,
+// rounded down, at least one. A grid sized for the whole device would run in rounds there, the
+// last one short.
+unsigned clusters_on_share(unsigned whole_device, int share_sms, int device_sms);
+
 // Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
-// struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum.
+// struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum. A persistent
+// grid holds the blocks resident on the SMs `stream` runs on.
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
                  const LaunchGeometry& g, void* params, CUstream stream);
 

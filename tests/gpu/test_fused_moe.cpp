@@ -1144,8 +1144,17 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   }
   INFO("green context of " << green->sm_count() << " SMs of " << gpu->info.sm_count);
   REQUIRE(green->sm_count() < static_cast<unsigned>(gpu->info.sm_count));
-  // Persistent grids where the space has them: sized for the whole device, they run in more than
-  // one round on the green context's SMs, which no kernel may wait across.
+  // Persistent grids are sized for the SMs their stream runs on: the green context's share, and
+  // the whole device for any other stream.
+  const auto share = cuda::green_sm_share(green->stream());
+  REQUIRE(share.has_value());
+  CHECK(share->sms == static_cast<int>(green->sm_count()));
+  CHECK(share->device_sms == gpu->info.sm_count);
+  cuda::Stream primary_stream;
+  CHECK_FALSE(cuda::green_sm_share(primary_stream.get()).has_value());
+  CHECK_FALSE(cuda::green_sm_share(nullptr).has_value());
+  // Persistent grids where the space has them: on the green context's SMs, bit for bit what they
+  // give on the whole device.
   const CaseSpec spec{2048, 16, 256, 256, 4, DType::kBF16, Routing::kRandom, 71};
   const MoeShape shape{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk, spec.dtype};
   Options persistent;
@@ -1174,6 +1183,7 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   // The green context current, as PyTorch's GreenContext.set_context() leaves it: the plan built
   // before, then one built there, with memory allocated there.
   const cuda::ScopedContext in_green(green->context());
+  CHECK(cuda::green_sm_share(nullptr).has_value());  // the legacy stream is the green context's now
   {
     // The tensor checks rely on it: the driver names the primary context as the owner of memory
     // allocated here.

@@ -109,6 +109,24 @@ TEST_CASE("persistent grids: the GEMM roles' two-warpgroup TMA tiles and pairs, 
   CHECK(launch_geometry(Role::kFwdDown, persistent, s, 2176, true).grid.x == 2176 * 8);
 }
 
+TEST_CASE("a persistent grid on a green context's share holds that share's part of the resident clusters", "[launch]") {
+  // One block per SM of 132: a share of 72 SMs holds 72, not the 132 that would run in two rounds.
+  CHECK(clusters_on_share(132, 72, 132) == 72);
+  CHECK(clusters_on_share(264, 104, 132) == 208);  // two blocks per SM
+  // Pairs: 66 resident on 132 SMs; a share of 72 SMs holds 36 of them, 40 SMs hold 20.
+  CHECK(clusters_on_share(66, 72, 132) == 36);
+  CHECK(clusters_on_share(66, 40, 132) == 20);
+  // Rounded down, never below one cluster.
+  CHECK(clusters_on_share(60, 8, 132) == 3);
+  CHECK(clusters_on_share(1, 8, 132) == 1);
+  // The whole device, or a share the driver did not describe, keeps the whole device's count.
+  CHECK(clusters_on_share(132, 132, 132) == 132);
+  CHECK(clusters_on_share(132, 0, 132) == 132);
+  CHECK(clusters_on_share(132, 72, 0) == 132);
+  // No overflow on products past 2^32.
+  CHECK(clusters_on_share(4000000000u, 2, 4) == 2000000000u);
+}
+
 TEST_CASE("dW grids are experts times the gradient's tiles", "[launch]") {
   const MoeShape s{32768, 128, 2048, 768, 8, DType::kBF16};
   const TileConfig c = gemm(128, 128, 32, 6, 4, true);
