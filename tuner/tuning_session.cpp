@@ -50,7 +50,8 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
       shape_(shape_of(problem)),
       device_(device),
       block_m_(token_block_m(shape_)),
-      aligned_(problem.hidden % 8 == 0 && problem.intermediate % 8 == 0) {
+      aligned_(problem.hidden % 8 == 0 && problem.intermediate % 8 == 0),
+      stream_(cuda::current_context()) {
   // The training layout holds every intermediate of every mode; variants differ only in params.
   layout_ = memory_layout(shape_, Mode::kTraining, block_m_);
   const std::size_t T = problem.tokens, E = problem.experts, H = problem.hidden, I = problem.intermediate,

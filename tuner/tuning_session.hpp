@@ -24,8 +24,11 @@ struct Timing {
 class TuningSession {
  public:
   // Allocates and fills the scratch problem in the current context. Throws CudaError (e.g. out
-  // of memory) or CompileError (utility kernels).
+  // of memory) or CompileError (utility kernels). Its stream runs on the whole device even where
+  // a green context is current: a tuned row stands for the device, as a shipped one does.
   TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device);
+
+  CUstream stream() const { return stream_.get(); }
 
   struct RoleKernel {
     TileConfig config;

@@ -168,6 +168,11 @@ float Event::elapsed_since(const Event& start) const {
 
 Stream::Stream() { MOEJIT_CU(driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)); }
 
+Stream::Stream(CUcontext context) {
+  const ScopedContext in(context);
+  MOEJIT_CU(driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+}
+
 Stream::~Stream() {
   if (stream_ != nullptr) warn_on_failure(driver().cuStreamDestroy(stream_), "cuStreamDestroy");
 }

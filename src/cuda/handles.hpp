@@ -101,7 +101,11 @@ class Event {
 
 class Stream {
  public:
+  // A non-blocking stream of the current context.
   Stream();
+  // A non-blocking stream of `context`, made current only to create it: of a device's primary
+  // context (current_context()), the stream runs on all its SMs even where a green context is current.
+  explicit Stream(CUcontext context);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

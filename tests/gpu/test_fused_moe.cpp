@@ -28,6 +28,7 @@
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
 #include "tuner/role_traits.hpp"
+#include "tuner/tuning_session.hpp"
 
 using namespace moejit;
 using namespace moejit::test;
@@ -1184,6 +1185,8 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   // before, then one built there, with memory allocated there.
   const cuda::ScopedContext in_green(green->context());
   CHECK(cuda::green_sm_share(nullptr).has_value());  // the legacy stream is the green context's now
+  // Self-tuning times candidates on the whole device still: its rows stand for the device.
+  CHECK_FALSE(cuda::green_sm_share(TuningSession(problem_of(spec, Mode::kTraining), gpu->info).stream()).has_value());
   {
     // The tensor checks rely on it: the driver names the primary context as the owner of memory
     // allocated here.
