@@ -149,10 +149,13 @@ std::string budget_skip_reason(double budget_s) {
   return fmt::format("{} of {:.0f} s spent", kBudgetSkip, budget_s);
 }
 
-bool tuned_partly(const std::vector<db::CandidateResult>& candidates) {
-  return std::any_of(candidates.begin(), candidates.end(), [](const db::CandidateResult& c) {
-    return c.rejected && (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion ||
-                          c.reason.starts_with(kBudgetSkip));
+bool tuned_partly(const db::TuningRow& row, const MoeShape& shape) {
+  const std::vector<TileConfig> space = config_space(row.key.role, shape);
+  return std::any_of(row.candidates.begin(), row.candidates.end(), [&](const db::CandidateResult& c) {
+    return c.rejected &&
+           (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion ||
+            c.reason.starts_with(kBudgetSkip)) &&
+           std::find(space.begin(), space.end(), c.config) != space.end();
   });
 }
 

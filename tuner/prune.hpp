@@ -40,11 +40,14 @@ std::optional<std::string> first_call_exclusion(const TileConfig& config, const 
 // Why the tuner recorded a candidate untimed once its budget of `budget_s` seconds was spent.
 std::string budget_skip_reason(double budget_s);
 
-// Whether a row's candidates leave part of the space untimed: the first call's narrower space
-// (first_call_exclusion's reasons) or a tuning budget spent first (budget_skip_reason). Plans run
-// such a row; `moejit tune` times its key again, whole, and a plan's own partial row does not
-// replace a whole one.
-bool tuned_partly(const std::vector<db::CandidateResult>& candidates);
+// Whether a row's candidates leave part of its role's space at `shape` untimed: the first call's
+// narrower space (first_call_exclusion's reasons) or a tuning budget spent first
+// (budget_skip_reason). Plans run such a row; `moejit tune` times its key again, whole, and a
+// plan's own partial row does not replace a whole one. A mark on a config the space no longer
+// holds does not count: the space is host code, outside the template hash, so it can shrink under
+// a current row whose candidates are never wiped (db/tuning_db.hpp); counted, the mark would send
+// the key to every `moejit tune`, none of which times that config.
+bool tuned_partly(const db::TuningRow& row, const MoeShape& shape);
 
 // Whether a stored row's winner may run for `shape` on `device`: it passes pruning and its role's
 // space holds it. Pruning rules and the space are host code, outside the template hash that makes

@@ -56,11 +56,12 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
       // process runs it too. A stored row `accept` refuses is replaced: kept, it would be dropped
       // by the caller, and every plan would tune again and drop its result.
       // (record() weighs only a row of this build.)
+      const MoeShape shape = shape_of(problem);
       const db::TuningDb::RowFilter keep = [&](const db::TuningRow& existing) {
-        return !tuned_partly(existing.candidates) && (!accept || accept(existing));
+        return !tuned_partly(existing, shape) && (!accept || accept(existing));
       };
       for (auto& row : tuned) {
-        if (!user.record(row, tuned_partly(row.candidates) ? keep : db::TuningDb::RowFilter{})) {
+        if (!user.record(row, tuned_partly(row, shape) ? keep : db::TuningDb::RowFilter{})) {
           if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
         }
       }

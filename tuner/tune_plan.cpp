@@ -59,10 +59,10 @@ std::vector<TuneItem> plan_tuning(const TunePlanRequest& r, const cuda::DeviceIn
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (static_cast<int>(i % r.shards) != r.shard) continue;
     TuneItem& item = all[i];
+    const MoeShape shape = shape_of(item.problem);
     const auto done = [&](Role role) {
       const auto row = stored.find(tuning_key(role, item.problem, device).id());
-      return row != stored.end() && !tuned_partly(row->second.candidates) &&
-             winner_legal(row->second, shape_of(item.problem), device);
+      return row != stored.end() && !tuned_partly(row->second, shape) && winner_legal(row->second, shape, device);
     };
     std::erase_if(item.roles, [&](Role role) { return !r.force && done(role); });
     if (!item.roles.empty()) mine.push_back(std::move(item));

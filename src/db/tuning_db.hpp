@@ -12,7 +12,8 @@
 // builds sharing one file (an upgrade beside the old install, two environments) keep a row each
 // instead of replacing each other's and tuning again at every switch; `prune` drops the rows of
 // other builds. Candidates are upserted, never wiped: re-tuning a key after adding configs to the
-// space keeps the results of the configs measured before.
+// space keeps the results of the configs measured before. A row so keeps the candidates of configs
+// the space has dropped since; tuned_partly (tuner/prune.hpp) passes over their marks.
 //
 // A TuningDb is one connection; share it between threads only under a lock of your own.
 #pragma once

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -685,45 +687,90 @@ TEST_CASE("the first call's space: TMA warp-specialized configs where a role has
 
 TEST_CASE("a row timed over the first call's space only, or cut short by the budget, is told from a whole row",
           "[prune][tma]") {
-  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape(8192, 128, 8), fab::h200());
-  std::vector<db::CandidateResult> narrow, whole;
+  const MoeShape large = shape(8192, 128, 8);
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, large, fab::h200());
+  db::TuningRow narrow, whole;
+  narrow.key.role = whole.key.role = Role::kFwdUp;
   for (const PruneDecision& p : space) {
     if (p.reason) continue;
     db::CandidateResult c{p.config, 0.1, 0.0, false, ""};
-    whole.push_back(c);
+    whole.candidates.push_back(c);
     if (auto why = first_call_exclusion(p.config, space)) {
       c.rejected = true;
       c.reason = *why;
       c.median_ms = c.spread_ms = std::numeric_limits<double>::quiet_NaN();
     }
-    narrow.push_back(c);
+    narrow.candidates.push_back(c);
   }
-  CHECK(tuned_partly(narrow));
-  CHECK_FALSE(tuned_partly(whole));
+  CHECK(tuned_partly(narrow, large));
+  CHECK_FALSE(tuned_partly(whole, large));
   // Likewise a small token tile's row, narrowed to BK 64 and deeper.
-  const std::vector<PruneDecision> small = prune_space(Role::kFwdUp, shape(128, 128, 8), fab::h200());
-  std::vector<db::CandidateResult> small_narrow;
-  for (const PruneDecision& p : small) {
+  const MoeShape small = shape(128, 128, 8);
+  const std::vector<PruneDecision> small_space = prune_space(Role::kFwdUp, small, fab::h200());
+  db::TuningRow small_narrow;
+  small_narrow.key.role = Role::kFwdUp;
+  for (const PruneDecision& p : small_space) {
     if (p.reason) continue;
     db::CandidateResult c{p.config, 0.1, 0.0, false, ""};
-    if (auto why = first_call_exclusion(p.config, small)) {
+    if (auto why = first_call_exclusion(p.config, small_space)) {
       c.rejected = true;
       c.reason = *why;
     }
-    small_narrow.push_back(c);
+    small_narrow.candidates.push_back(c);
   }
-  CHECK(tuned_partly(small_narrow));
+  CHECK(tuned_partly(small_narrow, small));
   // Rejections for other reasons (pruning, a wrong answer) do not make a row narrow.
-  whole.front().rejected = true;
-  whole.front().reason = "wrong result";
-  CHECK_FALSE(tuned_partly(whole));
+  whole.candidates.front().rejected = true;
+  whole.candidates.front().reason = "wrong result";
+  CHECK_FALSE(tuned_partly(whole, large));
   // A row whose budget ran out before some candidates were timed is partial too, whatever the
   // budget (rows of earlier builds carry the same text).
   for (double budget : {5.0, 60.0, 2.5}) {
-    std::vector<db::CandidateResult> cut = whole;
-    cut.back().rejected = true;
-    cut.back().reason = budget_skip_reason(budget);
-    CHECK(tuned_partly(cut));
+    db::TuningRow cut = whole;
+    cut.candidates.back().rejected = true;
+    cut.candidates.back().reason = budget_skip_reason(budget);
+    CHECK(tuned_partly(cut, large));
   }
   CHECK(budget_skip_reason(60) == "skipped: tuning budget of 60 s spent");
+}
+
+TEST_CASE("a row's marks on configs its role's space no longer holds leave it whole", "[prune][tma]") {
+  // What a space trimmed in host code (no template change, so the row stays current) leaves in a
+  // stored row: the first call's or the budget's marks on configs no tune times any more.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const MoeShape& s : {shape(8192, 128, 8), shape(128, 128, 8)}) {
+    INFO("T=" << s.tokens);
+    const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, s, fab::h200());
+    db::TuningRow whole;
+    whole.key.role = Role::kFwdUp;
+    std::optional<std::size_t> excluded;  // a candidate outside the first call's space
+    std::string why;
+    for (const PruneDecision& p : space) {
+      if (p.reason) continue;
+      if (auto w = first_call_exclusion(p.config, space); w && !excluded) {
+        excluded = whole.candidates.size();
+        why = *w;
+      }
+      whole.candidates.push_back({p.config, 0.1, 0.0, false, ""});
+    }
+    REQUIRE(excluded);
+    REQUIRE_FALSE(tuned_partly(whole, s));
+    const auto trimmed = [&](TileConfig c) {
+      c.stages = 7;  // no depth of the space
+      REQUIRE(std::none_of(space.begin(), space.end(), [&](const PruneDecision& p) { return p.config == c; }));
+      return c;
+    };
+    db::TuningRow stale = whole;
+    stale.candidates.push_back({trimmed(whole.candidates[*excluded].config), nan, nan, true, why});
+    stale.candidates.push_back({trimmed(whole.candidates.front().config), nan, nan, true, budget_skip_reason(60)});
+    CHECK_FALSE(tuned_partly(stale, s));
+    // Beside them, a mark on a config the space still holds keeps the row partial.
+    const auto marked = [&](std::size_t at, const std::string& reason) {
+      db::TuningRow r = stale;
+      r.candidates[at] = {r.candidates[at].config, nan, nan, true, reason};
+      return r;
+    };
+    CHECK(tuned_partly(marked(*excluded, why), s));
+    CHECK(tuned_partly(marked(0, budget_skip_reason(60)), s));
+  }
 }

@@ -72,6 +72,18 @@ std::map<std::string, db::TuningRow> tuned_whole(const MoeProblem& problem) {
   return out;
 }
 
+// A config that left `role`'s space at `shape` (host code trims it without a template change, so
+// stored rows stay current): a portable 128-row tile of BK 64 x 4, a depth the space gives tiles
+// under 64 rows only.
+TileConfig trimmed_config(Role role, const MoeShape& shape) {
+  TileConfig c = gemm(128, 128, 64);
+  c.stages = 4;
+  c.warps = 8;
+  const std::vector<TileConfig> space = config_space(role, shape);
+  REQUIRE(std::find(space.begin(), space.end(), c) == space.end());
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
@@ -250,6 +262,43 @@ TEST_CASE("moejit tune's resume tunes again a key tuned partly or whose stored w
         }).empty());
 }
 
+TEST_CASE("moejit tune's resume skips a key whose only partial marks are on configs its space no longer holds",
+          "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  TunePlanRequest r;
+  r.experts = kProblem.experts;
+  r.hidden = kProblem.hidden;
+  r.intermediate = kProblem.intermediate;
+  r.topk = kProblem.topk;
+  r.tokens = {kProblem.tokens};
+  r.modes = {kProblem.mode};
+  const std::map<std::string, db::TuningRow> whole = tuned_whole(kProblem);
+  const std::string up = tuning_key(Role::kFwdUp, kProblem, h200).id();
+  const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape_of(kProblem), h200);
+  const auto excluded = std::find_if(space.begin(), space.end(), [&](const PruneDecision& d) {
+    return !d.reason && first_call_exclusion(d.config, space);
+  });
+  REQUIRE(excluded != space.end());
+  const std::string first_call = *first_call_exclusion(excluded->config, space);
+  const TileConfig trimmed = trimmed_config(Role::kFwdUp, shape_of(kProblem));
+  const auto left_with = [&](const std::vector<db::CandidateResult>& marks) {
+    std::map<std::string, db::TuningRow> stored = whole;
+    for (const db::CandidateResult& m : marks) stored.at(up).candidates.push_back(m);
+    const std::vector<TuneItem> items = plan_tuning(r, h200, stored);
+    return items.empty() ? std::vector<Role>{} : items.front().roles;
+  };
+  const auto mark = [](const TileConfig& c, const std::string& why) {
+    return db::CandidateResult{c, std::nan(""), std::nan(""), true, why};
+  };
+  // Its first call's or budget's mark stays in the stored row, naming a config no tune times.
+  CHECK(left_with({mark(trimmed, first_call)}).empty());
+  CHECK(left_with({mark(trimmed, budget_skip_reason(5))}).empty());
+  // A key with a mark on a config the space still holds is tuned again, stale marks or not.
+  const std::vector<Role> fwd_up{Role::kFwdUp};
+  CHECK(left_with({mark(trimmed, first_call), mark(excluded->config, first_call)}) == fwd_up);
+  CHECK(left_with({mark(trimmed, first_call), mark(excluded->config, budget_skip_reason(5))}) == fwd_up);
+}
+
 TEST_CASE("the default tuning grid gives every T up to the largest a row of its own key", "[tuner]") {
   const auto h200 = cuda::fabricated::h200();
   // Qwen3-30B-A3B, worked by hand from token_block_m's rule (tile >= mean + 2 spreads): 16-row
@@ -397,7 +446,7 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
     narrow.candidates.push_back({p.config, why ? std::nan("") : 0.5, why ? std::nan("") : 0.01, why.has_value(),
                                  why.value_or("")});
   }
-  REQUIRE(tuned_partly(narrow.candidates));
+  REQUIRE(tuned_partly(narrow, shape));
   db::TuningRow whole = narrow;
   whole.winner = gemm(128, 128, 64);
   whole.median_ms = 0.4;
@@ -432,7 +481,8 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
   }
   REQUIRE(first_call.size() >= 2);
   REQUIRE(!other.empty());
-  // The rows: tuned whole; timed over the first call's space; cut short by the budget.
+  // The rows: tuned whole; timed over the first call's space; cut short by the budget; tuned whole
+  // but still marked as a first call's on a config the space has lost since.
   const auto row_of = [&](const TileConfig& winner, const std::string& kind) {
     db::TuningRow row = whole_row(Role::kFwdUp, kProblem, winner);
     if (kind == "narrow") {
@@ -440,6 +490,9 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
                                 *first_call_exclusion(other.front(), space)});
     } else if (kind == "cut") {
       row.candidates.push_back({other.front(), std::nan(""), std::nan(""), true, budget_skip_reason(60)});
+    } else if (kind == "stale") {
+      row.candidates.push_back({trimmed_config(Role::kFwdUp, shape), std::nan(""), std::nan(""), true,
+                                *first_call_exclusion(other.front(), space)});
     }
     return row;
   };
@@ -461,6 +514,9 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
       {first_call[1], "cut", "narrow", false},  // was kept as if whole
       {first_call[1], "cut", "cut", false},
       {first_call[1], "narrow", "narrow", false},
+      {first_call[1], "stale", "narrow", true},  // was replaced, the stored row taken as partial
+      {first_call[1], "stale", "cut", true},
+      {first_call[1], "whole", "stale", false},  // was not recorded, the fresh row taken as partial
   };
   for (const Case& c : cases) {
     INFO("stored " << c.stored.name() << " (" << c.stored_kind << "), fresh row " << c.fresh_kind);
