@@ -120,11 +120,10 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
       for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal)) {
         if (legal(row)) out[row.key.role] = {row.winner, "tuned"};
       }
-    } catch (const CudaError& e) {
+    } catch (const OutOfMemoryError& e) {
       // The tuner's scratch is a whole step's tensors beside the caller's; a process whose
       // allocator holds the rest of the device (PyTorch's cache) leaves it no room. The plan
       // still runs, on the levels below, and the next plan of this problem tries again.
-      if (e.result() != CUDA_ERROR_OUT_OF_MEMORY) throw;
       log::warn("self-tuning E={} H={} I={} K={} T={} skipped, no device memory for its scratch ({}); using the "
                 "nearest tuned bucket or the heuristic config. Free memory first (torch.cuda.empty_cache()), "
                 "or tune ahead with `moejit tune`",

@@ -18,6 +18,7 @@ enum class ErrorCode : int {
   kUnsupported = 7,      // valid request this build or device cannot serve
   kState = 8,            // a call out of order (e.g. a second memory-efficient backward)
   kInternal = 9,         // a bug in moejit
+  kOutOfMemory = 10,     // memory ran out: free some or shrink the batch, and retry
 };
 
 const char* error_code_name(ErrorCode code) noexcept;
@@ -49,13 +50,27 @@ class NoDeviceError : public Error {
 class CudaError : public Error {
  public:
   CudaError(int result, std::string result_name, const std::string& message)
-      : Error(ErrorCode::kCuda, message), result_(result), result_name_(std::move(result_name)) {}
+      : CudaError(ErrorCode::kCuda, result, std::move(result_name), message) {}
   int result() const noexcept { return result_; }
   const std::string& result_name() const noexcept { return result_name_; }
+
+ protected:
+  CudaError(ErrorCode code, int result, std::string result_name, const std::string& message)
+      : Error(code, message), result_(result), result_name_(std::move(result_name)) {}
 
  private:
   int result_;
   std::string result_name_;
+};
+
+// Device memory ran out (CUDA_ERROR_OUT_OF_MEMORY). Still a CudaError, so handlers of driver
+// failures catch it as before; its own type and code let a caller free memory or shrink the batch
+// and retry. Host memory running out stays std::bad_alloc in C++; the C ABI reports both as
+// MOEJIT_ERROR_OUT_OF_MEMORY.
+class OutOfMemoryError : public CudaError {
+ public:
+  OutOfMemoryError(int result, std::string result_name, const std::string& message)
+      : CudaError(ErrorCode::kOutOfMemory, result, std::move(result_name), message) {}
 };
 
 class CompileError : public Error {

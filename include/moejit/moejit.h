@@ -15,17 +15,22 @@
 extern "C" {
 #endif
 
+/* Values never change; new ones are appended: MOEJIT_ERROR_OUT_OF_MEMORY since 0.2.0
+ * (moejit_version()). */
 typedef enum moejit_status {
   MOEJIT_OK = 0,
   MOEJIT_ERROR_INVALID_ARGUMENT = 1,
   MOEJIT_ERROR_NO_DEVICE = 2,
-  MOEJIT_ERROR_CUDA = 3,
+  MOEJIT_ERROR_CUDA = 3, /* a CUDA driver call failed, other than for memory */
   MOEJIT_ERROR_COMPILE = 4,
   MOEJIT_ERROR_DATABASE = 5,
   MOEJIT_ERROR_IO = 6,
   MOEJIT_ERROR_UNSUPPORTED = 7,
   MOEJIT_ERROR_STATE = 8,
-  MOEJIT_ERROR_INTERNAL = 9
+  MOEJIT_ERROR_INTERNAL = 9,
+  /* Host or device memory ran out (std::bad_alloc, CUDA_ERROR_OUT_OF_MEMORY; the message says
+   * which): a caller may free memory or shrink the batch and try again. */
+  MOEJIT_ERROR_OUT_OF_MEMORY = 10
 } moejit_status;
 
 enum { MOEJIT_DTYPE_BF16 = 0, MOEJIT_DTYPE_FP16 = 1 };
@@ -92,6 +97,7 @@ moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved);
 /* The message of this thread's last call if it failed, "" if it succeeded; valid until this
  * thread's next call. */
 const char* moejit_last_error(void);
+/* "ok", "invalid_argument", ..., "out_of_memory"; "unknown" for a value this build lacks. */
 const char* moejit_status_name(moejit_status status);
 const char* moejit_version(void);
 

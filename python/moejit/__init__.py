@@ -20,13 +20,14 @@ from .errors import (
     LibraryNotFoundError,
     MoejitError,
     NoDeviceError,
+    OutOfMemoryError,
     StateError,
     UnsupportedError,
 )
 from .options import get_option, options, set_option
 from .tuning import cli_path, tune
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CompileError",
@@ -37,6 +38,7 @@ __all__ = [
     "LibraryNotFoundError",
     "MoejitError",
     "NoDeviceError",
+    "OutOfMemoryError",
     "StateError",
     "UnsupportedError",
     "cli_path",

@@ -46,6 +46,12 @@ class StateError(MoejitError):
     """A call out of order, e.g. a second backward over memory-efficient saved state."""
 
 
+class OutOfMemoryError(MoejitError, MemoryError):
+    """Host or device memory ran out (the message says which): free memory or shrink the batch,
+    and try again. Once moejit.torch is imported, the library raises moejit.torch.OutOfMemoryError,
+    a subclass that is also the torch.OutOfMemoryError PyTorch training loops catch."""
+
+
 class LibraryNotFoundError(MoejitError, OSError):
     """libmoejit.so could not be located or loaded."""
 
@@ -60,7 +66,14 @@ _BY_STATUS = {
     6: FileError,
     7: UnsupportedError,
     8: StateError,
+    10: OutOfMemoryError,
 }
+
+
+def _raise_for_status(code, cls):
+    """Raise `cls`, a subclass of the status's class, for `code` from now on (moejit.torch's
+    out-of-memory error, which torch's handlers catch too)."""
+    _BY_STATUS[code] = cls
 
 
 def error_for_status(code, message, status_name, function):

@@ -15,9 +15,18 @@ def test_library_loads_and_reports_its_version():
 
 
 def test_status_names_match_the_c_enum():
-    names = [_library.status_name(code) for code in range(10)]
+    names = [_library.status_name(code) for code in range(12)]
     assert names == ["ok", "invalid_argument", "no_device", "cuda", "compile", "database", "io", "unsupported",
-                     "state", "internal"]
+                     "state", "internal", "out_of_memory", "unknown"]
+
+
+def test_out_of_memory_is_a_memory_error():
+    # The status a call returns when host or device memory runs out: what a training loop catches
+    # to free memory or shrink its batch, without torch as with it (test_torch_meta.py).
+    with pytest.raises(MemoryError) as info:
+        _library.check(10, "moejit_forward")
+    assert isinstance(info.value, moejit.OutOfMemoryError) and isinstance(info.value, moejit.MoejitError)
+    assert info.value.status == "out_of_memory" and info.value.function == "moejit_forward"
 
 
 def test_problem_memory_is_computed_on_the_host():

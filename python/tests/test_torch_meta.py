@@ -26,6 +26,22 @@ def meta_inputs(t, requires_grad=True, dtype=torch.bfloat16):
     return x, w1, w2, ids, weights
 
 
+def test_out_of_memory_is_torchs_too():
+    # A training loop's `except torch.OutOfMemoryError` (torch.cuda's before 2.5) catches moejit's,
+    # from the library's status as from the primary-context calls the front end makes itself.
+    from moejit.torch import _context
+
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        _library.check(10, "moejit_forward")
+    assert isinstance(info.value, moejit.OutOfMemoryError) and info.value.status == "out_of_memory"
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        _context._check(2, "cuDevicePrimaryCtxRetain")  # CUDA_ERROR_OUT_OF_MEMORY
+    assert isinstance(info.value, moejit.OutOfMemoryError) and info.value.function == "cuDevicePrimaryCtxRetain"
+    with pytest.raises(moejit.CudaError) as info:
+        _context._check(1, "cuDeviceGet")
+    assert not isinstance(info.value, MemoryError)
+
+
 def test_ops_are_registered():
     for name in ("fused_moe_forward", "fused_moe_backward", "fused_moe_backward_consuming"):
         assert hasattr(torch.ops.moejit, name)

@@ -1,9 +1,9 @@
 // The C ABI over FusedMoe: exceptions become status codes plus a thread-local message.
 #include "moejit/moejit.h"
 
-#include <new>
 #include <string>
 
+#include "capi/guarded.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
@@ -18,36 +18,6 @@ namespace {
 thread_local std::string last_error;
 // Copying a message allocates: where that fails, this static text stands in for it.
 thread_local const char* unkept_error = nullptr;
-
-void set_error(const char* message) noexcept {
-  try {
-    last_error = message;
-  } catch (...) {
-    unkept_error = "out of host memory (the error's own message could not be kept)";
-  }
-}
-
-template <typename F>
-moejit_status guarded(F&& f) noexcept {
-  try {
-    last_error.clear();
-    unkept_error = nullptr;
-    f();
-    return MOEJIT_OK;
-  } catch (const moejit::Error& e) {
-    set_error(e.what());
-    return static_cast<moejit_status>(e.code());
-  } catch (const std::bad_alloc&) {
-    set_error("out of host memory");
-    return MOEJIT_ERROR_INTERNAL;
-  } catch (const std::exception& e) {
-    set_error(e.what());
-    return MOEJIT_ERROR_INTERNAL;
-  } catch (...) {
-    set_error("unknown error");
-    return MOEJIT_ERROR_INTERNAL;
-  }
-}
 
 moejit_plan* require_plan(moejit_plan* plan) {
   if (plan == nullptr) throw moejit::InvalidArgument("plan", "null plan");
@@ -66,6 +36,25 @@ moejit::MoeProblem to_problem(const moejit_problem* p) {
 }
 
 }  // namespace
+
+namespace moejit::capi {
+
+void clear_error() noexcept {
+  last_error.clear();
+  unkept_error = nullptr;
+}
+
+void set_error(const char* message) noexcept {
+  try {
+    last_error = message;
+  } catch (...) {
+    unkept_error = "out of host memory (the error's own message could not be kept)";
+  }
+}
+
+}  // namespace moejit::capi
+
+using moejit::capi::guarded;
 
 extern "C" {
 

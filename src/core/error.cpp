@@ -14,6 +14,7 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kState: return "state";
     case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kOutOfMemory: return "out_of_memory";
   }
   return "unknown";
 }

@@ -107,8 +107,9 @@ void check(CUresult result, const char* what) {
   const char* desc = nullptr;
   if (r.error.empty()) r.driver.cuGetErrorString(result, &desc);
   std::string name = result_name(result);
-  throw CudaError(static_cast<int>(result), name,
-                  fmt::format("{} failed: {} ({})", what, name, desc ? desc : "no description"));
+  std::string message = fmt::format("{} failed: {} ({})", what, name, desc ? desc : "no description");
+  if (result == CUDA_ERROR_OUT_OF_MEMORY) throw OutOfMemoryError(static_cast<int>(result), name, message);
+  throw CudaError(static_cast<int>(result), name, message);
 }
 
 }  // namespace moejit::cuda

@@ -56,7 +56,8 @@ bool device_available(std::string* why = nullptr) noexcept;
 // "CUDA_ERROR_OUT_OF_MEMORY" for a result code; the numeric code where no driver loads.
 std::string result_name(CUresult result);
 
-// Throws CudaError naming the call, the result and its description when result != CUDA_SUCCESS.
+// Throws CudaError naming the call, the result and its description when result != CUDA_SUCCESS;
+// OutOfMemoryError (a CudaError) for CUDA_ERROR_OUT_OF_MEMORY.
 void check(CUresult result, const char* what);
 
 }  // namespace moejit::cuda

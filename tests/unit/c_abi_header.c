@@ -6,3 +6,5 @@ const char* moejit_c_abi_version_from_c(void) {
   (void)m;
   return moejit_version();
 }
+
+int moejit_c_abi_out_of_memory_from_c(void) { return MOEJIT_ERROR_OUT_OF_MEMORY; }

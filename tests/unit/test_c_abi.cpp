@@ -2,12 +2,17 @@
 // argument, never as exceptions or aborts.
 #include <catch2/catch.hpp>
 
+#include <new>
 #include <string>
 
+#include "capi/guarded.hpp"
+#include "cuda/driver.hpp"
+#include "moejit/error.hpp"
 #include "moejit/moejit.h"
 #include "moejit/version.hpp"
 
 extern "C" const char* moejit_c_abi_version_from_c(void);
+extern "C" int moejit_c_abi_out_of_memory_from_c(void);
 
 TEST_CASE("the C header compiles as C and reports the version", "[capi]") {
   CHECK(std::string(moejit_c_abi_version_from_c()) == moejit::kLibraryVersion);
@@ -87,4 +92,46 @@ TEST_CASE("problem memory is known on the host and matches the layout a plan use
   CHECK_THAT(moejit_last_error(), Catch::StartsWith("topk"));
   CHECK(moejit_problem_memory(nullptr, &infer) == MOEJIT_ERROR_INVALID_ARGUMENT);
   CHECK(moejit_problem_memory(&p, nullptr) == MOEJIT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("out of memory has a status of its own, appended to the enum", "[capi]") {
+  CHECK(MOEJIT_ERROR_INTERNAL == 9);  // the values before it are unchanged
+  CHECK(MOEJIT_ERROR_OUT_OF_MEMORY == 10);
+  CHECK(moejit_c_abi_out_of_memory_from_c() == 10);
+  CHECK(std::string(moejit_status_name(MOEJIT_ERROR_OUT_OF_MEMORY)) == "out_of_memory");
+  CHECK(std::string(moejit_status_name(static_cast<moejit_status>(11))) == "unknown");
+}
+
+TEST_CASE("host memory running out in a C call is MOEJIT_ERROR_OUT_OF_MEMORY", "[capi]") {
+  CHECK(moejit::capi::guarded([] { throw std::bad_alloc(); }) == MOEJIT_ERROR_OUT_OF_MEMORY);
+  CHECK(std::string(moejit_last_error()) == "out of host memory");
+  CHECK(moejit::capi::guarded([] {}) == MOEJIT_OK);
+  CHECK(std::string(moejit_last_error()).empty());
+}
+
+TEST_CASE("a driver's CUDA_ERROR_OUT_OF_MEMORY is an OutOfMemoryError and MOEJIT_ERROR_OUT_OF_MEMORY", "[capi]") {
+  // cuda::check is what every driver call goes through (MOEJIT_CU). Without a driver the result's
+  // name is its number, with one CUDA_ERROR_OUT_OF_MEMORY.
+  const std::string name = moejit::cuda::result_name(CUDA_ERROR_OUT_OF_MEMORY);
+  try {
+    moejit::cuda::check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc(&p, bytes)");
+    FAIL("check did not throw");
+  } catch (const moejit::OutOfMemoryError& e) {
+    CHECK(e.code() == moejit::ErrorCode::kOutOfMemory);
+    CHECK(e.result() == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(e.result_name() == name);
+    CHECK_THAT(e.what(), Catch::StartsWith("cuMemAlloc(&p, bytes) failed: " + name));
+  }
+  // Handlers of any driver failure still catch it.
+  CHECK_THROWS_AS(moejit::cuda::check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc"), moejit::CudaError);
+
+  CHECK(moejit::capi::guarded([] { moejit::cuda::check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc(&p, bytes)"); }) ==
+        MOEJIT_ERROR_OUT_OF_MEMORY);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("cuMemAlloc(&p, bytes) failed: " + name));
+  // Every other driver failure stays MOEJIT_ERROR_CUDA.
+  CHECK(moejit::capi::guarded([] { moejit::cuda::check(CUDA_ERROR_INVALID_VALUE, "cuMemsetD32Async"); }) ==
+        MOEJIT_ERROR_CUDA);
+  CHECK_THROWS_MATCHES(moejit::cuda::check(CUDA_ERROR_INVALID_VALUE, "cuMemsetD32Async"), moejit::CudaError,
+                       Catch::Predicate<moejit::CudaError>(
+                           [](const moejit::CudaError& e) { return e.code() == moejit::ErrorCode::kCuda; }));
 }

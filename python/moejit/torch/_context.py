@@ -11,6 +11,7 @@ import os
 import threading
 
 from ..errors import CudaError, NoDeviceError
+from ._errors import OutOfMemoryError
 
 _lock = threading.Lock()
 _driver = None
@@ -48,7 +49,13 @@ def _owner_of_current(d):
     return owner.value
 
 
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
 def _check(result, call):
+    if result == _CUDA_ERROR_OUT_OF_MEMORY:  # as the library reports it (MOEJIT_ERROR_OUT_OF_MEMORY)
+        raise OutOfMemoryError(f"{call} failed with CUDA error {result} (out of memory)", status="out_of_memory",
+                               function=call)
     if result != 0:
         raise CudaError(f"{call} failed with CUDA error {result}", status="cuda", function=call)
 
