@@ -133,20 +133,23 @@ class FusedMoe {
   // Throws InvalidArgument (naming the argument) before enqueuing anything; check_expert_ids'
   // rejection comes after the routing (Options).
   void forward(const ForwardArgs& args);
-  // Throws InvalidArgument, or StateError for a saved state that holds no forward of this
-  // problem: a second backward over memory-efficient state, a forward() into it that threw after
-  // enqueuing (check_expert_ids' rejection, a failed launch), or a forward of another problem
-  // (another plan's T, say) that wrote it last. That check is the process's record of forward()
-  // and backward() calls on each `saved` address, across plans: it cannot see CUDA graph replays
-  // or copies. So after replaying a graph that holds only the forward, run the backward from a
-  // graph too (as torch.cuda.make_graphed_callables does); a direct backward() call would take
-  // the replay for no forward. A state copied to a new address is checked by what that address
-  // last held: see adopt_saved. A buffer that no forward ever wrote is not detected.
+  // Throws InvalidArgument, or StateError for a saved state not known to hold a forward of this
+  // problem: a buffer no forward() of this process wrote, a second backward over
+  // memory-efficient state, a forward() into it that threw after enqueuing (check_expert_ids'
+  // rejection, a failed launch), or a forward of another problem (another plan's T, say) that
+  // wrote it last. That check is the process's record of forward() and backward() calls on each
+  // `saved` address, across plans: it cannot see CUDA graph replays or copies. So after replaying
+  // a graph that holds only the forward, run the backward from a graph too (as
+  // torch.cuda.make_graphed_callables does); a direct backward() call would take the replay for
+  // no forward. A state copied to a new address is checked by what that address last held: see
+  // adopt_saved.
   void backward(const BackwardArgs& args);
   // Declares that `saved` holds a state a forward() of this problem completed, copied there
-  // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does), so that
-  // backward() takes it. The PyTorch front end declares every state it passes: autograd pairs
-  // each backward with its forward's state and allows a memory-efficient one a single backward.
+  // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does, or from
+  // another process), so that backward() takes it. The PyTorch front end declares every state it
+  // passes: autograd pairs each backward with its forward's state and allows a memory-efficient
+  // one a single backward. Unchecked: a buffer declared so that holds no such state sends the
+  // kernels' reads and writes wherever its routing tables point.
   void adopt_saved(const void* saved);
 
   struct Impl;

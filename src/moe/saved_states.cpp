@@ -47,25 +47,29 @@ void SavedStates::record_locked(const void* saved, const MoeProblem& problem, St
 void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(saved);
-  if (it != entries_.end()) {
-    const Entry& e = it->second;
-    std::string why;
-    switch (e.state) {
-      case State::kPartial:
-        why = "a forward() into it stopped part-way";
-        break;
-      case State::kConsumed:
-        why = "a memory-efficient backward() already consumed it";
-        break;
-      case State::kComplete:
-        if (!same_problem(e.problem, problem)) {
-          why = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
-        }
-        break;
-    }
-    if (!why.empty()) throw StateError(fmt::format("saved: {}; run forward() again first", why));
+  if (it == entries_.end()) {
+    throw StateError(
+        "saved: no forward() of this process wrote a state at this address; run forward() into it first, or "
+        "declare a state copied here with adopt_saved()");
   }
-  if (use == Use::kConsume) record_locked(saved, problem, State::kConsumed);
+  Entry& e = it->second;
+  std::string why;
+  switch (e.state) {
+    case State::kPartial:
+      why = "a forward() into it stopped part-way";
+      break;
+    case State::kConsumed:
+      why = "a memory-efficient backward() already consumed it";
+      break;
+    case State::kComplete:
+      if (!same_problem(e.problem, problem)) {
+        why = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
+      }
+      break;
+  }
+  if (!why.empty()) throw StateError(fmt::format("saved: {}; run forward() again first", why));
+  e.order = next_order_++;
+  if (use == Use::kConsume) e.state = State::kConsumed;
 }
 
 }  // namespace moejit

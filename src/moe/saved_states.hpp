@@ -1,11 +1,13 @@
 // What this process knows of the saved-state buffers its forwards wrote, across every plan: a
-// backward refuses a buffer known to hold no complete state of its own problem. Thread-safe.
+// backward takes only a buffer recorded as holding a complete state of its own problem.
+// Thread-safe.
 //
-// An address never recorded passes: a state may move (PyTorch's save_on_cpu hands backward a
-// copy at a new address), so the contents of a buffer no forward wrote are not caught. What is
-// caught: a forward into it that stopped part-way, a memory-efficient backward that consumed it,
-// and a state written by a forward of another problem (another plan's T, say), whose layout
-// would send the kernels' reads elsewhere.
+// Refused: an address no forward recorded (its routing tables would be whatever the memory
+// held, and the kernels index with them: a read or write past any buffer), a forward into it
+// that stopped part-way, a memory-efficient backward that consumed it, and a state written by a
+// forward of another problem (another plan's T, say), whose layout would send the kernels'
+// reads elsewhere. A state copied to a new address (PyTorch's save_on_cpu brings one back
+// elsewhere) is recorded by FusedMoe::adopt_saved.
 #pragma once
 
 #include <cstdint>
@@ -26,15 +28,17 @@ class SavedStates {
   void record(const void* saved, const MoeProblem& problem, State state);
 
   enum class Use { kRead, kConsume };
-  // Throws StateError ("saved: ...") for a buffer recorded as partial, consumed, or complete for
-  // another problem. kConsume then records it consumed under the same lock, so of two
-  // memory-efficient backwards given one buffer at once, one runs and the other is refused.
+  // Throws StateError ("saved: ...") for a buffer never recorded, or recorded as partial,
+  // consumed, or complete for another problem. A use refreshes the record; kConsume records it
+  // consumed under the same lock, so of two memory-efficient backwards given one buffer at once,
+  // one runs and the other is refused.
   void use(const void* saved, const MoeProblem& problem, Use use);
 
-  // At most this many buffers are remembered; the oldest half is forgotten past it (then they
-  // pass as never recorded), so a process whose allocator hands out ever new addresses stays
-  // bounded.
-  static constexpr std::size_t kCapacity = 4096;
+  // At most this many buffers are remembered; past it the half least recently recorded or used
+  // is forgotten (and refused after), so a process whose allocator hands out ever new addresses
+  // stays bounded (about 100 bytes a buffer). A state still waiting for its backward would have
+  // to sit behind 32768 newer forwards to be forgotten.
+  static constexpr std::size_t kCapacity = 65536;
 
  private:
   struct Entry {

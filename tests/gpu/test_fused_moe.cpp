@@ -1077,7 +1077,7 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
   CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
 }
 
-TEST_CASE("another context's memory or stream, or another problem's saved state, is rejected before anything is enqueued", "[gpu][moe]") {
+TEST_CASE("another context's memory or stream, or a saved state no forward of its problem wrote, is rejected before anything is enqueued", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   PoisonedPlan c;
   auto& [spec, plan, run, stream, fwd, bwd] = c;
@@ -1104,6 +1104,14 @@ TEST_CASE("another context's memory or stream, or another problem's saved state,
   small.forward(small_fwd);
   CHECK_THROWS_WITH(plan.backward(bwd), Catch::StartsWith("saved: it holds the state of another problem's forward() "
                                                           "(T=32,"));
+  // A buffer no forward wrote: its routing tables would be whatever the memory held. 768 bytes
+  // into an allocation, an address no earlier case's saved buffer (an allocation's start, 512-byte
+  // aligned) can have had.
+  cuda::DeviceBuffer unwritten(plan.memory().saved_bytes + 1024);
+  BackwardArgs from_unwritten = bwd;
+  from_unwritten.saved = unwritten.as<char>() + 768;
+  CHECK_THROWS_WITH(plan.backward(from_unwritten),
+                    Catch::StartsWith("saved: no forward() of this process wrote a state at this address"));
   // The saved state is judged last, after the stream: a refused call consumes nothing.
   BackwardArgs b = bwd;
   b.stream = other.stream();

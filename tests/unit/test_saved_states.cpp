@@ -37,8 +37,11 @@ TEST_CASE("a backward refuses a saved buffer known to hold no complete state of 
   MoeProblem other_mode = p;
   other_mode.mode = Mode::kMemoryEfficient;
 
-  // Never recorded: passes (a state may have moved, e.g. offloaded to the host and back).
-  CHECK(refusal(states, address(1), p).empty());
+  // Never recorded: its routing tables would be whatever the memory held. A state that moved
+  // (offloaded to the host and back) is recorded by adopt_saved.
+  CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process wrote a state at "
+                                                               "this address") &&
+                                                 Catch::Contains("adopt_saved()"));
   states.record(address(1), p, SavedStates::State::kComplete);
   CHECK(refusal(states, address(1), p).empty());
   // Another problem's complete state: its layout differs.
@@ -53,32 +56,40 @@ TEST_CASE("a backward refuses a saved buffer known to hold no complete state of 
   // A forward that completes makes the buffer usable again.
   states.record(address(3), other_mode, SavedStates::State::kComplete);
   CHECK(refusal(states, address(3), other_mode).empty());
-  // Consuming is a use: once, then refused, also for a buffer never recorded before.
+  // Consuming is a use: once, then refused; a buffer never recorded is not consumed either.
   CHECK(refusal(states, address(3), other_mode, SavedStates::Use::kConsume).empty());
   CHECK_THAT(refusal(states, address(3), other_mode), Catch::Contains("already consumed"));
-  CHECK(refusal(states, address(4), other_mode, SavedStates::Use::kConsume).empty());
-  CHECK_THAT(refusal(states, address(4), other_mode, SavedStates::Use::kConsume), Catch::Contains("already consumed"));
+  CHECK_THAT(refusal(states, address(4), other_mode, SavedStates::Use::kConsume), Catch::Contains("no forward()"));
+  CHECK_THAT(refusal(states, address(4), other_mode, SavedStates::Use::kConsume), Catch::Contains("no forward()"));
   // A refused consumer consumes nothing: another problem's state stays usable by its own.
   CHECK_THAT(refusal(states, address(1), other_mode, SavedStates::Use::kConsume), Catch::Contains("another problem"));
   CHECK(refusal(states, address(1), p).empty());
 }
 
-TEST_CASE("the saved-state record stays bounded, forgetting the oldest buffers first", "[saved]") {
+TEST_CASE("the saved-state record stays bounded, forgetting the least recently recorded or used buffers", "[saved]") {
   SavedStates states;
   const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
-  for (std::uintptr_t n = 1; n <= SavedStates::kCapacity + 1; ++n) states.record(address(n), p, SavedStates::State::kPartial);
-  // Past the capacity the older half went: the first buffer passes as never recorded.
+  const auto forgotten = [&](std::uintptr_t n) {
+    return refusal(states, address(n), p).starts_with("saved: no forward() of this process");
+  };
+  states.record(address(1), p, SavedStates::State::kComplete);
+  for (std::uintptr_t n = 2; n <= SavedStates::kCapacity; ++n) states.record(address(n), p, SavedStates::State::kPartial);
+  // A backward's use refreshes its state: the state recorded first then outlives those after it.
   CHECK(refusal(states, address(1), p).empty());
-  CHECK_FALSE(refusal(states, address(SavedStates::kCapacity + 1), p).empty());
-  CHECK_FALSE(refusal(states, address(SavedStates::kCapacity), p).empty());
-  // Recording an address again refreshes it: the next time the record fills, it outlives the
+  states.record(address(SavedStates::kCapacity + 1), p, SavedStates::State::kPartial);
+  CHECK(refusal(states, address(1), p).empty());
+  CHECK(forgotten(2));
+  CHECK(forgotten(SavedStates::kCapacity / 2));
+  CHECK_THAT(refusal(states, address(SavedStates::kCapacity), p), Catch::Contains("stopped part-way"));
+  CHECK_THAT(refusal(states, address(SavedStates::kCapacity + 1), p), Catch::Contains("stopped part-way"));
+  // Recording an address again refreshes it too: the next time the record fills, it outlives the
   // buffers recorded before it.
-  states.record(address(2), p, SavedStates::State::kPartial);
+  states.record(address(SavedStates::kCapacity / 2 + 10), p, SavedStates::State::kPartial);
   for (std::uintptr_t n = 0; n < SavedStates::kCapacity / 2; ++n) {
-    states.record(address(100000 + n), p, SavedStates::State::kPartial);
+    states.record(address(1000000 + n), p, SavedStates::State::kPartial);
   }
-  CHECK(refusal(states, address(SavedStates::kCapacity), p).empty());
-  CHECK_FALSE(refusal(states, address(2), p).empty());
+  CHECK(forgotten(SavedStates::kCapacity));
+  CHECK_THAT(refusal(states, address(SavedStates::kCapacity / 2 + 10), p), Catch::Contains("stopped part-way"));
 }
 
 TEST_CASE("plans on many threads record and consult saved buffers at once", "[saved]") {
