@@ -84,6 +84,18 @@ TileConfig trimmed_config(Role role, const MoeShape& shape) {
   return c;
 }
 
+// `moejit tune`'s request for `problem` alone.
+TunePlanRequest request_of(const MoeProblem& problem) {
+  TunePlanRequest r;
+  r.experts = problem.experts;
+  r.hidden = problem.hidden;
+  r.intermediate = problem.intermediate;
+  r.topk = problem.topk;
+  r.tokens = {problem.tokens};
+  r.modes = {problem.mode};
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
@@ -221,13 +233,7 @@ TEST_CASE("the offline work list resumes, dedupes shared keys and shards", "[tun
 
 TEST_CASE("moejit tune's resume tunes again a key tuned partly or whose stored winner cannot run there", "[tuner]") {
   const auto h200 = cuda::fabricated::h200();
-  TunePlanRequest r;
-  r.experts = kProblem.experts;
-  r.hidden = kProblem.hidden;
-  r.intermediate = kProblem.intermediate;
-  r.topk = kProblem.topk;
-  r.tokens = {kProblem.tokens};
-  r.modes = {kProblem.mode};
+  const TunePlanRequest r = request_of(kProblem);
   const std::map<std::string, db::TuningRow> whole = tuned_whole(kProblem);
   for (const auto& [id, row] : whole) REQUIRE(winner_legal(row, shape_of(kProblem), h200));
   REQUIRE(plan_tuning(r, h200, whole).empty());
@@ -265,13 +271,7 @@ TEST_CASE("moejit tune's resume tunes again a key tuned partly or whose stored w
 TEST_CASE("moejit tune's resume skips a key whose only partial marks are on configs its space no longer holds",
           "[tuner]") {
   const auto h200 = cuda::fabricated::h200();
-  TunePlanRequest r;
-  r.experts = kProblem.experts;
-  r.hidden = kProblem.hidden;
-  r.intermediate = kProblem.intermediate;
-  r.topk = kProblem.topk;
-  r.tokens = {kProblem.tokens};
-  r.modes = {kProblem.mode};
+  const TunePlanRequest r = request_of(kProblem);
   const std::map<std::string, db::TuningRow> whole = tuned_whole(kProblem);
   const std::string up = tuning_key(Role::kFwdUp, kProblem, h200).id();
   const std::vector<PruneDecision> space = prune_space(Role::kFwdUp, shape_of(kProblem), h200);
