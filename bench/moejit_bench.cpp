@@ -52,7 +52,7 @@ const char* kUsage =
     "  --json FILE              write every number, device, driver, date and command line to FILE\n"
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
     "  --sms N                  run every step and dense sequence on a green context of at least N SMs (the\n"
-    "                           driver rounds up to its partition size; needs a 12.4 or newer driver)\n"
+    "                           driver rounds up to its partition size; needs a 12.5 or newer driver)\n"
     "  -h, --help               this text\n"
     "Prints, per token count and mode: median/min/p90 ms, TFLOP/s, the dense cuBLAS ceiling of equal\n"
     "FLOPs and ratio = dense_ms / ms. Needs an NVIDIA GPU.\n";

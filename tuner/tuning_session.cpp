@@ -215,9 +215,13 @@ std::vector<Timing> TuningSession::time(Role role, const std::vector<RoleKernel>
     launch(role, k);
   };
   std::vector<cuda::Event> starts, stops;  // [round * n + kernel]
-  for (std::size_t i = 0; i < n * static_cast<std::size_t>(rounds); ++i) {
-    starts.emplace_back();
-    stops.emplace_back();
+  {
+    // In the context of the stream they are recorded on: the primary one, where a green context is current.
+    const cuda::ScopedContext whole_device(cuda::current_context());
+    for (std::size_t i = 0; i < n * static_cast<std::size_t>(rounds); ++i) {
+      starts.emplace_back();
+      stops.emplace_back();
+    }
   }
   if (sustained) {
     // Back-to-back batches, each twice the last, until 25 ms of launches have run: clocks and

@@ -84,14 +84,19 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
  * not overlap another argument. dw1 and dw2 both NULL (frozen experts): neither weight gradient
  * is computed, and the call runs only what dx and d_topk_weights need; one NULL alone is
  * MOEJIT_ERROR_INVALID_ARGUMENT. topk_ids is checked like the forward's but not read: the routing
- * comes from `saved`. */
+ * comes from `saved`. MOEJIT_ERROR_STATE for a `saved` no forward of this process wrote (since
+ * 0.2.0: its routing tables would send the kernels' reads and writes anywhere), one a forward
+ * stopped in part-way, one a memory-efficient backward consumed, or one another problem's
+ * forward wrote last (FusedMoe::backward in moejit.hpp). */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
                               size_t workspace_bytes, void* stream);
 
 /* FusedMoe::adopt_saved (moejit.hpp): `saved` holds a state a forward of this plan's problem
- * completed, copied there afterwards (offloaded to the host and brought back, say). */
+ * completed, copied there afterwards (offloaded to the host and brought back, or from another
+ * process). Required before moejit_backward takes a state at an address its forward did not
+ * write; unchecked, so a buffer declared that holds no such state is the caller's fault. */
 moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved);
 
 /* The message of this thread's last call if it failed, "" if it succeeded; valid until this
