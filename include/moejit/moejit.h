@@ -83,8 +83,11 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
  * memory-efficient mode unless bwd_dw2 recomputes the activation), so like every output it must
  * not overlap another argument. dw1 and dw2 both NULL (frozen experts): neither weight gradient
  * is computed, and the call runs only what dx and d_topk_weights need; one NULL alone is
- * MOEJIT_ERROR_INVALID_ARGUMENT. topk_ids is checked like the forward's but not read: the routing
- * comes from `saved`. MOEJIT_ERROR_STATE for a `saved` no forward of this process wrote (since
+ * MOEJIT_ERROR_INVALID_ARGUMENT. topk_ids is never read (the routing comes from `saved`), so it may
+ * be NULL; x may be NULL when dw1 and dw2 are (only the weight gradients read it), so a caller
+ * need not keep either alive until backward (both since 0.2.0). Given, each is checked like the
+ * forward's.
+ * MOEJIT_ERROR_STATE for a `saved` no forward of this process wrote (since
  * 0.2.0: its routing tables would send the kernels' reads and writes anywhere), one a forward
  * stopped in part-way, one a memory-efficient backward consumed, or one another problem's
  * forward wrote last (FusedMoe::backward in moejit.hpp). */

@@ -73,10 +73,13 @@ struct ForwardArgs {
 
 struct BackwardArgs {
   const void* d_out = nullptr;
+  // Read only for the weight gradients: may be null when dw1 and dw2 are (frozen experts).
   const void* x = nullptr;
   const void* w1 = nullptr;
   const void* w2 = nullptr;
-  const std::int32_t* topk_ids = nullptr;  // checked like the forward's, not read: the routing is in `saved`
+  // Never read (the routing is in `saved`): may be null. x and topk_ids, where given, are checked
+  // like the forward's.
+  const std::int32_t* topk_ids = nullptr;
   const void* topk_weights = nullptr;
   // What forward() wrote. Memory-efficient mode consumes it (writes over it), so there it must
   // not overlap any other argument.

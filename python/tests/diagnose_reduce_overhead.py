@@ -143,7 +143,7 @@ class Recorder:
                 "saved": (saved, saved_bytes), "dx": (dx, t * h * 2), "dW1": (dw1, e * 2 * i * h * 2),
                 "dW2": (dw2, e * h * i * 2), "d_topk_weights": (ds, t * k * 2),
                 "workspace": (workspace, workspace_bytes)}
-            # Frozen experts pass no weight gradients.
+            # Null pointers: no ids ever, nor weight gradients and x for frozen experts.
             self.record(plan, "backward", {n: b for n, b in buffers.items() if b[0] is not None}, stream)
             backward(plan, d_out, x, w1, w2, ids, weights, saved, saved_bytes, dx, dw1, dw2, ds, workspace,
                      workspace_bytes, stream, adopt_saved=adopt_saved)

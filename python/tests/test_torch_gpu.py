@@ -312,13 +312,51 @@ def test_the_consuming_op_refuses_a_state_it_consumed():
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     ids, weights = ids.int(), weights.to(x.dtype)
     out, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
-    args = (d_out, x, w1, w2, ids, weights, saved, ops.MEMEFF, False, True)
+    args = (d_out, x, w1, w2, weights, saved, ops.MEMEFF, False, True)
     torch.ops.moejit.fused_moe_backward_consuming(*args)
     with pytest.raises(moejit.StateError, match="one backward per forward"):
         torch.ops.moejit.fused_moe_backward_consuming(*args)
     # A new forward into a new buffer is a new state.
     _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
-    torch.ops.moejit.fused_moe_backward_consuming(*args[:6], saved, *args[7:])
+    torch.ops.moejit.fused_moe_backward_consuming(*args[:5], saved, *args[6:])
+
+
+def test_the_backward_op_takes_x_only_for_weight_gradients():
+    # The library reads x only for dW1 and dW2: a frozen backward without it gives the same bits,
+    # and one asking for weight gradients without it names x.
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    ids, weights = ids.int(), weights.to(x.dtype)
+    _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.TRAIN, False)
+    with_x = torch.ops.moejit.fused_moe_backward(d_out, x, w1, w2, weights, saved, ops.TRAIN, False, False)
+    without = torch.ops.moejit.fused_moe_backward(d_out, None, w1, w2, weights, saved, ops.TRAIN, False, False)
+    assert torch.equal(with_x[0], without[0]) and torch.equal(with_x[3], without[3])
+    with pytest.raises(moejit.InvalidArgumentError, match="^x: null device pointer"):
+        torch.ops.moejit.fused_moe_backward(d_out, None, w1, w2, weights, saved, ops.TRAIN, False, True)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])
+def test_ids_refilled_in_place_before_backward_give_the_same_gradients(memory_efficient, compiled):
+    # Contiguous int32 ids reach the op as the caller's own tensor, and the backward keeps none
+    # (its routing is in the saved state): a pipeline may refill that buffer with the next
+    # micro-batch's ids before this one's backward.
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    ids = ids.int()
+    torch._dynamo.reset()
+    fused = torch.compile(mt.fused_moe) if compiled else mt.fused_moe
+    want = run(lambda *a: fused(*a, memory_efficient=memory_efficient), (x, w1, w2, ids.clone(), weights), d_out)
+    buffer = ids.clone()
+
+    def refilled(*args):
+        out = fused(*args, memory_efficient=memory_efficient)
+        assert args[3] is buffer
+        buffer.copy_((buffer + 1) % 8)  # other valid ids, still distinct per token
+        return out
+
+    got = run(refilled, (x, w1, w2, buffer, weights), d_out)
+    assert not torch.equal(buffer, ids)
+    for name, g, w in zip(("out", "dx", "dW1", "dW2", "d topk_weights"), got, want):
+        assert torch.equal(g, w), name
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])
@@ -375,6 +413,32 @@ def test_frozen_experts_skip_the_weight_gradients(memory_efficient, compiled):
     # 1158 MB above the frozen one's, 50 MB short of them. Either gradient allocated would fail it.
     weight_bytes = w1.numel() * w1.element_size() + w2.numel() * w2.element_size()
     assert peak_all - peak_frozen >= 0.9 * weight_bytes, (peak_all, peak_frozen, weight_bytes)
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])
+def test_frozen_experts_keep_no_x_for_backward(memory_efficient):
+    # LoRA or adapter training: the backward reads x only for the weight gradients, so frozen
+    # experts keep none (T·H·2 bytes a layer, 128 MB at T=32768, H=2048); no backward keeps the ids.
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+    ids = ids.int()
+
+    def step(train_experts):
+        leaves = [x.detach().requires_grad_(), w1.detach().requires_grad_(train_experts),
+                  w2.detach().requires_grad_(train_experts), weights.detach().requires_grad_()]
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+            out = mt.fused_moe(leaves[0], leaves[1], leaves[2], ids, leaves[3], memory_efficient=memory_efficient)
+        out.backward(d_out)
+        return leaves, [(tuple(t.shape), t.dtype) for t in packed]
+
+    frozen, saved_frozen = step(False)
+    trained, saved_trained = step(True)
+    x_saved, ids_saved = (tuple(x.shape), x.dtype), (tuple(ids.shape), torch.int32)
+    assert x_saved not in saved_frozen and ids_saved not in saved_frozen, saved_frozen
+    assert x_saved in saved_trained and ids_saved not in saved_trained, saved_trained
+    assert frozen[1].grad is None and frozen[2].grad is None
+    assert torch.equal(frozen[0].grad, trained[0].grad)
+    assert torch.equal(frozen[3].grad, trained[3].grad)
 
 
 class TinyMoE(torch.nn.Module):

@@ -47,6 +47,11 @@ def test_ops_are_registered():
         assert hasattr(torch.ops.moejit, name)
     schema = str(torch.ops.moejit.fused_moe_backward_consuming.default._schema)
     assert re.search(r"Tensor\(a\d*!\) saved", schema), schema
+    # The backward takes no ids (the routing is in the saved state), and x only for the weight
+    # gradients.
+    for op in (torch.ops.moejit.fused_moe_backward, torch.ops.moejit.fused_moe_backward_consuming):
+        schema = str(op.default._schema)
+        assert "Tensor? x" in schema and "topk_ids" not in schema, schema
 
 
 @pytest.mark.parametrize("memory_efficient", [False, True])
@@ -116,8 +121,53 @@ def test_frozen_experts_ask_for_no_weight_gradients(monkeypatch, memory_efficien
     # The fake's weight gradients are empty when not asked for.
     x, w1, w2, ids, weights = meta_inputs(16, requires_grad=False)
     _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), 0, False)
-    grads = torch.ops.moejit.fused_moe_backward(x, x, w1, w2, ids.int(), weights.bfloat16(), saved, 0, False, False)
-    assert [tuple(g.shape) for g in grads] == [(16, H), (0,), (0,), (16, K)]
+    for given_x in (x, None):  # frozen experts keep no x; dx takes d_out's shape
+        grads = torch.ops.moejit.fused_moe_backward(x, given_x, w1, w2, weights.bfloat16(), saved, 0, False, False)
+        assert [tuple(g.shape) for g in grads] == [(16, H), (0,), (0,), (16, K)]
+        assert grads[0].dtype == x.dtype
+
+
+@pytest.mark.parametrize("memory_efficient", [False, True])
+def test_backward_keeps_no_ids_and_x_only_for_weight_gradients(memory_efficient):
+    # The routing comes from the saved state, and only the weight gradients read x: frozen
+    # experts (LoRA, adapters) keep no [T, H] activation, and no backward keeps the ids.
+    def saved_for_backward(train_experts):
+        x, w1, w2, ids, weights = meta_inputs(64)
+        w1.requires_grad_(train_experts)
+        w2.requires_grad_(train_experts)
+        packed = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+            out = mt.fused_moe(x, w1, w2, ids.int(), weights, memory_efficient=memory_efficient)
+        out.float().sum().backward()
+        assert x.grad.shape == x.shape and weights.grad.shape == weights.shape
+        assert (w1.grad is not None) == train_experts
+        return [(tuple(t.shape), t.dtype) for t in packed]
+
+    frozen, trained = saved_for_backward(False), saved_for_backward(True)
+    x_saved, ids_saved = ((64, H), torch.bfloat16), ((64, K), torch.int32)
+    assert x_saved not in frozen and ids_saved not in frozen, frozen
+    assert x_saved in trained and ids_saved not in trained, trained
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["custom_op", "compiled"])
+def test_ids_refilled_in_place_before_backward(compiled):
+    # Contiguous int32 ids reach the op as the caller's own tensor. The backward keeps none, so a
+    # caller may refill that buffer before backward (the next micro-batch's routing, a
+    # preallocated dispatch buffer) without autograd's "modified by an inplace operation".
+    fused = mt.fused_moe
+    if compiled:
+        torch._dynamo.reset()
+        from torch._dynamo.backends.common import aot_autograd
+        fused = torch.compile(mt.fused_moe, backend=aot_autograd(fw_compiler=_boxed, bw_compiler=_boxed),
+                              fullgraph=True)
+    for memory_efficient in (False, True):
+        x, w1, w2, ids, weights = meta_inputs(64)
+        ids = ids.int()
+        assert functional._ids_int32(ids, E) is ids
+        out = fused(x, w1, w2, ids, weights, memory_efficient=memory_efficient)
+        ids.add_(1)
+        out.float().sum().backward()
+        assert x.grad.shape == x.shape and w1.grad.shape == w1.shape and weights.grad.shape == weights.shape
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -76,6 +76,7 @@ BackwardSteps backward_steps(const BackwardArgs& a, const MoeProblem& p, const M
   s.bwd_dx = {d_pre_act, a.w1, dx_rows, view, h, i};
   s.gather_dx = {dx_rows, nullptr, rb.pair_rows, rb.expert_offsets, a.dx, s.ds_acc, a.d_topk_weights,
                  h,       p.topk,  p.experts,        ds_slots};
+  // a.x may be null without weight gradients, which alone run these two.
   s.scatter_x = scatter(a.x, dx_rows, rb, p);
   s.bwd_dw1 = {d_pre_act, a.x, dx_rows, a.dw1, view, h, i};
   s.weight_grads = weight_grads;

@@ -84,13 +84,16 @@ void require_disjoint(const std::vector<TensorRegion>& regions) {
 
 constexpr std::size_t kBuffer = 256;  // saved state and workspaces
 
-// The inputs forward() and backward() share, read only.
+// The inputs forward() and backward() share, read only. Where the call reads no x or no
+// topk_ids (optional_x, optional_ids), a null one is no tensor: no bytes, so no check sees it.
 template <typename Args>
-void append_inputs(std::vector<TensorRegion>& t, const Args& a, const Sizes& z, std::size_t tensor) {
-  t.push_back({"x", a.x, z.tokens_h, tensor, false});
+void append_inputs(std::vector<TensorRegion>& t, const Args& a, const Sizes& z, std::size_t tensor, bool optional_x,
+                   bool optional_ids) {
+  const auto bytes = [](const void* p, bool optional, std::size_t n) { return optional && p == nullptr ? 0 : n; };
+  t.push_back({"x", a.x, bytes(a.x, optional_x, z.tokens_h), tensor, false});
   t.push_back({"w1", a.w1, z.w1, tensor, false});
   t.push_back({"w2", a.w2, z.w2, tensor, false});
-  t.push_back({"topk_ids", a.topk_ids, z.pairs * sizeof(std::int32_t), 4, false});
+  t.push_back({"topk_ids", a.topk_ids, bytes(a.topk_ids, optional_ids, z.pairs * sizeof(std::int32_t)), 4, false});
   t.push_back({"topk_weights", a.topk_weights, z.pairs * z.elt, 2, false});
 }
 
@@ -147,7 +150,7 @@ std::vector<TensorRegion> forward_tensors(const ForwardArgs& a, const MoeProblem
   std::vector<TensorRegion> t = {{"out", a.out, z.tokens_h, tensor, true},
                                  {"saved", a.saved, p.mode == Mode::kInference ? 0 : m.saved_bytes, kBuffer, true},
                                  {"workspace", a.workspace, m.forward_workspace_bytes, kBuffer, true}};
-  append_inputs(t, a, z, tensor);
+  append_inputs(t, a, z, tensor, false, false);
   return t;
 }
 
@@ -167,7 +170,8 @@ std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProbl
                                  {"workspace", a.workspace, m.backward_workspace_bytes, kBuffer, true}};
   if (memeff) t.push_back({"saved", a.saved, m.saved_bytes, kBuffer, true});
   t.push_back({"d_out", a.d_out, z.tokens_h, tensor, false});
-  append_inputs(t, a, z, tensor);
+  // The routing comes from saved, so no kernel reads topk_ids; only the weight gradients read x.
+  append_inputs(t, a, z, tensor, !weight_grads, true);
   if (!memeff) t.push_back({"saved", a.saved, m.saved_bytes, kBuffer, false});
   return t;
 }
@@ -189,6 +193,10 @@ std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProb
                           fmt::format("null device pointer while {} is given: pass both weight gradients, or neither "
                                       "(frozen experts: dx and d_topk_weights only)",
                                       a.dw1 == nullptr ? "dw2" : "dw1"));
+  }
+  if (a.x == nullptr && a.dw1 != nullptr) {
+    throw InvalidArgument("x", "null device pointer while dw1 and dw2 are given: the weight gradients read it (a "
+                               "backward without them may omit x)");
   }
   std::vector<TensorRegion> tensors = backward_tensors(a, p, m, vector_aligned);
   require_size(a.saved_bytes, m.saved_bytes, "saved_bytes");

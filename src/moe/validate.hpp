@@ -32,9 +32,10 @@ std::vector<TensorRegion> backward_tensors(const BackwardArgs& a, const MoeProbl
 
 void validate_problem(const MoeProblem& p);
 
-// A call's arguments: sizes given, every tensor non-null and aligned (except backward's dw1 and
-// dw2 when both are null), no written one overlapping another tensor. Returns the call's tensors
-// (forward_tensors, backward_tensors).
+// A call's arguments: sizes given, every tensor non-null and aligned (except backward's
+// topk_ids, and its x, dw1 and dw2 when dw1 and dw2 are both null), no written one overlapping
+// another tensor. Returns the call's tensors (forward_tensors, backward_tensors), a null one
+// allowed there with no bytes.
 std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
                                            bool vector_aligned);
 std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,

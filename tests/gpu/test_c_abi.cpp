@@ -40,8 +40,22 @@ TEST_CASE("the C ABI runs forward and backward like the C++ API", "[gpu][capi]")
   CHECK(moejit_forward(plan, static_cast<const char*>(f.x) + 2, f.w1, f.w2, f.topk_ids, f.topk_weights, f.out, f.saved,
                        f.saved_bytes, f.workspace, f.workspace_bytes, stream.get()) == MOEJIT_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(moejit_last_error(), Catch::StartsWith("x:"));
+  // NULL topk_ids, and NULL x without weight gradients: neither is read. With them, x is named.
+  DeviceRun c(data, cpp.memory());
+  f = c.forward_args(stream.get());
+  CHECK(moejit_forward(plan, f.x, f.w1, f.w2, f.topk_ids, f.topk_weights, f.out, f.saved, f.saved_bytes, f.workspace,
+                       f.workspace_bytes, stream.get()) == MOEJIT_OK);
+  g = c.backward_args(stream.get());
+  CHECK(moejit_backward(plan, g.d_out, nullptr, g.w1, g.w2, nullptr, g.topk_weights, g.saved, g.saved_bytes, g.dx,
+                        g.dw1, g.dw2, g.d_topk_weights, g.workspace, g.workspace_bytes,
+                        stream.get()) == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("x: null device pointer"));
+  CHECK(moejit_backward(plan, g.d_out, nullptr, g.w1, g.w2, nullptr, g.topk_weights, g.saved, g.saved_bytes, g.dx,
+                        nullptr, nullptr, g.d_topk_weights, g.workspace, g.workspace_bytes, stream.get()) == MOEJIT_OK);
   stream.synchronize();
   moejit_plan_destroy(plan);
+  CHECK(test::differences(download(a.dx, spec.dtype, th), download(c.dx, spec.dtype, th)) == "none");
+  CHECK(rel_l2(download(c.d_weights, spec.dtype, 600), download(a.d_weights, spec.dtype, 600)) < 1e-2);
 
   CHECK(test::differences(download(a.out, spec.dtype, th), download(b.out, spec.dtype, th)) == "none");
   CHECK(test::differences(download(a.dx, spec.dtype, th), download(b.dx, spec.dtype, th)) == "none");

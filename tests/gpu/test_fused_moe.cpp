@@ -765,6 +765,57 @@ TEST_CASE("frozen experts: a backward without weight gradients gives dx and d_to
   stream.synchronize();
 }
 
+TEST_CASE("a backward without topk_ids, and a frozen one without x, gives the same bits", "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // No kernel of the backward reads topk_ids (the routing is in saved), and only the weight
+  // gradients' (scatter_x, bwd_dw1) read x. H and I multiples of 8 and not; in memory-efficient
+  // mode the last runs bwd_down and bwd_dw2 in column chunks.
+  for (const CaseSpec& spec :
+       {CaseSpec{512, 8, 256, 128, 2}, CaseSpec{512, 8, 97, 47, 2}, CaseSpec{1100, 2, 256, 640, 2}}) {
+    const CaseData data = make_case(spec);
+    for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+      INFO(describe(spec) << ", " << mode_name(mode));
+      FusedMoe plan(problem_of(spec, mode));
+      DeviceRun run(data, plan.memory());
+      cuda::Stream stream;
+      // Each backward after a forward of its own (memory-efficient mode consumes the state), on
+      // outputs poisoned in between: an output left unwritten reads NaN.
+      const auto step = [&](const BackwardArgs& args) {
+        run.poison();
+        plan.forward(run.forward_args(stream.get()));
+        plan.backward(args);
+        stream.synchronize();
+        return outputs_of(run, spec, mode);
+      };
+      const BackwardArgs given = run.backward_args(stream.get());
+      BackwardArgs no_ids = given;
+      no_ids.topk_ids = nullptr;
+      check_same_bits(step(no_ids), step(given));
+
+      BackwardArgs frozen = given;
+      frozen.dw1 = frozen.dw2 = nullptr;
+      const Outputs want = step(frozen);
+      frozen.x = nullptr;
+      frozen.topk_ids = nullptr;
+      const Outputs got = step(frozen);
+      CHECK(test::differences(got.dx, want.dx) == "none");
+      CHECK(test::differences(got.ds, want.ds) == "none");
+    }
+  }
+  // With weight gradients x stays required, named before anything is enqueued.
+  const CaseSpec spec{64, 4, 64, 32, 2};
+  FusedMoe plan(problem_of(spec, Mode::kMemoryEfficient));
+  DeviceRun run(make_case(spec), plan.memory());
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  BackwardArgs no_x = run.backward_args(stream.get());
+  no_x.x = nullptr;
+  CHECK_THROWS_WITH(plan.backward(no_x), Catch::StartsWith("x: null device pointer while dw1 and dw2 are given"));
+  // The refusal left the memory-efficient state whole: a backward with x still runs on it.
+  CHECK_NOTHROW(plan.backward(run.backward_args(stream.get())));
+  stream.synchronize();
+}
+
 TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", "[gpu][moe][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 11};

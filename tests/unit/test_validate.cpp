@@ -371,3 +371,55 @@ TEST_CASE("a backward takes both weight gradients or neither (frozen experts)", 
     CHECK_THROWS_WITH(validate_backward(frozen, p, m, true), Catch::StartsWith("dx: null device pointer"));
   }
 }
+
+TEST_CASE("a backward may omit topk_ids, and x without weight gradients; given, each is checked", "[validate]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    INFO(mode_name(mode));
+    auto [p, m, a] = BackwardCase(mode);
+    a.workspace = gib(11);  // device 0's, as every other tensor in fake_query's view
+    const auto device0 = [](const void* at) { return fake_query(at, cuda::MemoryKind::kDevice); };
+    // The routing comes from saved: topk_ids may be null, weight gradients or not.
+    BackwardArgs no_ids = a;
+    no_ids.topk_ids = nullptr;
+    CHECK_NOTHROW(validate_backward(no_ids, p, m, true));
+    // Only the weight gradients read x.
+    BackwardArgs frozen = no_ids;
+    frozen.x = nullptr;
+    frozen.dw1 = frozen.dw2 = nullptr;
+    CHECK_NOTHROW(validate_backward(frozen, p, m, true));
+    // A null one is no tensor: the device-memory and overlap checks pass it by.
+    for (const TensorRegion& t : backward_tensors(frozen, p, m, true)) {
+      if (t.begin == nullptr) CHECK(t.bytes == 0);
+    }
+    CHECK_NOTHROW(require_device_memory(backward_tensors(frozen, p, m, true), 0, kPlanContext, device0));
+    BackwardArgs no_x = a;
+    no_x.x = nullptr;
+    CHECK_THROWS_AS(validate_backward(no_x, p, m, true), InvalidArgument);
+    CHECK_THROWS_WITH(validate_backward(no_x, p, m, true),
+                      Catch::StartsWith("x: null device pointer") && Catch::Contains("weight gradients"));
+    // Given, each is checked as the forward's: alignment, overlap, device memory.
+    frozen.x = a.x;
+    frozen.topk_ids = a.topk_ids;
+    CHECK_NOTHROW(validate_backward(frozen, p, m, true));
+    BackwardArgs bad = frozen;
+    bad.topk_ids = reinterpret_cast<const std::int32_t*>(static_cast<const char*>(gib(5)) + 2);
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("topk_ids: must be 4-byte aligned"));
+    bad = frozen;
+    bad.x = static_cast<const char*>(a.x) + 2;
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("x: must be 16-byte aligned"));
+    bad = frozen;
+    bad.x = a.dx;
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("dx: overlaps x"));
+    bad = frozen;
+    bad.topk_ids = static_cast<const std::int32_t*>(a.d_topk_weights);
+    CHECK_THROWS_WITH(validate_backward(bad, p, m, true), Catch::StartsWith("d_topk_weights: overlaps topk_ids"));
+    bad = frozen;
+    bad.x = gib(16);  // device 1's
+    CHECK_THROWS_WITH(require_device_memory(backward_tensors(bad, p, m, true), 0, kPlanContext, device0),
+                      Catch::StartsWith("x: is memory of device 1"));
+    bad = frozen;
+    bad.topk_ids = static_cast<const std::int32_t*>(gib(20));  // unknown to the driver
+    CHECK_THROWS_WITH(require_device_memory(backward_tensors(bad, p, m, true), 0, kPlanContext, device0),
+                      Catch::StartsWith("topk_ids: address") && Catch::Contains("is not CUDA memory"));
+  }
+}

@@ -1,8 +1,9 @@
 """The moejit custom ops (torch.library): opaque to torch.compile and CUDA graphs.
 
   moejit::fused_moe_forward(x, W1, W2, topk_ids, topk_weights, plan_mode, check_expert_ids) -> (out, saved)
-  moejit::fused_moe_backward(d_out, x, W1, W2, topk_ids, topk_weights, saved, ..., weight_grads)
-      -> (dx, dW1, dW2, ds); without weight_grads (frozen experts) dW1 and dW2 are empty and not computed
+  moejit::fused_moe_backward(d_out, x?, W1, W2, topk_weights, saved, ..., weight_grads)
+      -> (dx, dW1, dW2, ds); without weight_grads (frozen experts) dW1 and dW2 are empty and not computed,
+      and x may be None. No topk_ids: the library reads the routing from `saved`.
   moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
       overwrites `saved` (declared as a mutation so the compiler never reuses it).
 
@@ -14,6 +15,7 @@ Inputs must already be checked and converted (functional.fused_moe does that).
 """
 
 import threading
+from typing import Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -26,9 +28,10 @@ TRAIN, INFER, MEMEFF = (_library.MODES[m] for m in ("train", "infer", "memeff"))
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids):
+def problem_of(x, gate_up_proj, topk, plan_mode, check_expert_ids):
+    """x: any [T, H] tensor of x's dtype (the backward's d_out); topk: any [T, K] tensor."""
     return _library.make_problem(x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1] // 2,
-                                 topk_ids.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
+                                 topk.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
 
 
 def _aligned(t):
@@ -123,37 +126,37 @@ def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
     return gate_up_proj.new_empty(0), down_proj.new_empty(0)
 
 
-def _backward(d_out: torch.Tensor, x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-              topk_ids: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
-              check_expert_ids: bool, weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                   torch.Tensor]:
-    device = x.device
-    d_out, x = _aligned(d_out), _aligned(x)
+def _backward(d_out: torch.Tensor, x: Optional[torch.Tensor], gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
+              topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int, check_expert_ids: bool,
+              weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = d_out.device
+    d_out = _aligned(d_out)
+    x = None if x is None else _aligned(x)
     with torch.cuda.device(device):
-        plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
+        plan = plans.plan_for(problem_of(d_out, gate_up_proj, topk_weights, plan_mode, check_expert_ids), device)
         m = plan.memory
-        dx, d_topk_weights = torch.empty_like(x), torch.empty_like(topk_weights)
+        dx, d_topk_weights = d_out.new_empty(d_out.shape), torch.empty_like(topk_weights)
         dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
         workspace = _bytes(m.backward_workspace_bytes, device)
         # Consumed from here on, even if the call fails part-way (as the library counts it).
         if plan_mode == MEMEFF:
             _consume(saved)
-        # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need.
+        # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need,
+        # x included (None without weight_grads). Null ids: it reads the routing from `saved`.
         # Autograd hands each backward its own forward's state, which saved-tensor hooks may have
         # moved (save_on_cpu brings it back at an address another state last held): adopted, so
         # the library does not judge it by that address's past.
-        plan.backward(d_out.data_ptr(), x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(),
-                      topk_ids.data_ptr(), topk_weights.data_ptr(), saved.data_ptr(), saved.numel(), dx.data_ptr(),
-                      dw1.data_ptr() if weight_grads else None, dw2.data_ptr() if weight_grads else None,
+        plan.backward(d_out.data_ptr(), None if x is None else x.data_ptr(), gate_up_proj.data_ptr(),
+                      down_proj.data_ptr(), None, topk_weights.data_ptr(), saved.data_ptr(), saved.numel(),
+                      dx.data_ptr(), dw1.data_ptr() if weight_grads else None, dw2.data_ptr() if weight_grads else None,
                       d_topk_weights.data_ptr(), workspace.data_ptr(), m.backward_workspace_bytes, _stream(device),
                       adopt_saved=True)
     return dx, dw1, dw2, d_topk_weights
 
 
-def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_ids, topk_weights, saved, plan_mode, check_expert_ids,
-                   weight_grads):
+def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_weights, saved, plan_mode, check_expert_ids, weight_grads):
     dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
-    return torch.empty_like(x), dw1, dw2, torch.empty_like(topk_weights)
+    return d_out.new_empty(d_out.shape), dw1, dw2, torch.empty_like(topk_weights)
 
 
 fused_moe_backward = torch.library.custom_op("moejit::fused_moe_backward", _backward, mutates_args=(),
@@ -170,7 +173,12 @@ def _setup_context(ctx, inputs, output):
     # The saved state (uint8) has no gradient; materialized, it would be a zeros tensor of its
     # size per backward (~0.24 ms at T=32768 on the H200).
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(x, gate_up_proj, down_proj, topk_ids, topk_weights, output[1])
+    # Kept no longer than backward reads them: not topk_ids (the routing is in the saved state),
+    # so the caller may refill its ids buffer before backward; x only for the weight gradients,
+    # so frozen experts keep no T x H activation. One weight needing its gradient computes both
+    # (the library takes both or neither).
+    ctx.weight_grads = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+    ctx.save_for_backward(x if ctx.weight_grads else None, gate_up_proj, down_proj, topk_weights, output[1])
 
 
 def _autograd_backward(ctx, d_out, _d_saved, eager=False):
@@ -181,16 +189,15 @@ def _autograd_backward(ctx, d_out, _d_saved, eager=False):
     # backward with autograd's generic in-place error.
     if ctx.mode == MEMEFF and getattr(ctx, "consumed", False):
         raise StateError(_ONE_BACKWARD, status="state")
-    x, gate_up_proj, down_proj, topk_ids, topk_weights, saved = ctx.saved_tensors
+    x, gate_up_proj, down_proj, topk_weights, saved = ctx.saved_tensors
     if d_out is None:  # out took no part in what is differentiated
         return None, None, None, None, None, None, None
     op = _backward if eager else fused_moe_backward_consuming if ctx.mode == MEMEFF else fused_moe_backward
     needs = ctx.needs_input_grad
-    # Frozen experts skip the weight-gradient GEMMs; one weight needing its gradient computes
-    # both (the library takes both or neither).
+    # Frozen experts skip the weight-gradient GEMMs.
     try:
-        dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_ids, topk_weights, saved,
-                              ctx.mode, ctx.check_expert_ids, needs[1] or needs[2])
+        dx, dw1, dw2, ds = op(d_out.contiguous(), x, gate_up_proj, down_proj, topk_weights, saved, ctx.mode,
+                              ctx.check_expert_ids, ctx.weight_grads)
     except BaseException:
         # A call that failed part-way consumed the state too (_backward marks it before the
         # library runs), and a retry must not run on what it overwrote; one that failed before
