@@ -541,3 +541,73 @@ def test_capturing_before_a_plan_exists_asks_for_a_warm_up():
     with pytest.raises(moejit.StateError, match="run the op once before capturing"):
         with torch.no_grad(), torch.cuda.graph(graph):
             mt.fused_moe(x, w1, w2, ids, weights)
+
+
+class _PassThrough(torch.Tensor):
+    """A wrapper tensor subclass, as DTensor and NF4 are (no storage of its own), that runs every
+    op, moejit's too, on its inner tensor."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=inner.device, requires_grad=inner.requires_grad)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = torch.utils._pytree.tree_map_only(cls, lambda t: t.inner, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def test_a_subclass_weight_takes_the_custom_op():
+    # The eager path called data_ptr() on it, which a wrapper without storage refuses; the custom
+    # op hands the subclass the call, and this one runs it on its inner tensor: the same bits.
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+
+    def step(wrap):
+        xs, ws = x.detach().requires_grad_(), weights.detach().requires_grad_()
+        out = mt.fused_moe(xs, wrap(w1), w2, ids, ws)
+        out.backward(d_out)
+        return out.detach(), xs.grad, ws.grad
+
+    for name, got, want in zip(("out", "dx", "d topk_weights"), step(_PassThrough), step(lambda t: t)):
+        assert torch.equal(got, want), name
+
+
+def test_torch_func_vmap_runs_and_grad_is_refused_by_name():
+    # Both met the eager path's autograd.Function, which functorch refuses for want of setup_context.
+    x, w1, w2, ids, weights, _ = make_case(*CASES[1], dtype=torch.bfloat16)
+    batch = torch.stack([x, x.flip(0)])
+    with torch.no_grad():
+        got = torch.func.vmap(lambda x: mt.fused_moe(x, w1, w2, ids, weights))(batch)
+        want = torch.stack([mt.fused_moe(b, w1, w2, ids, weights) for b in batch])
+    assert torch.equal(got, want)
+    with pytest.raises(moejit.UnsupportedError, match="torch.func's grad"):
+        torch.func.grad(lambda w1: mt.fused_moe(x, w1, w2, ids, weights).float().sum())(w1)
+
+
+def test_torch_compile_with_a_data_dependent_token_count():
+    # An expert-parallel rank's token count comes from .item(): T is unbacked, and may be 0, when
+    # the op itself answers (no library call; `saved` of the size the fake gave, which inductor checks).
+    x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
+
+    def layer(count, x, w1, w2, ids, weights):
+        t = count.item()
+        torch._check(t >= 0)
+        torch._check(t <= x.shape[0])
+        return mt.fused_moe(x[:t], w1, w2, ids[:t], weights[:t])
+
+    def step(fn, t):
+        leaves = [w.detach().requires_grad_() for w in (w1, w2)]
+        out = fn(torch.tensor(t), x, leaves[0], leaves[1], ids, weights)
+        out.backward(d_out[:t])
+        return [out.detach()] + [w.grad for w in leaves]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for t in (37, 0, 512):
+            for name, got, want in zip(("out", "dW1", "dW2"), step(compiled, t), step(layer, t)):
+                assert torch.equal(got, want) or errors(got, want)[1] <= 1e-3, (t, name)

@@ -2,8 +2,11 @@
 # autograd and torch.compile tracing, and the HF experts drop-in on the meta device.
 import collections
 import re
+import sys
 import threading
 import time
+import types
+import unittest.mock
 
 import pytest
 
@@ -12,7 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 from moejit import _library  # noqa: E402
-from moejit.torch import functional, plans  # noqa: E402
+from moejit.torch import functional, ops, plans  # noqa: E402
 
 E, H, I, K = 8, 128, 64, 2
 
@@ -104,7 +107,6 @@ def test_no_tokens_gives_empty_output_and_zero_weight_grads():
 
 @pytest.mark.parametrize("memory_efficient", [False, True])
 def test_frozen_experts_ask_for_no_weight_gradients(monkeypatch, memory_efficient):
-    from moejit.torch import ops
     asked = []
     for name in ("fused_moe_backward", "fused_moe_backward_consuming"):
         op = getattr(ops, name)
@@ -221,6 +223,134 @@ def test_symbolic_token_count_keeps_the_saved_size_an_expression():
         tokens = _hint(out.shape[0])  # the traced call's T
         assert _hint(saved.shape[0]) == _library.problem_memory(
             _library.make_problem(tokens, E, H, I, K)).saved_bytes
+
+
+def _unbacked_inputs(requires_grad=False):
+    """Fake inputs whose T is unbacked (a data-dependent size, as an expert-parallel rank's count
+    from .item()), in a FakeTensorMode to enter, and that T."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    with mode:
+        t = mode.shape_env.create_unbacked_symint()
+        inputs = meta_inputs(t, requires_grad=requires_grad)
+    return mode, t, inputs
+
+
+def test_unbacked_token_count_keeps_the_saved_size_an_expression():
+    # Any guard on an unbacked T raises GuardOnDataDependentSymNode: the saved size must be
+    # computed without one, and be the library's at every T.
+    mode, t, (x, w1, w2, ids, weights) = _unbacked_inputs()
+    with mode:
+        torch._check(t >= 1)
+        sizes = {plan_mode: torch.ops.moejit.fused_moe_forward(x, w1, w2, ids.int(), weights.bfloat16(), plan_mode,
+                                                               False)[1].shape[0]
+                 for plan_mode in (ops.TRAIN, ops.INFER, ops.MEMEFF)}
+    assert sizes[ops.INFER] == 0
+    for tokens in (1, 3, 4, 5, 11, 12, 24, 25, 64, 100, 255, 256, 257, 1000, 4096, 33000):
+        want = _library.problem_memory(_library.make_problem(tokens, E, H, I, K)).saved_bytes
+        for plan_mode in (ops.TRAIN, ops.MEMEFF):
+            assert int(sizes[plan_mode].node.expr.xreplace({t.node.expr: tokens})) == want, (tokens, plan_mode)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_fused_moe_takes_an_unbacked_token_count_that_may_be_zero(requires_grad):
+    # No torch._check(T >= 1) here: whether T is 0 is unknown while tracing, so fused_moe takes it
+    # as nonzero and the op answers a T of 0 itself (test_the_op_bodies_answer_zero_tokens).
+    mode, t, (x, w1, w2, ids, weights) = _unbacked_inputs(requires_grad)
+    with mode:
+        assert mt.fused_moe(x, w1, w2, ids, weights).shape == x.shape
+
+
+def test_a_data_dependent_token_count_compiles_and_runs_every_count():
+    # torch's own stride rules guard on T >= 1 (a second graph for T = 0); nothing of moejit's does.
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        return aot_autograd(fw_compiler=_boxed, bw_compiler=_boxed)(gm, example_inputs)
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def layer(count, x0, w1, w2, weights):
+        t = count.item()  # the rows an expert-parallel exchange delivered
+        x = torch.zeros(t, H, device="meta", dtype=torch.bfloat16) + x0
+        ids = torch.zeros(t, K, device="meta", dtype=torch.int64)
+        return mt.fused_moe(x, w1, w2, ids, weights.expand(t, K))
+
+    _, w1, w2, _, _ = meta_inputs(1)
+    x0 = torch.empty(1, H, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    weights = torch.empty(1, K, device="meta", requires_grad=True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        for t in (37, 0, 1000):
+            out = layer(torch.tensor(t), x0, w1, w2, weights)
+            out.float().sum().backward()
+            assert out.shape == (t, H) and w1.grad.shape == w1.shape
+
+
+def test_the_op_bodies_answer_zero_tokens(monkeypatch):
+    # Reached only from torch.compile with a data-dependent T: the library takes no empty problem.
+    # The bodies allocate and fill without touching CUDA, so CPU tensors show the values.
+    def no_plan(*args):
+        raise AssertionError("a plan was asked for zero tokens")
+
+    monkeypatch.setattr(plans, "plan_for", no_plan)
+    x, w1, w2, ids, weights = (torch.ones(t.shape, dtype=t.dtype) for t in meta_inputs(0, requires_grad=False))
+    ids, weights = ids.int(), weights.bfloat16()
+    for plan_mode in (ops.TRAIN, ops.INFER, ops.MEMEFF):
+        out, saved = ops._forward(x, w1, w2, ids, weights, plan_mode, False)
+        fake = torch.ops.moejit.fused_moe_forward(*(t.to("meta") for t in (x, w1, w2, ids, weights)), plan_mode, False)
+        assert out.shape == (0, H) and saved.numel() == fake[1].numel()  # the size the fake promised
+        grads = ops._backward(out, x, w1, w2, ids, weights, saved, plan_mode, False, True)
+        assert [tuple(g.shape) for g in grads] == [(0, H), tuple(w1.shape), tuple(w2.shape), (0, K)]
+        assert not grads[1].any() and not grads[2].any()
+        frozen = ops._backward(out, x, w1, w2, ids, weights, saved, ops.TRAIN, False, False)
+        assert [g.numel() for g in frozen[1:3]] == [0, 0]
+    with pytest.raises(moejit.StateError, match="one backward per forward"):  # MEMEFF consumed its state
+        ops._backward(out, x, w1, w2, ids, weights, saved, ops.MEMEFF, False, True)
+
+
+class _WrapperSubclass(torch.Tensor):
+    """A wrapper tensor subclass, as DTensor and NF4 are (no storage of its own): aten ops run on
+    its inner tensor; moejit's ops are refused, as such subclasses refuse ops they do not know."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device=inner.device, requires_grad=inner.requires_grad)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func.namespace == "moejit":
+            raise NotImplementedError(f"_WrapperSubclass does not run {func}")
+        args, kwargs = torch.utils._pytree.tree_map_only(cls, lambda t: t.inner, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def test_only_plain_tensors_outside_torch_func_take_the_eager_path(monkeypatch):
+    x, w1, w2, ids, weights = meta_inputs(16)
+    # A subclass reaches the custom op, whose dispatch hands it the call: its own error, naming the op.
+    with pytest.raises(NotImplementedError, match="does not run moejit.fused_moe_forward"):
+        mt.fused_moe(x, _WrapperSubclass(w1), w2, ids, weights)
+    taken = []
+    monkeypatch.setattr(ops.EagerFusedMoe, "apply", lambda *args: taken.append("eager") or args[0])
+    monkeypatch.setattr(ops, "fused_moe_forward", lambda *args: taken.append("op") or (args[0], None))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # what else the eager path asks
+    mt.fused_moe(x, torch.nn.Parameter(w1), w2, ids, weights)  # a Parameter is a plain tensor
+    mt.fused_moe(x, _WrapperSubclass(w1), w2, ids, weights)  # the eager path would read its data_ptr()
+    torch.func.vmap(lambda x: mt.fused_moe(x, w1, w2, ids, weights))(x.detach()[None])  # looks plain
+    assert taken == ["eager", "op", "op"]
+
+
+def test_torch_func_grad_is_refused_by_name_and_vmap_runs():
+    x, w1, w2, ids, weights = meta_inputs(16, requires_grad=False)
+    for transform in (torch.func.grad, torch.func.jacrev):
+        with pytest.raises(moejit.UnsupportedError, match="torch.func's grad"):
+            transform(lambda w1: mt.fused_moe(x, w1, w2, ids, weights).float().sum())(w1)
+    out = torch.func.vmap(lambda x: mt.fused_moe(x, w1, w2, ids, weights))(x[None].expand(3, 16, H))
+    assert out.shape == (3, 16, H)
 
 
 def _hint(size):
@@ -374,6 +504,107 @@ def test_from_experts_says_why_not():
     biased.gate_up_proj_bias = torch.nn.Parameter(torch.empty(E, 2 * I, device="meta"))
     with pytest.raises(ValueError, match="gate_up_proj_bias"):
         mt.MoEExperts.from_experts(biased)
+
+
+def _default_apply_gate(self, gate_up_out):
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
+_default_apply_gate.__module__ = "transformers.integrations.moe"  # where transformers v5 defines it
+
+
+class DecoratedHFExperts(FakeHFExperts):
+    """What transformers v5's @use_experts_implementation makes of an experts class: flags on
+    each instance, and its module's _default_apply_gate where the class defines no _apply_gate."""
+
+    _apply_gate = _default_apply_gate
+
+    def __init__(self, *args, **flags):
+        super().__init__(*args)
+        for name, value in {"is_concatenated": True, "is_transposed": False, "has_bias": False, "has_gate": True,
+                            **flags}.items():
+            setattr(self, name, value)
+
+
+def _transformers_moe():
+    """transformers.integrations.moe as a model using it has loaded it, with its default gate."""
+    module = types.ModuleType(_default_apply_gate.__module__)
+    module._default_apply_gate = _default_apply_gate
+    return unittest.mock.patch.dict(sys.modules, {module.__name__: module})
+
+
+class ClampedGateExperts(DecoratedHFExperts):
+    def _apply_gate(self, gate_up_out):  # as gpt-oss clamps and scales its SwiGLU
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return torch.sigmoid(1.7 * gate.clamp(max=7)) * gate * (up.clamp(-7, 7) + 1)
+
+
+def _refusal(experts):
+    """from_experts' reason for refusing `experts` (None if it takes it), and whether
+    replace_experts leaves a model holding it as it was."""
+    model = torch.nn.ModuleDict({"layer": torch.nn.ModuleDict({"experts": experts})})
+    left_alone = mt.replace_experts(model) == [] and model["layer"]["experts"] is experts
+    try:
+        mt.MoEExperts.from_experts(experts)
+    except ValueError as e:
+        return str(e), left_alone
+    return None, left_alone
+
+
+def test_experts_of_other_numerics_or_with_hooks_are_refused():
+    hooked = [DecoratedHFExperts(E, H, I) for _ in range(5)]
+    hooked[0].register_forward_hook(lambda module, args, out: out)
+    hooked[1].register_forward_pre_hook(lambda module, args: None)
+    hooked[2].register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    hooked[3].forward = lambda *args: None  # as accelerate's add_hook_to_module wraps it
+    del hooked[4].gate_up_proj  # a buffer instead: from_experts raised TypeError on it, mid-replace_experts
+    hooked[4].register_buffer("gate_up_proj", torch.empty(E, 2 * I, H, device="meta", dtype=torch.bfloat16))
+    refused = {
+        "is_concatenated=False": DecoratedHFExperts(E, H, I, is_concatenated=False),
+        "is_transposed=True": DecoratedHFExperts(E, H, I, is_transposed=True),
+        "has_bias=True": DecoratedHFExperts(E, H, I, has_bias=True),
+        "has_gate=False": DecoratedHFExperts(E, H, I, has_gate=False),
+        "_apply_gate .*ClampedGateExperts": ClampedGateExperts(E, H, I),
+        "activation is gelu": DecoratedHFExperts(E, H, I, lambda: torch.nn.functional.gelu),
+        "forward hooks": hooked[0],
+        "forward pre-hooks": hooked[1],
+        "backward hooks": hooked[2],
+        "forward is replaced on the instance": hooked[3],
+        "gate_up_proj is a Tensor, not an nn.Parameter": hooked[4],
+    }
+    with _transformers_moe():
+        for why, experts in refused.items():
+            reason, left_alone = _refusal(experts)
+            assert reason is not None and re.search(why, reason), (why, reason)
+            assert left_alone, why
+        assert _refusal(DecoratedHFExperts(E, H, I)) == (None, False)  # the default gate and layout: taken
+        # act_fn as a function, not a module
+        assert _refusal(DecoratedHFExperts(E, H, I, lambda: torch.nn.functional.silu)) == (None, False)
+
+
+def test_an_apply_gate_is_refused_where_the_default_is_unknown():
+    # Without the module that defines it loaded, a function of that name is not transformers' default.
+    reason, left_alone = _refusal(DecoratedHFExperts(E, H, I))
+    assert "_apply_gate" in reason and left_alone
+
+
+def test_replace_experts_swaps_all_blocks_or_none(monkeypatch):
+    model = torch.nn.ModuleDict({"layer0": FakeBlock(), "layer1": FakeBlock()})
+    before = [model["layer0"].experts, model["layer1"].experts]
+    real = mt.MoEExperts.from_experts.__func__
+    calls = []
+
+    def second_fails(cls, experts, **kwargs):
+        calls.append(experts)
+        if len(calls) == 2:
+            raise RuntimeError("stand-in failure")
+        return real(cls, experts, **kwargs)
+
+    monkeypatch.setattr(mt.MoEExperts, "from_experts", classmethod(second_fails))
+    with pytest.raises(RuntimeError, match="stand-in"):
+        mt.replace_experts(model)
+    assert [model["layer0"].experts, model["layer1"].experts] == before
 
 
 def test_experts_module_names_a_wrong_hidden_size():

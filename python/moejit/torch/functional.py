@@ -2,8 +2,18 @@
 
 import torch
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, UnsupportedError
 from . import ops
+
+try:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false as _guard_or_false
+except ImportError:  # older torch: no guard at all, which is as good here: dynamo specializes a
+    # backed T of 0, so a symbolic T that can be 0 is unbacked, and has no hint to guard on
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as _guard_or_false
+
+# Parameters are plain tensors with a flag; any other subclass (DTensor, a quantized weight) may
+# hold no storage, or one the kernels would misread, so its own dispatch decides (ops' docstring).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_efficient=False,
@@ -25,14 +35,14 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
     """
     cast = _autocast_dtype()
     x = _cast(x, cast)
-    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 0):
+    if not (isinstance(x, torch.Tensor) and x.dim() == 2 and _no_tokens(x)):
         gate_up_proj, down_proj = _cast(gate_up_proj, cast), _cast(down_proj, cast)
         cast = None
     _check(x, gate_up_proj, down_proj, topk_ids, topk_weights, pending_cast=cast)
     x = x.contiguous()
     topk_ids = _ids_int32(topk_ids, gate_up_proj.shape[0])
     topk_weights = topk_weights.to(x.dtype).contiguous()
-    if x.shape[0] == 0:
+    if _no_tokens(x):
         # No tokens (an expert-parallel rank may receive none): every gradient is zero. Empty
         # slices keep the weights in the graph without reading them (1.2 GB a layer at Qwen3-30B),
         # nor casting them under autocast.
@@ -43,10 +53,39 @@ def fused_moe(x, gate_up_proj, down_proj, topk_ids, topk_weights, *, memory_effi
         mode = ops.INFER
     else:
         mode = ops.MEMEFF if memory_efficient else ops.TRAIN
-    if type(x) is torch.Tensor and x.is_cuda and not torch.compiler.is_compiling():
-        return ops.EagerFusedMoe.apply(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
-    out, _ = ops.fused_moe_forward(x, gate_up_proj, down_proj, topk_ids, topk_weights, mode, check_expert_ids)
+    inputs = (x, gate_up_proj, down_proj, topk_ids, topk_weights)
+    if _eager(inputs):
+        return ops.EagerFusedMoe.apply(*inputs, mode, check_expert_ids)
+    if torch._C._are_functorch_transforms_active():
+        _check_functorch()
+    out, _ = ops.fused_moe_forward(*inputs, mode, check_expert_ids)
     return out
+
+
+def _no_tokens(x):
+    """x has no rows. A data-dependent T under torch.compile (an expert-parallel rank's count
+    from .item()) cannot be guarded on: taken as nonzero, and the op answers a T of 0 itself."""
+    t = x.shape[0]
+    return t == 0 if isinstance(t, int) else _guard_or_false(t == 0)
+
+
+def _eager(inputs):
+    """Whether the op bodies may run under ops.EagerFusedMoe: plain CUDA tensors, outside
+    torch.compile and torch.func (functorch's wrapped tensors look plain, and an autograd.Function
+    without setup_context fails there; vmap runs the custom op through torch's per-sample fallback)."""
+    return (inputs[0].is_cuda and all(type(t) in _PLAIN for t in inputs) and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _check_functorch():
+    """torch.func's grad and jvp take only an autograd.Function with setup_context, which the one
+    behind torch's custom ops lacks (pytorch/pytorch#168393): said here, rather than by torch's
+    message about a method the caller never wrote. vmap alone runs (torch's per-sample fallback)."""
+    from torch._C._functorch import TransformType, get_interpreter_stack
+    if any(i.key() in (TransformType.Grad, TransformType.Jvp) for i in get_interpreter_stack() or ()):
+        raise UnsupportedError("moejit.torch.fused_moe: torch.func's grad, vjp, jvp and jacrev are not supported "
+                               "(torch's custom ops have no functorch autograd); use torch.autograd.grad or "
+                               ".backward()", status="unsupported")
 
 
 def _autocast_dtype():

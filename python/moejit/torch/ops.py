@@ -7,7 +7,10 @@
   moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
       overwrites `saved` (declared as a mutation so the compiler never reuses it).
 
-EagerFusedMoe runs the same bodies without the custom-op dispatch, for eager calls on CUDA tensors.
+EagerFusedMoe runs the same bodies without the custom-op dispatch, for eager calls on plain CUDA
+tensors. A tensor subclass (DTensor, a quantized weight) takes the custom ops, whose dispatch hands
+it the call: it runs the op on its parts or raises its own error naming the op (DTensor: "does not
+have a sharding strategy registered"; a mix with plain tensors: "got mixed torch.Tensor and DTensor").
 
 `saved` is the library's forward state for backward, a uint8 tensor of the plan's saved_bytes;
 every buffer comes from PyTorch's caching allocator and every launch goes to the current stream.
@@ -52,6 +55,12 @@ def _stream(device):
 def _forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, plan_mode: int, check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
     device = x.device
+    if x.shape[0] == 0:
+        # Only from torch.compile with a data-dependent T (fused_moe answers 0 tokens itself
+        # otherwise): the library takes no empty problem, and `saved` has the fake's size.
+        saved = _bytes(_layout.saved_bytes(0, gate_up_proj.shape[0], gate_up_proj.shape[1] // 2, topk_ids.shape[1],
+                                           plan_mode == INFER), device)
+        return torch.empty_like(x), saved
     x = _aligned(x)
     with torch.cuda.device(device):
         plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
@@ -72,13 +81,14 @@ fused_moe_forward = torch.library.custom_op("moejit::fused_moe_forward", _forwar
 @fused_moe_forward.register_fake
 def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids):
     dims = (x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1], topk_ids.shape[1])
-    if all(isinstance(d, int) for d in dims):
+    if all(isinstance(d, int) for d in dims) and dims[0] > 0:
         saved_bytes = _library.problem_memory(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids)).saved_bytes
     else:
-        # Symbolic dimensions (dynamic shapes): the library's layout as arithmetic on SymInts, so
-        # the size stays an expression of T. An unbacked size (ctx.new_dynamic_size) would make
-        # inductor run the op between its CUDA-graph partitions, and cudagraph trees then reject
-        # its outputs ("storage data ptrs are not allocated in pool"; docs/python.md, Tests).
+        # Symbolic dimensions (dynamic shapes), or a T of 0 (see _forward): the library's layout as
+        # arithmetic on SymInts, so the size stays an expression of T, also an unbacked T. An
+        # unbacked size (ctx.new_dynamic_size) would make inductor run the op between its
+        # CUDA-graph partitions, and cudagraph trees then reject its outputs ("storage data ptrs
+        # are not allocated in pool"; docs/python.md, Tests).
         saved_bytes = _layout.saved_bytes(x.shape[0], gate_up_proj.shape[0], gate_up_proj.shape[1] // 2,
                                           topk_ids.shape[1], plan_mode == INFER)
     return torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8)
@@ -130,6 +140,12 @@ def _backward(d_out: torch.Tensor, x: Optional[torch.Tensor], gate_up_proj: torc
               topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int, check_expert_ids: bool,
               weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     device = d_out.device
+    if d_out.shape[0] == 0:  # see _forward: no library call, and zero weight gradients
+        if plan_mode == MEMEFF:
+            _consume(saved)
+        dw1, dw2 = (torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj)) if weight_grads else \
+            _weight_grad_buffers(gate_up_proj, down_proj, False)
+        return d_out.new_empty(d_out.shape), dw1, dw2, torch.empty_like(topk_weights)
     d_out = _aligned(d_out)
     x = None if x is None else _aligned(x)
     with torch.cuda.device(device):
