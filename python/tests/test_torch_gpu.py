@@ -18,6 +18,7 @@ import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 from moejit.torch import ops, plans  # noqa: E402
 from reference import errors, make_case, moe_reference, unwritten_as_nan  # noqa: E402
+from wrapper_tensor import PassThrough  # noqa: E402
 
 # (max-abs relative, relative L2) error bounds against the fp32 reference.
 TOLERANCE = {torch.bfloat16: (2e-2, 1e-2), torch.float16: (1e-2, 5e-3)}
@@ -543,24 +544,6 @@ def test_capturing_before_a_plan_exists_asks_for_a_warm_up():
             mt.fused_moe(x, w1, w2, ids, weights)
 
 
-class _PassThrough(torch.Tensor):
-    """A wrapper tensor subclass, as DTensor and NF4 are (no storage of its own), that runs every
-    op, moejit's too, on its inner tensor."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
-                                                   device=inner.device, requires_grad=inner.requires_grad)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        args, kwargs = torch.utils._pytree.tree_map_only(cls, lambda t: t.inner, (args, kwargs or {}))
-        return func(*args, **kwargs)
-
-
 def test_a_subclass_weight_takes_the_custom_op():
     # The eager path called data_ptr() on it, which a wrapper without storage refuses; the custom
     # op hands the subclass the call, and this one runs it on its inner tensor: the same bits.
@@ -572,7 +555,7 @@ def test_a_subclass_weight_takes_the_custom_op():
         out.backward(d_out)
         return out.detach(), xs.grad, ws.grad
 
-    for name, got, want in zip(("out", "dx", "d topk_weights"), step(_PassThrough), step(lambda t: t)):
+    for name, got, want in zip(("out", "dx", "d topk_weights"), step(PassThrough), step(lambda t: t)):
         assert torch.equal(got, want), name
 
 

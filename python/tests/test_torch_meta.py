@@ -16,6 +16,7 @@ import moejit  # noqa: E402
 import moejit.torch as mt  # noqa: E402
 from moejit import _library  # noqa: E402
 from moejit.torch import functional, ops, plans  # noqa: E402
+from wrapper_tensor import RefusesMoejit  # noqa: E402
 
 E, H, I, K = 8, 128, 64, 2
 
@@ -309,37 +310,17 @@ def test_the_op_bodies_answer_zero_tokens(monkeypatch):
         ops._backward(out, x, w1, w2, weights, saved, ops.MEMEFF, False, True)
 
 
-class _WrapperSubclass(torch.Tensor):
-    """A wrapper tensor subclass, as DTensor and NF4 are (no storage of its own): aten ops run on
-    its inner tensor; moejit's ops are refused, as such subclasses refuse ops they do not know."""
-
-    @staticmethod
-    def __new__(cls, inner):
-        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
-                                                   device=inner.device, requires_grad=inner.requires_grad)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func.namespace == "moejit":
-            raise NotImplementedError(f"_WrapperSubclass does not run {func}")
-        args, kwargs = torch.utils._pytree.tree_map_only(cls, lambda t: t.inner, (args, kwargs or {}))
-        return func(*args, **kwargs)
-
-
 def test_only_plain_tensors_outside_torch_func_take_the_eager_path(monkeypatch):
     x, w1, w2, ids, weights = meta_inputs(16)
     # A subclass reaches the custom op, whose dispatch hands it the call: its own error, naming the op.
     with pytest.raises(NotImplementedError, match="does not run moejit.fused_moe_forward"):
-        mt.fused_moe(x, _WrapperSubclass(w1), w2, ids, weights)
+        mt.fused_moe(x, RefusesMoejit(w1), w2, ids, weights)
     taken = []
     monkeypatch.setattr(ops.EagerFusedMoe, "apply", lambda *args: taken.append("eager") or args[0])
     monkeypatch.setattr(ops, "fused_moe_forward", lambda *args: taken.append("op") or (args[0], None))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # what else the eager path asks
     mt.fused_moe(x, torch.nn.Parameter(w1), w2, ids, weights)  # a Parameter is a plain tensor
-    mt.fused_moe(x, _WrapperSubclass(w1), w2, ids, weights)  # the eager path would read its data_ptr()
+    mt.fused_moe(x, RefusesMoejit(w1), w2, ids, weights)  # the eager path would read its data_ptr()
     torch.func.vmap(lambda x: mt.fused_moe(x, w1, w2, ids, weights))(x.detach()[None])  # looks plain
     assert taken == ["eager", "op", "op"]
 
