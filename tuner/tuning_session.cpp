@@ -147,7 +147,8 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
 }
 
 void TuningSession::launch(Role role, const RoleKernel& k) {
-  CUstream s = stream_.get();
+  // The primary context's stream: candidates run on the whole device.
+  const LaunchStream s{stream_.get()};
   if (role == Role::kRouting) {
     launch_routing(*k.kernel, k.config, fwd_.routing);
     return;

@@ -46,18 +46,26 @@ PrimaryContext::~PrimaryContext() {
   warn_on_failure(d.cuDevicePrimaryCtxRelease(dev_), "cuDevicePrimaryCtxRelease");
 }
 
-namespace {
-
-// The contexts behind the current one: the regular context, and the green context it stands
-// for (null where none). Both null where the driver predates cuStreamGetCtx_v2. The null stream
-// stands for the current context.
-std::pair<CUcontext, CUgreenCtx> owners_of_current() {
+StreamOwner stream_owner(CUstream stream) {
   const Driver& d = driver();
-  CUcontext owner = nullptr;
-  CUgreenCtx green = nullptr;
-  if (d.cuStreamGetCtx_v2 != nullptr) MOEJIT_CU(d.cuStreamGetCtx_v2(nullptr, &owner, &green));
-  return {owner, green};
+  StreamOwner owner;
+  if (d.cuStreamGetCtx_v2 != nullptr) {
+    MOEJIT_CU(d.cuStreamGetCtx_v2(stream, &owner.context, &owner.green));
+  } else {
+    MOEJIT_CU(d.cuStreamGetCtx(stream, &owner.context));
+  }
+  return owner;
 }
+
+int green_sm_count(CUgreenCtx green) {
+  const Driver& d = driver();
+  if (green == nullptr || d.cuGreenCtxGetDevResource == nullptr) return 0;
+  CUdevResource resource{};
+  MOEJIT_CU(d.cuGreenCtxGetDevResource(green, &resource, CU_DEV_RESOURCE_TYPE_SM));
+  return static_cast<int>(resource.sm.smCount);
+}
+
+namespace {
 
 CUcontext raw_current_context() {
   CUcontext ctx = nullptr;
@@ -71,43 +79,13 @@ CUcontext raw_current_context() {
 }  // namespace
 
 CUcontext current_context() {
-  const CUcontext ctx = raw_current_context();
-  const CUcontext owner = owners_of_current().first;
-  return owner != nullptr ? owner : ctx;
+  raw_current_context();
+  return stream_owner(nullptr).context;
 }
 
 bool green_context_current() {
   raw_current_context();
-  return owners_of_current().second != nullptr;
-}
-
-CUcontext stream_context(CUstream stream) {
-  const Driver& d = driver();
-  CUcontext ctx = nullptr;
-  if (d.cuStreamGetCtx_v2 != nullptr) {
-    CUgreenCtx green = nullptr;
-    MOEJIT_CU(d.cuStreamGetCtx_v2(stream, &ctx, &green));
-  } else {
-    MOEJIT_CU(d.cuStreamGetCtx(stream, &ctx));
-  }
-  return ctx;
-}
-
-std::optional<SmShare> green_sm_share(CUstream stream) {
-  const Driver& d = driver();
-  if (d.cuStreamGetCtx_v2 == nullptr || d.cuGreenCtxGetDevResource == nullptr) return std::nullopt;
-  CUcontext ctx = nullptr;
-  CUgreenCtx green = nullptr;
-  MOEJIT_CU(d.cuStreamGetCtx_v2(stream, &ctx, &green));
-  if (green == nullptr) return std::nullopt;
-  CUdevResource resource{};
-  MOEJIT_CU(d.cuGreenCtxGetDevResource(green, &resource, CU_DEV_RESOURCE_TYPE_SM));
-  CUdevice dev = 0;
-  SmShare share;
-  MOEJIT_CU(d.cuCtxGetDevice(&dev));
-  MOEJIT_CU(d.cuDeviceGetAttribute(&share.device_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-  share.sms = static_cast<int>(resource.sm.smCount);
-  return share;
+  return stream_owner(nullptr).green != nullptr;
 }
 
 ScopedContext::ScopedContext(CUcontext context) {

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <functional>
-#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -34,17 +33,18 @@ class PrimaryContext {
 // that context's memory and modules and only runs kernels on fewer SMs.
 CUcontext current_context();
 
-// The context `stream` enqueues in, as current_context() names it: for a green context's stream,
-// its device's primary context.
-CUcontext stream_context(CUstream stream);
-
-// The SMs a stream's kernels may run on where it is a green context's (its share, and its
-// device's whole count); nullopt for any other stream, or where the driver cannot tell.
-struct SmShare {
-  int sms = 0;
-  int device_sms = 0;
+// The contexts `stream` enqueues in: `context` as current_context() names it (for a green
+// context's stream, its device's primary context), and `green`, the green context it runs on
+// (null for any other stream, and where the driver predates cuStreamGetCtx_v2). The null stream
+// stands for the current context.
+struct StreamOwner {
+  CUcontext context = nullptr;
+  CUgreenCtx green = nullptr;
 };
-std::optional<SmShare> green_sm_share(CUstream stream);
+StreamOwner stream_owner(CUstream stream);
+
+// The SMs a green context holds (its share of the device); 0 where the driver cannot tell.
+int green_sm_count(CUgreenCtx green);
 
 // Whether the current context stands for a green context (never, where the driver predates
 // cuStreamGetCtx_v2).

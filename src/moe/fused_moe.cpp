@@ -74,15 +74,18 @@ struct FusedMoe::Impl {
   }
 
   // A stream of another context would fail only at the first enqueue, after a memory-efficient
-  // backward has given up its saved state.
-  void require_own_stream(CUstream stream, CUcontext current) const {
+  // backward has given up its saved state. Returns where the call's kernels run: the driver is
+  // asked once per call, not at every persistent launch.
+  LaunchStream own_stream(CUstream stream, CUcontext current) const {
     if (stream == CU_STREAM_PER_THREAD && cuda::green_context_current()) {
       throw InvalidArgument("stream", "the per-thread default stream cannot be used while a green context is current "
                                       "(the driver's rule): pass a stream of the green context");
     }
-    if (cuda::stream_context(stream) != current) {
+    const cuda::StreamOwner owner = cuda::stream_owner(stream);
+    if (owner.context != current) {
       throw InvalidArgument("stream", "belongs to another CUDA context than the one this FusedMoe was built in");
     }
+    return {stream, cuda::green_sm_count(owner.green), device.sm_count};
   }
 
   // Inference writes no saved state: a buffer passed there anyway keeps what it held.
@@ -120,9 +123,9 @@ struct FusedMoe::Impl {
     check_distinct_experts(ids.data(), args.tokens, args.topk);
   }
 
-  void launch(Role r, void* params, CUstream stream) const {
+  void launch(Role r, void* params, const LaunchStream& on) const {
     const RoleKernel& k = role(r);
-    launch_role(r, k.config, shape, *k.kernel, k.geometry, params, stream);
+    launch_role(r, k.config, shape, *k.kernel, k.geometry, params, on);
   }
 
   bool reads_sorted(Role r, SortedRows rows) const { return sorted_rows_read(r, role(r).config) == rows; }
@@ -195,8 +198,8 @@ void FusedMoe::forward(const ForwardArgs& a) {
   const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
   const CUcontext current = s.check_context();
   s.require_device_memory(tensors, current);
-  CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  s.require_own_stream(stream, current);
+  const LaunchStream on = s.own_stream(reinterpret_cast<CUstream>(a.stream), current);
+  CUstream stream = on.stream;
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   std::vector<std::int32_t> ids;
   if (s.options.check_expert_ids) {
@@ -206,9 +209,9 @@ void FusedMoe::forward(const ForwardArgs& a) {
   try {
     s.run_routing(f.routing, f.dropped_count, ids);
     if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
-    s.launch(Role::kFwdUp, &f.fwd_up, stream);
-    s.launch(Role::kFwdDown, &f.fwd_down, stream);
-    s.launch(Role::kGatherSum, &f.gather_out, stream);
+    s.launch(Role::kFwdUp, &f.fwd_up, on);
+    s.launch(Role::kFwdDown, &f.fwd_down, on);
+    s.launch(Role::kGatherSum, &f.gather_out, on);
   } catch (...) {
     s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;
@@ -227,8 +230,8 @@ void FusedMoe::backward(const BackwardArgs& a) {
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
   const CUcontext current = s.check_context();
   s.require_device_memory(tensors, current);
-  CUstream stream = reinterpret_cast<CUstream>(a.stream);
-  s.require_own_stream(stream, current);
+  const LaunchStream on = s.own_stream(reinterpret_cast<CUstream>(a.stream), current);
+  CUstream stream = on.stream;
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   // Last before the launches. bwd_down writes d_pre_act over the saved pre_act here: from the
   // first launch on, even one that fails later, the state is gone.
@@ -240,7 +243,7 @@ void FusedMoe::backward(const BackwardArgs& a) {
       (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {
     s.scatter(b.scatter_d_out, stream);
   }
-  if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+  if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, on);
   if (b.chunk_experts < s.problem.experts || b.chunk_columns < s.problem.intermediate) {
     const RoleKernel& down = s.role(Role::kBwdDown);
     const RoleKernel& dw2 = s.role(Role::kBwdDw2);
@@ -250,22 +253,22 @@ void FusedMoe::backward(const BackwardArgs& a) {
         ExpertChunk c = expert_chunk(b, first, n_begin);
         const int columns = c.bwd_dw2.n_end - n_begin;
         launch_role(Role::kBwdDown, down.config, s.shape, *down.kernel,
-                    column_subset(down.geometry, inter, columns, down.config.block_n), &c.bwd_down, stream);
+                    column_subset(down.geometry, inter, columns, down.config.block_n), &c.bwd_down, on);
         launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
                     expert_subset(column_subset(dw2.geometry, inter, columns, dw2.config.block_n), s.problem.experts,
                                   c.bwd_dw2.routing.experts),
-                    &c.bwd_dw2, stream);
+                    &c.bwd_dw2, on);
       }
     }
   } else {
-    s.launch(Role::kBwdDown, &b.bwd_down, stream);
-    if (b.weight_grads && !b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, stream);
+    s.launch(Role::kBwdDown, &b.bwd_down, on);
+    if (b.weight_grads && !b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, on);
   }
-  s.launch(Role::kBwdDx, &b.bwd_dx, stream);
-  s.launch(Role::kGatherSum, &b.gather_dx, stream);
+  s.launch(Role::kBwdDx, &b.bwd_dx, on);
+  s.launch(Role::kGatherSum, &b.gather_dx, on);
   if (!b.weight_grads) return;
   if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);
-  s.launch(Role::kBwdDw1, &b.bwd_dw1, stream);
+  s.launch(Role::kBwdDw1, &b.bwd_dw1, on);
 }
 
 }  // namespace moejit

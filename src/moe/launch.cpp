@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <limits>
 
-#include "cuda/handles.hpp"
 #include "moe/tensor_maps.hpp"
 #include "moejit/error.hpp"
 #include "tuner/role_traits.hpp"
@@ -83,17 +82,17 @@ unsigned clusters_on_share(unsigned whole_device, int share_sms, int device_sms)
 }
 
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
-                 const LaunchGeometry& g, void* params, CUstream stream) {
+                 const LaunchGeometry& g, void* params, const LaunchStream& on) {
   bind_tensor_maps(role, config, shape, params);
   void* args[] = {params};
   jit::Dim3 grid = g.grid;
   if (persistent_grid(role, config)) {
     // Blocks beyond those resident would only wait for a slot; the persistent ones loop over the tiles.
     unsigned clusters = kernel.resident_clusters(kRoleKernel, g.block, g.smem_bytes, g.cluster);
-    if (const auto share = cuda::green_sm_share(stream)) clusters = clusters_on_share(clusters, share->sms, share->device_sms);
+    clusters = clusters_on_share(clusters, on.share_sms, on.device_sms);
     grid.x = std::min(grid.x, g.cluster * clusters);
   }
-  kernel.launch(kRoleKernel, grid, g.block, g.smem_bytes, stream, args, g.cluster);
+  kernel.launch(kRoleKernel, grid, g.block, g.smem_bytes, on.stream, args, g.cluster);
 }
 
 void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,

@@ -40,11 +40,19 @@ LaunchGeometry column_subset(const LaunchGeometry& g, int of, int columns, int b
 // last one short.
 unsigned clusters_on_share(unsigned whole_device, int share_sms, int device_sms);
 
+// Where a call's kernels run: its stream, and the SMs that stream may use, asked once per call.
+// share_sms 0: the whole device.
+struct LaunchStream {
+  CUstream stream = nullptr;
+  int share_sms = 0;  // a green context's stream: its share, of the device's device_sms
+  int device_sms = 0;
+};
+
 // Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
 // struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum. A persistent
-// grid holds the blocks resident on the SMs `stream` runs on.
+// grid holds the blocks resident on the SMs `on` names.
 void launch_role(Role role, const TileConfig& config, const MoeShape& shape, const jit::LoadedKernel& kernel,
-                 const LaunchGeometry& g, void* params, CUstream stream);
+                 const LaunchGeometry& g, void* params, const LaunchStream& on);
 
 // Enqueues the gather_sum module's scatter (templates/gather_sum.cuh) with `params`, on the
 // gather_sum geometry `g`.

@@ -1212,13 +1212,13 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   REQUIRE(green->sm_count() < static_cast<unsigned>(gpu->info.sm_count));
   // Persistent grids are sized for the SMs their stream runs on: the green context's share, and
   // the whole device for any other stream.
-  const auto share = cuda::green_sm_share(green->stream());
-  REQUIRE(share.has_value());
-  CHECK(share->sms == static_cast<int>(green->sm_count()));
-  CHECK(share->device_sms == gpu->info.sm_count);
+  const cuda::StreamOwner owner = cuda::stream_owner(green->stream());
+  REQUIRE(owner.green != nullptr);
+  CHECK(cuda::green_sm_count(owner.green) == static_cast<int>(green->sm_count()));
+  CHECK(owner.context == cuda::current_context());
   cuda::Stream primary_stream;
-  CHECK_FALSE(cuda::green_sm_share(primary_stream.get()).has_value());
-  CHECK_FALSE(cuda::green_sm_share(nullptr).has_value());
+  CHECK(cuda::stream_owner(primary_stream.get()).green == nullptr);
+  CHECK(cuda::stream_owner(nullptr).green == nullptr);
   // Persistent grids where the space has them: on the green context's SMs, bit for bit what they
   // give on the whole device.
   const CaseSpec spec{2048, 16, 256, 256, 4, DType::kBF16, Routing::kRandom, 71};
@@ -1249,10 +1249,10 @@ TEST_CASE("a green context's stream runs a plan of its primary context, with eit
   // The green context current, as PyTorch's GreenContext.set_context() leaves it: the plan built
   // before, then one built there, with memory allocated there.
   const cuda::ScopedContext in_green(green->context());
-  CHECK(cuda::green_sm_share(nullptr).has_value());  // the legacy stream is the green context's now
+  CHECK(cuda::stream_owner(nullptr).green != nullptr);  // the legacy stream is the green context's now
   // Self-tuning times candidates on the whole device still: its rows stand for the device. Its
   // stream and events are the primary context's.
-  CHECK_FALSE(cuda::green_sm_share(TuningSession(problem_of(spec, Mode::kTraining), gpu->info).stream()).has_value());
+  CHECK(cuda::stream_owner(TuningSession(problem_of(spec, Mode::kTraining), gpu->info).stream()).green == nullptr);
   TuneOptions quick;
   quick.reps = 2;
   quick.final_rounds = 2;
