@@ -102,6 +102,19 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
  * write; unchecked, so a buffer declared that holds no such state is the caller's fault. */
 moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved);
 
+/* Sets one of the library's settings, the MOEJIT_* variables (README, "Environment variables"),
+ * for this process in place of the environment, as moejit::set_option (moejit.hpp): `name` is
+ * "MOEJIT_DB" or "DB"; `value` NULL (or "") unsets it, so its default applies whatever the
+ * environment holds. Applies where the setting is next read (plans already built keep their
+ * kernels). Thread-safe, and unlike setenv safe while other threads build plans: the process
+ * environment is left alone. MOEJIT_ERROR_INVALID_ARGUMENT for an unknown name (the message
+ * lists the known ones) or a value the setting's reader refuses (MOEJIT_AUTOTUNE=off). Since
+ * 0.3.0. */
+moejit_status moejit_set_option(const char* name, const char* value);
+/* Drops moejit_set_option's setting of `name`: the environment variable applies again. Since
+ * 0.3.0. */
+moejit_status moejit_clear_option(const char* name);
+
 /* The message of this thread's last call if it failed, "" if it succeeded; valid until this
  * thread's next call. */
 const char* moejit_last_error(void);

@@ -23,7 +23,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "moejit/error.hpp"
 #include "moejit/types.hpp"
@@ -161,5 +163,17 @@ class FusedMoe {
   Impl& live() const;  // throws StateError for a moved-from plan
   std::unique_ptr<Impl> impl_;
 };
+
+// Sets one of the library's settings, the MOEJIT_* variables of README "Environment variables",
+// for this process in place of the environment: `name` is "MOEJIT_DB" or "DB"; a null (or empty)
+// `value` unsets it, so its default applies whatever the environment holds. It applies where the
+// setting is next read, as a changed variable would: plans already built keep their kernels and
+// configs, and MOEJIT_CUDA_DRIVER is read once, at the first GPU use. Thread-safe, and the process
+// environment is left alone: setenv is not safe against another thread's getenv, and plans read
+// their settings on whichever thread builds them. Throws InvalidArgument for an unknown name, or
+// for a value the setting's reader refuses (MOEJIT_AUTOTUNE=off, MOEJIT_JOBS=0).
+void set_option(std::string_view name, std::optional<std::string_view> value);
+// Drops set_option's setting of `name`: the environment variable applies again.
+void clear_option(std::string_view name);
 
 }  // namespace moejit

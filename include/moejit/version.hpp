@@ -3,6 +3,6 @@
 namespace moejit {
 
 // Library version; part of every tuning row's provenance.
-inline constexpr const char* kLibraryVersion = "0.2.0";
+inline constexpr const char* kLibraryVersion = "0.3.0";
 
 }  // namespace moejit

@@ -27,7 +27,7 @@ from .errors import (
 from .options import get_option, options, set_option
 from .tuning import cli_path, tune
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "CompileError",

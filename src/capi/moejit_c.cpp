@@ -1,7 +1,9 @@
 // The C ABI over FusedMoe: exceptions become status codes plus a thread-local message.
 #include "moejit/moejit.h"
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "capi/guarded.hpp"
 #include "moe/memory_layout.hpp"
@@ -142,6 +144,20 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
 
 moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved) {
   return guarded([&] { require_plan(plan)->plan.adopt_saved(saved); });
+}
+
+moejit_status moejit_set_option(const char* name, const char* value) {
+  return guarded([&] {
+    if (name == nullptr) throw moejit::InvalidArgument("name", "null pointer");
+    moejit::set_option(name, value == nullptr ? std::nullopt : std::optional<std::string_view>(value));
+  });
+}
+
+moejit_status moejit_clear_option(const char* name) {
+  return guarded([&] {
+    if (name == nullptr) throw moejit::InvalidArgument("name", "null pointer");
+    moejit::clear_option(name);
+  });
 }
 
 const char* moejit_last_error(void) { return unkept_error != nullptr ? unkept_error : last_error.c_str(); }

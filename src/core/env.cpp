@@ -6,13 +6,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "core/fs.hpp"
 #include "core/log.hpp"
 #include "moejit/error.hpp"
+#include "moejit/moejit.hpp"
 
 #ifndef MOEJIT_SOURCE_DB_DIR
 #define MOEJIT_SOURCE_DB_DIR ""
@@ -21,10 +24,79 @@
 namespace moejit::env {
 namespace {
 
+// set_option's values by variable name, consulted before the environment: setting a variable
+// instead would race with another thread's getenv (glibc's is not safe against setenv), and plans
+// read their settings on whatever thread builds them. "" is an unset variable, as in the
+// environment.
+struct Overrides {
+  std::mutex mu;
+  std::map<std::string, std::string, std::less<>> values;
+};
+
+Overrides& overrides() {
+  // Never destroyed: static destructors that log, running at exit after it would be gone, read it.
+  static Overrides* o = new Overrides;
+  return *o;
+}
+
 std::optional<std::string> get(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
+  std::string value;
+  {
+    Overrides& o = overrides();
+    std::lock_guard<std::mutex> lock(o.mu);
+    if (auto it = o.values.find(std::string_view(name)); it != o.values.end()) value = it->second;
+    else if (const char* v = std::getenv(name)) value = v;
+  }
+  if (value.empty()) return std::nullopt;
+  return value;
+}
+
+long long parse_int(const char* name, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || errno == ERANGE) {
+    throw InvalidArgument(name, "expected an integer, got '" + text + "'");
+  }
+  return x;
+}
+
+unsigned parse_jobs(const std::string& text) {
+  const long long v = parse_int("MOEJIT_JOBS", text);
+  if (v < 1) throw InvalidArgument("MOEJIT_JOBS", fmt::format("expected a positive count, got {}", v));
+  // More threads than any machine has cores only cost stacks.
+  return static_cast<unsigned>(std::min(v, 1024LL));
+}
+
+// The library's own variables, and how set_option checks a value: with the parser its accessor
+// reads it with, so a value refused there is refused when set, not at every plan. None: any text.
+struct Variable {
+  std::string_view name;
+  void (*check)(const std::string& value);
+};
+
+constexpr std::string_view kPrefix = "MOEJIT_";
+
+constexpr Variable kVariables[] = {
+    {"MOEJIT_CACHE_DIR", nullptr},
+    {"MOEJIT_DISK_CACHE", [](const std::string& v) { parse_int("MOEJIT_DISK_CACHE", v); }},
+    {"MOEJIT_DB", nullptr},
+    {"MOEJIT_SHIPPED_DB_DIR", nullptr},
+    {"MOEJIT_JOBS", [](const std::string& v) { parse_jobs(v); }},
+    {"MOEJIT_LOG", nullptr},  // any other text than a level's name is warn
+    {"MOEJIT_CUDA_DRIVER", nullptr},
+    {"MOEJIT_AUTOTUNE", [](const std::string& v) { parse_int("MOEJIT_AUTOTUNE", v); }},
+    {"MOEJIT_TUNE_BUDGET_S", [](const std::string& v) { parse_tune_budget_s(v, "MOEJIT_TUNE_BUDGET_S"); }},
+};
+
+// "MOEJIT_DB" or "DB", as the Python package spells them too.
+const Variable& variable(std::string_view name) {
+  for (const Variable& v : kVariables) {
+    if (name == v.name || name == v.name.substr(kPrefix.size())) return v;
+  }
+  std::string known;
+  for (const Variable& v : kVariables) known += (known.empty() ? "" : ", ") + std::string(v.name);
+  throw InvalidArgument("name", fmt::format("unknown option '{}'; known: {} (or without MOEJIT_)", name, known));
 }
 
 // Said once per process and reason: the folders are asked for on every kernel build.
@@ -67,13 +139,7 @@ std::optional<std::filesystem::path> user_cache_root() {
 std::optional<long long> get_int(const char* name) {
   auto v = get(name);
   if (!v) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  long long x = std::strtoll(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end != '\0' || errno == ERANGE) {
-    throw InvalidArgument(name, "expected an integer, got '" + *v + "'");
-  }
-  return x;
+  return parse_int(name, *v);
 }
 
 std::optional<std::filesystem::path> kernel_cache_dir() {
@@ -99,11 +165,7 @@ std::filesystem::path shipped_db_dir() {
 }
 
 unsigned compile_jobs() {
-  // More threads than any machine has cores only cost stacks.
-  if (auto v = get_int("MOEJIT_JOBS")) {
-    if (*v < 1) throw InvalidArgument("MOEJIT_JOBS", fmt::format("expected a positive count, got {}", *v));
-    return static_cast<unsigned>(std::min(*v, 1024LL));
-  }
+  if (auto v = get("MOEJIT_JOBS")) return parse_jobs(*v);
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : hw;
 }
@@ -139,3 +201,23 @@ double tune_budget_s() {
 }
 
 }  // namespace moejit::env
+
+namespace moejit {
+
+void set_option(std::string_view name, std::optional<std::string_view> value) {
+  const auto& v = env::variable(name);
+  std::string text(value.value_or(""));
+  if (!text.empty() && v.check != nullptr) v.check(text);
+  env::Overrides& o = env::overrides();
+  std::lock_guard<std::mutex> lock(o.mu);
+  o.values.insert_or_assign(std::string(v.name), std::move(text));
+}
+
+void clear_option(std::string_view name) {
+  const auto& v = env::variable(name);
+  env::Overrides& o = env::overrides();
+  std::lock_guard<std::mutex> lock(o.mu);
+  o.values.erase(std::string(v.name));
+}
+
+}  // namespace moejit

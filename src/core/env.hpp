@@ -1,5 +1,6 @@
 // The one place moejit reads environment variables. Each accessor reads the variable when
-// called (tests and long-lived processes may change it); the README lists them all.
+// called (tests and long-lived processes may change it), set_option's override (moejit.hpp) in
+// place of the environment's value where there is one; the README lists them all.
 #pragma once
 
 #include <filesystem>

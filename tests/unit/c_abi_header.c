@@ -8,3 +8,8 @@ const char* moejit_c_abi_version_from_c(void) {
 }
 
 int moejit_c_abi_out_of_memory_from_c(void) { return MOEJIT_ERROR_OUT_OF_MEMORY; }
+
+int moejit_c_abi_set_option_from_c(const char* name, const char* value) {
+  const moejit_status s = moejit_set_option(name, value);
+  return s != MOEJIT_OK ? s : moejit_clear_option(name);
+}

@@ -2,17 +2,22 @@
 // argument, never as exceptions or aborts.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+#include <filesystem>
 #include <new>
 #include <string>
 
 #include "capi/guarded.hpp"
+#include "core/env.hpp"
 #include "cuda/driver.hpp"
 #include "moejit/error.hpp"
 #include "moejit/moejit.h"
 #include "moejit/version.hpp"
+#include "support/temp_dir.hpp"
 
 extern "C" const char* moejit_c_abi_version_from_c(void);
 extern "C" int moejit_c_abi_out_of_memory_from_c(void);
+extern "C" int moejit_c_abi_set_option_from_c(const char* name, const char* value);
 
 TEST_CASE("the C header compiles as C and reports the version", "[capi]") {
   CHECK(std::string(moejit_c_abi_version_from_c()) == moejit::kLibraryVersion);
@@ -45,6 +50,31 @@ TEST_CASE("C ABI argument errors are status codes with messages", "[capi]") {
 
   CHECK(std::string(moejit_status_name(MOEJIT_ERROR_NO_DEVICE)) == "no_device");
   CHECK(std::string(moejit_status_name(MOEJIT_OK)) == "ok");
+}
+
+TEST_CASE("C ABI options: set, unset and clear without touching the environment; errors name the options",
+          "[capi][options]") {
+  moejit::test::ScopedEnv db("MOEJIT_DB", "/env.sqlite"), xdg("XDG_CACHE_HOME", "/x");
+  REQUIRE(moejit_set_option("MOEJIT_DB", "/set.sqlite") == MOEJIT_OK);
+  CHECK(moejit::env::user_db_path() == std::filesystem::path("/set.sqlite"));
+  CHECK(std::string(std::getenv("MOEJIT_DB")) == "/env.sqlite");
+  REQUIRE(moejit_set_option("DB", nullptr) == MOEJIT_OK);  // unset: the default
+  CHECK(moejit::env::user_db_path() == std::filesystem::path("/x/moejit/tuning.sqlite"));
+  REQUIRE(moejit_clear_option("DB") == MOEJIT_OK);
+  CHECK(moejit::env::user_db_path() == std::filesystem::path("/env.sqlite"));
+  CHECK(std::string(moejit_last_error()).empty());
+  CHECK(moejit_c_abi_set_option_from_c("MOEJIT_LOG", "info") == MOEJIT_OK);
+
+  CHECK(moejit_set_option("LIBRARY", "/lib.so") == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("name") && Catch::Contains("'LIBRARY'") &&
+                                      Catch::Contains("MOEJIT_AUTOTUNE"));
+  CHECK(moejit_clear_option("MOEJIT_CLI") == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(moejit_set_option(nullptr, "1") == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("name"));
+  CHECK(moejit_clear_option(nullptr) == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK(moejit_set_option("AUTOTUNE", "off") == MOEJIT_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moejit_last_error(), Catch::StartsWith("MOEJIT_AUTOTUNE"));
+  CHECK(moejit_clear_option("AUTOTUNE") == MOEJIT_OK);
 }
 
 TEST_CASE("a valid problem without a usable context fails cleanly", "[capi]") {

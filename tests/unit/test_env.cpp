@@ -4,17 +4,51 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "moejit/error.hpp"
+#include "moejit/moejit.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace moejit;
 using moejit::test::ScopedEnv;
+
+namespace {
+
+// Drops set_option's settings of these variables when it ends, however the test ended: later
+// tests read the environment tests/support/main.cpp set.
+class ClearedOptions {
+ public:
+  ClearedOptions(std::initializer_list<const char*> names) : names_(names) {}
+  ~ClearedOptions() {
+    for (const char* name : names_) {
+      try {
+        clear_option(name);
+      } catch (...) {  // only allocating could fail, for these known names
+      }
+    }
+  }
+  ClearedOptions(const ClearedOptions&) = delete;
+  ClearedOptions& operator=(const ClearedOptions&) = delete;
+
+ private:
+  std::vector<const char*> names_;
+};
+
+unsigned hardware_jobs() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : hw;
+}
+
+}  // namespace
 
 TEST_CASE("the tuning budget: seconds above 0 and at most 10^6, from the variable or the CLI", "[env]") {
   CHECK(env::parse_tune_budget_s("30", "--budget") == 30.0);
@@ -129,4 +163,71 @@ TEST_CASE("a scoped log level stands in for MOEJIT_LOG on its own thread only, u
   }
   CHECK_FALSE(log::enabled(env::LogLevel::kInfo));
   CHECK(log::enabled(env::LogLevel::kError));
+}
+
+TEST_CASE("set_option stands in for the environment, unsetting included, until cleared", "[env][options]") {
+  const ClearedOptions cleared{"MOEJIT_JOBS", "MOEJIT_DB"};
+  ScopedEnv jobs("MOEJIT_JOBS", "3"), db("MOEJIT_DB", "/env.sqlite"), xdg("XDG_CACHE_HOME", "/x");
+  set_option("JOBS", "5");
+  set_option("MOEJIT_DB", "/set.sqlite");
+  CHECK(env::compile_jobs() == 5);
+  CHECK(env::user_db_path() == std::filesystem::path("/set.sqlite"));
+  // The environment itself is left alone.
+  CHECK(std::string(std::getenv("MOEJIT_JOBS")) == "3");
+  CHECK(std::string(std::getenv("MOEJIT_DB")) == "/env.sqlite");
+
+  // Unset: the default, whatever the environment holds; "" is the same, as for a variable.
+  set_option("MOEJIT_JOBS", std::nullopt);
+  set_option("DB", "");
+  CHECK(env::compile_jobs() == hardware_jobs());
+  CHECK(env::user_db_path() == std::filesystem::path("/x/moejit/tuning.sqlite"));
+
+  clear_option("JOBS");
+  clear_option("MOEJIT_DB");
+  clear_option("MOEJIT_DB");  // none left: nothing to do
+  CHECK(env::compile_jobs() == 3);
+  CHECK(env::user_db_path() == std::filesystem::path("/env.sqlite"));
+}
+
+TEST_CASE("set_option refuses unknown names, and values their reader would refuse, when set", "[env][options]") {
+  const ClearedOptions cleared{"MOEJIT_AUTOTUNE", "MOEJIT_JOBS", "MOEJIT_TUNE_BUDGET_S", "MOEJIT_DISK_CACHE",
+                               "MOEJIT_LOG"};
+  for (const char* unknown : {"DBPATH", "MOEJIT_LIBRARY", "db", "MOEJIT_", ""}) {
+    INFO(unknown);
+    CHECK_THROWS_AS(set_option(unknown, "1"), InvalidArgument);
+    CHECK_THROWS_WITH(clear_option(unknown), Catch::StartsWith("name") && Catch::Contains("MOEJIT_DB") &&
+                                                 Catch::Contains("MOEJIT_TUNE_BUDGET_S"));
+  }
+  ScopedEnv autotune("MOEJIT_AUTOTUNE", "0");
+  CHECK_THROWS_WITH(set_option("AUTOTUNE", "off"), Catch::StartsWith("MOEJIT_AUTOTUNE"));
+  CHECK_FALSE(env::autotune_enabled());  // the refused value was not kept
+  CHECK_THROWS_WITH(set_option("JOBS", "0"), Catch::Contains("MOEJIT_JOBS") && Catch::Contains("positive"));
+  CHECK_THROWS_WITH(set_option("TUNE_BUDGET_S", "inf"), Catch::Contains("MOEJIT_TUNE_BUDGET_S"));
+  CHECK_THROWS_WITH(set_option("DISK_CACHE", "false"), Catch::Contains("MOEJIT_DISK_CACHE"));
+  set_option("AUTOTUNE", "1");
+  CHECK(env::autotune_enabled());
+  set_option("TUNE_BUDGET_S", "2.5");
+  CHECK(env::tune_budget_s() == 2.5);
+  set_option("LOG", "loud");  // read as warn, as from the environment
+  CHECK(env::log_level() == env::LogLevel::kWarn);
+}
+
+TEST_CASE("settings change while other threads read them", "[env][options]") {
+  const ClearedOptions cleared{"MOEJIT_DB"};
+  set_option("DB", "/a.sqlite");
+  std::atomic<bool> done{false};
+  std::atomic<int> odd{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      while (!done) {
+        const auto path = env::user_db_path();
+        if (path != std::filesystem::path("/a.sqlite") && path != std::filesystem::path("/b.sqlite")) ++odd;
+      }
+    });
+  }
+  for (int i = 0; i < 2000; ++i) set_option("DB", i % 2 == 0 ? "/a.sqlite" : "/b.sqlite");
+  done = true;
+  for (std::thread& t : readers) t.join();
+  CHECK(odd == 0);
 }
