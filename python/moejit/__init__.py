@@ -24,7 +24,7 @@ from .errors import (
     StateError,
     UnsupportedError,
 )
-from .options import get_option, options, set_option
+from .options import clear_option, get_option, options, set_option
 from .tuning import cli_path, tune
 
 __version__ = "0.3.0"
@@ -41,6 +41,7 @@ __all__ = [
     "OutOfMemoryError",
     "StateError",
     "UnsupportedError",
+    "clear_option",
     "cli_path",
     "get_option",
     "library_path",

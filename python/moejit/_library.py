@@ -1,7 +1,8 @@
 """ctypes binding of the moejit C ABI (include/moejit/moejit.h).
 
 Where libmoejit.so is looked for, first match wins:
-  1. $MOEJIT_LIBRARY (a path to the file; an error if it does not exist),
+  1. MOEJIT_LIBRARY, set_option's or the environment's (a path to the file; an error if it does
+     not exist),
   2. a copy or link inside this package: moejit/lib/libmoejit.so,
   3. the source tree this package sits in: build/release/src/libmoejit.so
      (editable installs and running from a checkout).
@@ -15,6 +16,7 @@ import pathlib
 import threading
 
 from .errors import InvalidArgumentError, LibraryNotFoundError, error_for_status
+from .options import get_option
 
 DTYPES = {"bf16": 0, "fp16": 1}
 MODES = {"train": 0, "infer": 1, "memeff": 2}
@@ -78,7 +80,7 @@ def _enum(table, value, what):
 
 def library_candidates():
     """The paths tried, in order (see the module docstring)."""
-    explicit = os.environ.get("MOEJIT_LIBRARY")
+    explicit = get_option("library")
     if explicit:
         return [pathlib.Path(explicit)]
     return [_PACKAGE_DIR / "lib" / "libmoejit.so", _REPO_LIBRARY]
@@ -127,6 +129,8 @@ def _load(path):
         "moejit_forward": (status, [vp, vp, vp, vp, vp, vp, vp, vp, sz, vp, sz, vp]),
         "moejit_backward": (status, [vp, vp, vp, vp, vp, vp, vp, vp, sz, vp, vp, vp, vp, vp, sz, vp]),
         "moejit_plan_adopt_saved": (status, [vp, vp]),
+        "moejit_set_option": (status, [ctypes.c_char_p, ctypes.c_char_p]),
+        "moejit_clear_option": (status, [ctypes.c_char_p]),
         "moejit_last_error": (ctypes.c_char_p, []),
         "moejit_status_name": (ctypes.c_char_p, [status]),
         "moejit_version": (ctypes.c_char_p, []),
@@ -154,6 +158,17 @@ def version():
 
 def status_name(code):
     return lib().moejit_status_name(code).decode()
+
+
+def set_option(variable, value):
+    """moejit_set_option: one of the library's MOEJIT_* settings, "" or None unsetting it."""
+    encoded = None if value is None else os.fsencode(value)
+    check(lib().moejit_set_option(variable.encode(), encoded), "moejit_set_option")
+
+
+def clear_option(variable):
+    """moejit_clear_option: the environment variable applies again."""
+    check(lib().moejit_clear_option(variable.encode()), "moejit_clear_option")
 
 
 def problem_memory(problem):

@@ -1,8 +1,8 @@
 """moejit.tune: offline tuning through the `moejit tune` CLI, with the same options.
 
-The CLI is looked for at $MOEJIT_CLI, then moejit/bin/moejit inside this package, then the source
+The CLI is looked for at MOEJIT_CLI (set_option's, else the environment's), then moejit/bin/moejit inside this package, then the source
 tree's build/release/tools/moejit/moejit, then `moejit` on PATH. It runs as a child process with
-this process's environment, so moejit.set_option() settings (MOEJIT_DB, ...) apply to it.
+this process's environment and moejit.set_option()'s settings (MOEJIT_DB, ...) in it.
 """
 
 import os
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from .errors import InvalidArgumentError, LibraryNotFoundError, MoejitError
+from .options import environment, get_option
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _REPO_CLI = _PACKAGE_DIR.parent.parent / "build" / "release" / "tools" / "moejit" / "moejit"
@@ -19,7 +20,7 @@ _REPO_CLI = _PACKAGE_DIR.parent.parent / "build" / "release" / "tools" / "moejit
 
 def cli_path():
     """The moejit CLI that moejit.tune runs."""
-    explicit = os.environ.get("MOEJIT_CLI")
+    explicit = get_option("cli")
     if explicit:
         candidates = [pathlib.Path(explicit)]
     else:
@@ -79,7 +80,7 @@ def tune(shape=None, tokens=None, *, dtype=None, modes=None, roles=None, db=None
       tokens   token counts (int or list), default the CLI's: for every tuning key a T up to
                32768 reaches, the largest such T
       dtype    "bf16" or "fp16";  modes: "train", "infer", "memeff" (default train and infer)
-      roles    kernel roles to tune (default all);  db: database path (default $MOEJIT_DB)
+      roles    kernel roles to tune (default all);  db: database path (default MOEJIT_DB)
       devices  "all", a GPU ordinal or a list of them;  shard: (i, n) or "i/n";  budget: seconds per item
       timing   "burst" (default) or "sustained";  incumbents: an earlier table (JSON) whose
                winners are kept where they tie
@@ -97,8 +98,8 @@ def run_cli(args):
     lines of a long tune) is copied to sys.stderr line by line as it comes, and becomes the
     message of a failure."""
     sys.stdout.flush()
-    with subprocess.Popen([str(cli_path())] + list(args), stderr=subprocess.PIPE, text=True,
-                          errors="replace") as child:
+    with subprocess.Popen([str(cli_path())] + list(args), stderr=subprocess.PIPE, text=True, errors="replace",
+                          env=environment()) as child:
         lines = []
         try:
             for line in child.stderr:

@@ -1,5 +1,11 @@
 # MOEJIT_* settings from Python and moejit.tune's mapping onto the CLI (no torch, no GPU).
+import contextlib
+import importlib
 import os
+import pathlib
+import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -7,22 +13,41 @@ import pytest
 import moejit
 from moejit import tuning
 
+options_module = importlib.import_module("moejit.options")  # moejit.options is the function
 
-def test_set_option_sets_and_unsets_the_variable(monkeypatch):
-    monkeypatch.delenv("MOEJIT_JOBS", raising=False)
-    moejit.set_option("jobs", 3)
-    assert os.environ["MOEJIT_JOBS"] == "3" and moejit.get_option("MOEJIT_JOBS") == "3"
-    moejit.set_option("MOEJIT_JOBS", None)
-    assert "MOEJIT_JOBS" not in os.environ and moejit.get_option("jobs") is None
+
+@contextlib.contextmanager
+def _cleared(*names):
+    """Drops set_option's settings of these options on leaving, however the test ended: later
+    tests read the environment conftest.py set."""
+    try:
+        yield
+    finally:
+        for name in names:
+            moejit.clear_option(name)
+
+
+def test_set_option_leaves_the_environment_alone(monkeypatch):
+    # os.environ's setenv is not safe against the library's getenv on another thread.
+    monkeypatch.setenv("MOEJIT_JOBS", "2")
+    with _cleared("jobs"):
+        moejit.set_option("jobs", 3)
+        assert os.environ["MOEJIT_JOBS"] == "2" and moejit.get_option("MOEJIT_JOBS") == "3"
+        # None unsets it, whatever the environment holds: the library's default applies.
+        moejit.set_option("MOEJIT_JOBS", None)
+        assert os.environ["MOEJIT_JOBS"] == "2" and moejit.get_option("jobs") is None
+        assert moejit.options()["MOEJIT_JOBS"] is None
+        moejit.clear_option("jobs")
+        assert moejit.get_option("jobs") == "2"
 
 
 def test_booleans_and_paths(monkeypatch, tmp_path):
-    monkeypatch.delenv("MOEJIT_AUTOTUNE", raising=False)
-    monkeypatch.delenv("MOEJIT_DB", raising=False)
-    moejit.set_option("autotune", False)
-    moejit.set_option("db", tmp_path / "t.sqlite")
-    assert os.environ["MOEJIT_AUTOTUNE"] == "0"
-    assert os.environ["MOEJIT_DB"] == str(tmp_path / "t.sqlite")
+    monkeypatch.delenv("MOEJIT_DISK_CACHE", raising=False)
+    with _cleared("disk_cache", "db"):
+        moejit.set_option("disk_cache", False)
+        moejit.set_option("db", tmp_path / "t.sqlite")
+        assert moejit.get_option("disk_cache") == "0" and "MOEJIT_DISK_CACHE" not in os.environ
+        assert moejit.get_option("db") == str(tmp_path / "t.sqlite")
     assert set(moejit.options()) >= {"MOEJIT_DB", "MOEJIT_CACHE_DIR", "MOEJIT_AUTOTUNE", "MOEJIT_LIBRARY"}
 
 
@@ -31,11 +56,54 @@ def test_unknown_option():
         moejit.set_option("dbpath", "x")
 
 
+def test_the_library_refuses_a_bad_value_when_set():
+    before = moejit.get_option("autotune")
+    with _cleared("autotune"):
+        with pytest.raises(moejit.InvalidArgumentError, match="MOEJIT_AUTOTUNE"):
+            moejit.set_option("autotune", "off")
+        assert moejit.get_option("autotune") == before
+        moejit.set_option("autotune", True)
+
+
+def test_package_options_need_no_library(tmp_path):
+    # A fresh process, where nothing has loaded the library: setting MOEJIT_LIBRARY to a missing
+    # file succeeds, and only looking for the library fails.
+    missing = tmp_path / "libmoejit.so"
+    script = (f"import moejit\nmoejit.set_option('library', {str(missing)!r})\n"
+              "import os; assert 'MOEJIT_LIBRARY' not in os.environ and moejit._library._lib is None\n"
+              "try:\n    moejit.library_path()\nexcept moejit.LibraryNotFoundError as e:\n    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "MOEJIT_LIBRARY"}
+    env["PYTHONPATH"] = str(pathlib.Path(options_module.__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert str(missing) in result.stdout
+
+
 def test_the_cli_sees_options(monkeypatch, tmp_path, capfd):
     monkeypatch.setenv("MOEJIT_DB", str(tmp_path))  # restored after the test
-    moejit.set_option("db", tmp_path / "seen.sqlite")
-    tuning.run_cli(["info"])
-    assert str(tmp_path / "seen.sqlite") in capfd.readouterr().out
+    with _cleared("db", "cache_dir"):
+        moejit.set_option("db", tmp_path / "seen.sqlite")
+        assert os.environ["MOEJIT_DB"] == str(tmp_path)
+        tuning.run_cli(["info"])
+        assert str(tmp_path / "seen.sqlite") in capfd.readouterr().out
+        # Unset reaches the CLI too: the environment's folder is not its.
+        monkeypatch.setenv("MOEJIT_CACHE_DIR", str(tmp_path / "environment-cache"))
+        moejit.set_option("cache_dir", None)
+        tuning.run_cli(["info"])
+        assert "environment-cache" not in capfd.readouterr().out
+
+
+def test_the_cli_environment_holds_the_settings(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOEJIT_CACHE_DIR", str(tmp_path))
+    with _cleared("db", "cache_dir", "cli"):
+        moejit.set_option("db", tmp_path / "t.sqlite")
+        moejit.set_option("cache_dir", None)
+        moejit.set_option("cli", tmp_path / "moejit")
+        env = options_module.environment()
+        assert env["MOEJIT_DB"] == str(tmp_path / "t.sqlite") and "MOEJIT_CACHE_DIR" not in env
+        assert os.environ["MOEJIT_CACHE_DIR"] == str(tmp_path) and env is not os.environ
+        # MOEJIT_CLI, this package's own: set_option's is the one looked for.
+        with pytest.raises(moejit.LibraryNotFoundError, match=re.escape(str(tmp_path / "moejit"))):
+            moejit.cli_path()
 
 
 def test_tune_arguments_mirror_the_cli():

@@ -7,10 +7,10 @@ context lazily. So the primary context is made current explicitly, as the runtim
 """
 
 import ctypes
-import os
 import threading
 
 from ..errors import CudaError, NoDeviceError
+from ..options import get_option
 from ._errors import OutOfMemoryError
 
 _lock = threading.Lock()
@@ -19,7 +19,8 @@ _primary = {}  # device ordinal -> its primary context, retained once for the li
 
 
 def _load_driver():
-    name = os.environ.get("MOEJIT_CUDA_DRIVER") or "libcuda.so.1"
+    # The library's driver: set_option's MOEJIT_CUDA_DRIVER reaches it, not the environment.
+    name = get_option("cuda_driver") or "libcuda.so.1"
     try:
         d = ctypes.CDLL(name)
     except OSError as e:
