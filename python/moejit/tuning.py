@@ -1,8 +1,9 @@
 """moejit.tune: offline tuning through the `moejit tune` CLI, with the same options.
 
-The CLI is looked for at MOEJIT_CLI (set_option's, else the environment's), then moejit/bin/moejit inside this package, then the source
-tree's build/release/tools/moejit/moejit, then `moejit` on PATH. It runs as a child process with
-this process's environment and moejit.set_option()'s settings (MOEJIT_DB, ...) in it.
+The CLI is looked for at MOEJIT_CLI (set_option's, else the environment's), then moejit/bin/moejit
+inside this package, then the source tree's build/release/tools/moejit/moejit, then `moejit` on
+PATH. It runs as a child process with this process's environment and moejit.set_option()'s
+settings (MOEJIT_DB, ...) in it.
 """
 
 import os
