@@ -90,7 +90,7 @@ struct FusedMoe::Impl {
 
   // Inference writes no saved state: a buffer passed there anyway keeps what it held.
   void record_saved(const void* saved, SavedStates::State state) const {
-    if (memory.saved_bytes > 0) SavedStates::instance().record(saved, problem, state);
+    if (memory.saved_bytes > 0) SavedStates::instance().record(saved, memory.saved_bytes, problem, state);
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -206,6 +206,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
     s.require_uncaptured(stream);
     ids.resize(static_cast<std::size_t>(f.routing.tokens * f.routing.topk));
   }
+  SavedStates::instance().overwrite(tensors, nullptr);  // this call's own state is recorded below
   try {
     s.run_routing(f.routing, f.dropped_count, ids);
     if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
@@ -238,6 +239,7 @@ void FusedMoe::backward(const BackwardArgs& a) {
   SavedStates::instance().use(a.saved, s.problem,
                               s.problem.mode == Mode::kMemoryEfficient ? SavedStates::Use::kConsume
                                                                        : SavedStates::Use::kRead);
+  SavedStates::instance().overwrite(tensors, a.saved);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
   if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
       (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {

@@ -28,13 +28,14 @@ SavedStates& SavedStates::instance() {
   return *states;
 }
 
-void SavedStates::record(const void* saved, const MoeProblem& problem, State state) {
+void SavedStates::record(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
   std::lock_guard lock(mu_);
-  record_locked(saved, problem, state);
+  record_locked(saved, bytes, problem, state);
 }
 
-void SavedStates::record_locked(const void* saved, const MoeProblem& problem, State state) {
-  entries_[saved] = Entry{problem, state, next_order_++};
+void SavedStates::record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
+  entries_[reinterpret_cast<std::uintptr_t>(saved)] = Entry{problem, bytes, state, next_order_++};
+  max_bytes_ = std::max(max_bytes_, bytes);
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
   orders.reserve(entries_.size());
@@ -44,9 +45,24 @@ void SavedStates::record_locked(const void* saved, const MoeProblem& problem, St
   std::erase_if(entries_, [&](const auto& item) { return item.second.order < *middle; });
 }
 
+void SavedStates::overwrite(const std::vector<TensorRegion>& tensors, const void* kept) {
+  std::lock_guard lock(mu_);
+  const auto kept_at = reinterpret_cast<std::uintptr_t>(kept);
+  for (const TensorRegion& t : tensors) {
+    if (!t.written || t.bytes == 0) continue;
+    const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
+    const std::uintptr_t end = begin + t.bytes;  // validate_* checked that it does not wrap
+    // States starting up to max_bytes_ before the write may reach into it.
+    auto it = entries_.lower_bound(begin > max_bytes_ ? begin - max_bytes_ : 0);
+    for (; it != entries_.end() && it->first < end; ++it) {
+      if (it->first != kept_at && it->first + it->second.bytes > begin) it->second.state = State::kOverwritten;
+    }
+  }
+}
+
 void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
   std::lock_guard lock(mu_);
-  const auto it = entries_.find(saved);
+  const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
   if (it == entries_.end()) {
     throw StateError(
         "saved: no forward() of this process wrote a state at this address; run forward() into it first, or "
@@ -60,6 +76,9 @@ void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
       break;
     case State::kConsumed:
       why = "a memory-efficient backward() already consumed it";
+      break;
+    case State::kOverwritten:
+      why = "a later call of this process wrote over part of it (its out, workspace, gradients or saved state)";
       break;
     case State::kComplete:
       if (!same_problem(e.problem, problem)) {

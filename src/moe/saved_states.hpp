@@ -6,26 +6,38 @@
 // held, and the kernels index with them: a read or write past any buffer), a forward into it
 // that stopped part-way, a memory-efficient backward that consumed it, and a state written by a
 // forward of another problem (another plan's T, say), whose layout would send the kernels'
-// reads elsewhere. A state copied to a new address (PyTorch's save_on_cpu brings one back
-// elsewhere) is recorded by FusedMoe::adopt_saved.
+// reads elsewhere, and a state that a later call of the process wrote over in part (its out or
+// workspace, or another state starting elsewhere in the buffer). A state copied to a new address
+// (PyTorch's save_on_cpu brings one back elsewhere) is recorded by FusedMoe::adopt_saved.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
+#include "moe/validate.hpp"
 #include "moejit/moejit.hpp"
 
 namespace moejit {
 
 class SavedStates {
  public:
-  enum class State { kComplete, kPartial, kConsumed };
+  enum class State { kComplete, kPartial, kConsumed, kOverwritten };
 
   // Process-wide: plans share states (Python's backward may run another plan of the problem).
   static SavedStates& instance();
 
-  void record(const void* saved, const MoeProblem& problem, State state);
+  // `bytes`: the state's size (the plan's saved_bytes), what a later write may overlap.
+  void record(const void* saved, std::size_t bytes, const MoeProblem& problem, State state);
+
+  // A call is about to write its `written` tensors: every state recorded in bytes they overlap is
+  // lost (kOverwritten), except the one at `kept` (a backward's own state, which `use` judges).
+  // An exact match is not enough: a forward's out or workspace, or a state of another problem
+  // starting inside the buffer, would leave the routing tables garbage under a record that says
+  // complete.
+  void overwrite(const std::vector<TensorRegion>& tensors, const void* kept);
 
   enum class Use { kRead, kConsume };
   // Throws StateError ("saved: ...") for a buffer never recorded, or recorded as partial,
@@ -43,14 +55,16 @@ class SavedStates {
  private:
   struct Entry {
     MoeProblem problem;
+    std::size_t bytes = 0;
     State state = State::kComplete;
     std::uint64_t order = 0;  // when recorded, for forgetting the oldest
   };
-  void record_locked(const void* saved, const MoeProblem& problem, State state);
+  void record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state);
 
   std::mutex mu_;
-  std::map<const void*, Entry> entries_;
+  std::map<std::uintptr_t, Entry> entries_;  // by address, so overlaps are a range scan
   std::uint64_t next_order_ = 0;
+  std::size_t max_bytes_ = 0;  // the largest state ever recorded: how far before a write to look
 };
 
 }  // namespace moejit

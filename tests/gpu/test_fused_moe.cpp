@@ -1134,7 +1134,7 @@ TEST_CASE("tensors in host memory or past their buffer are rejected before anyth
   CHECK(std::none_of(out_after.begin(), out_after.end(), [](double v) { return std::isnan(v); }));
 }
 
-TEST_CASE("another context's memory or stream, or a saved state no forward of its problem wrote, is rejected before anything is enqueued", "[gpu][moe]") {
+TEST_CASE("another context's memory or stream, or a saved state no forward of its problem wrote or one written over since, is rejected before anything is enqueued", "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);
   PoisonedPlan c;
   auto& [spec, plan, run, stream, fwd, bwd] = c;
@@ -1196,6 +1196,29 @@ TEST_CASE("another context's memory or stream, or a saved state no forward of it
   plan.adopt_saved(moved.as<void>());
   run.dx.fill_bytes(0xff);
   plan.backward(from_moved);
+  stream.synchronize();
+  CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
+
+  // A later call writing over part of the state, at another address than its start: a forward's
+  // out inside it, then another problem's state starting inside it. The record at the state's
+  // address said complete; its routing tables are gone. A forward into it makes it whole again.
+  REQUIRE(plan.memory().saved_bytes >= 256 + x_elements * 2);
+  REQUIRE(plan.memory().saved_bytes >= 256 + small.memory().saved_bytes);
+  plan.forward(fwd);
+  ForwardArgs out_inside = fwd;
+  out_inside.out = run.saved.as<char>() + 256;
+  out_inside.saved = moved.as<void>();
+  plan.forward(out_inside);
+  CHECK_THROWS_WITH(plan.backward(bwd), Catch::StartsWith("saved: a later call of this process wrote over part of it"));
+  plan.forward(fwd);
+  plan.backward(bwd);
+  ForwardArgs small_inside = small_fwd;
+  small_inside.saved = run.saved.as<char>() + 256;
+  small.forward(small_inside);
+  CHECK_THROWS_WITH(plan.backward(bwd), Catch::Contains("wrote over part of it"));
+  run.dx.fill_bytes(0xff);
+  plan.forward(fwd);
+  plan.backward(bwd);
   stream.synchronize();
   CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
 }

@@ -15,7 +15,9 @@ using namespace moejit;
 
 namespace {
 
+// Buffers 256 bytes apart, each holding a state of kBytes.
 const void* address(std::uintptr_t n) { return reinterpret_cast<const void*>(n << 8); }
+constexpr std::size_t kBytes = 256;
 
 std::string refusal(SavedStates& states, const void* saved, const MoeProblem& p,
                     SavedStates::Use use = SavedStates::Use::kRead) {
@@ -42,19 +44,19 @@ TEST_CASE("a backward refuses a saved buffer known to hold no complete state of 
   CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process wrote a state at "
                                                                "this address") &&
                                                  Catch::Contains("adopt_saved()"));
-  states.record(address(1), p, SavedStates::State::kComplete);
+  states.record(address(1), kBytes, p, SavedStates::State::kComplete);
   CHECK(refusal(states, address(1), p).empty());
   // Another problem's complete state: its layout differs.
   CHECK_THAT(refusal(states, address(1), other_t),
              Catch::StartsWith("saved: it holds the state of another problem's forward() (T=1024, E=128, H=2048, "
                                "I=768, K=8, bf16, train)"));
   CHECK_THAT(refusal(states, address(1), other_mode), Catch::Contains("another problem"));
-  states.record(address(2), p, SavedStates::State::kPartial);
+  states.record(address(2), kBytes, p, SavedStates::State::kPartial);
   CHECK_THAT(refusal(states, address(2), p), Catch::StartsWith("saved: a forward() into it stopped part-way"));
-  states.record(address(3), other_mode, SavedStates::State::kConsumed);
+  states.record(address(3), kBytes, other_mode, SavedStates::State::kConsumed);
   CHECK_THAT(refusal(states, address(3), other_mode), Catch::Contains("already consumed"));
   // A forward that completes makes the buffer usable again.
-  states.record(address(3), other_mode, SavedStates::State::kComplete);
+  states.record(address(3), kBytes, other_mode, SavedStates::State::kComplete);
   CHECK(refusal(states, address(3), other_mode).empty());
   // Consuming is a use: once, then refused; a buffer never recorded is not consumed either.
   CHECK(refusal(states, address(3), other_mode, SavedStates::Use::kConsume).empty());
@@ -72,11 +74,11 @@ TEST_CASE("the saved-state record stays bounded, forgetting the least recently r
   const auto forgotten = [&](std::uintptr_t n) {
     return refusal(states, address(n), p).starts_with("saved: no forward() of this process");
   };
-  states.record(address(1), p, SavedStates::State::kComplete);
-  for (std::uintptr_t n = 2; n <= SavedStates::kCapacity; ++n) states.record(address(n), p, SavedStates::State::kPartial);
+  states.record(address(1), kBytes, p, SavedStates::State::kComplete);
+  for (std::uintptr_t n = 2; n <= SavedStates::kCapacity; ++n) states.record(address(n), kBytes, p, SavedStates::State::kPartial);
   // A backward's use refreshes its state: the state recorded first then outlives those after it.
   CHECK(refusal(states, address(1), p).empty());
-  states.record(address(SavedStates::kCapacity + 1), p, SavedStates::State::kPartial);
+  states.record(address(SavedStates::kCapacity + 1), kBytes, p, SavedStates::State::kPartial);
   CHECK(refusal(states, address(1), p).empty());
   CHECK(forgotten(2));
   CHECK(forgotten(SavedStates::kCapacity / 2));
@@ -84,9 +86,9 @@ TEST_CASE("the saved-state record stays bounded, forgetting the least recently r
   CHECK_THAT(refusal(states, address(SavedStates::kCapacity + 1), p), Catch::Contains("stopped part-way"));
   // Recording an address again refreshes it too: the next time the record fills, it outlives the
   // buffers recorded before it.
-  states.record(address(SavedStates::kCapacity / 2 + 10), p, SavedStates::State::kPartial);
+  states.record(address(SavedStates::kCapacity / 2 + 10), kBytes, p, SavedStates::State::kPartial);
   for (std::uintptr_t n = 0; n < SavedStates::kCapacity / 2; ++n) {
-    states.record(address(1000000 + n), p, SavedStates::State::kPartial);
+    states.record(address(1000000 + n), kBytes, p, SavedStates::State::kPartial);
   }
   CHECK(forgotten(SavedStates::kCapacity));
   CHECK_THAT(refusal(states, address(SavedStates::kCapacity / 2 + 10), p), Catch::Contains("stopped part-way"));
@@ -101,9 +103,9 @@ TEST_CASE("plans on many threads record and consult saved buffers at once", "[sa
     threads.emplace_back([&, t] {
       for (std::uintptr_t i = 0; i < 2000; ++i) {
         const void* saved = address(1 + t * 100 + i % 100);
-        states.record(saved, p, SavedStates::State::kComplete);
+        states.record(saved, kBytes, p, SavedStates::State::kComplete);
         if (!refusal(states, saved, p).empty()) ++refused;  // no other thread writes this address
-        states.record(saved, p, SavedStates::State::kConsumed);
+        states.record(saved, kBytes, p, SavedStates::State::kConsumed);
       }
     });
   }
@@ -117,7 +119,7 @@ TEST_CASE("of backwards consuming one buffer at once, exactly one runs", "[saved
   const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kMemoryEfficient};
   for (std::uintptr_t round = 0; round < 200; ++round) {
     const void* saved = address(1 + round);
-    states.record(saved, p, SavedStates::State::kComplete);
+    states.record(saved, kBytes, p, SavedStates::State::kComplete);
     std::atomic<int> ran{0}, ready{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {
@@ -132,4 +134,38 @@ TEST_CASE("of backwards consuming one buffer at once, exactly one runs", "[saved
     INFO("round " << round);
     CHECK(ran == 1);
   }
+}
+
+TEST_CASE("a state that a later call writes over in part is refused; states beside the write are not", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
+  const auto at = [](std::uintptr_t offset) { return reinterpret_cast<const void*>(0x100000 + offset); };
+  // Three states of 4096 bytes, a gap of 4096 between each.
+  for (std::uintptr_t i = 0; i < 3; ++i) states.record(at(i * 8192), 4096, p, SavedStates::State::kComplete);
+  // A forward's out inside the first state, past its start: an exact-address record misses it.
+  states.overwrite({{"out", at(256), 512, 16, true}, {"x", at(8192), 4096, 16, false}}, nullptr);
+  CHECK_THAT(refusal(states, at(0), p), Catch::StartsWith("saved: a later call of this process wrote over part of it"));
+  CHECK(refusal(states, at(8192), p).empty());  // only read
+  // Writes that end where a state begins, or begin where one ends, leave it whole; one byte in does not.
+  states.overwrite({{"workspace", at(4096), 4096, 256, true}}, nullptr);
+  CHECK(refusal(states, at(8192), p).empty());
+  states.overwrite({{"dx", at(8192 - 16), 17, 2, true}}, nullptr);
+  CHECK_THAT(refusal(states, at(8192), p), Catch::Contains("wrote over part of it"));
+  // A write reaching into the third state from before its start, and a backward's own state,
+  // which its use judges, kept.
+  states.overwrite({{"saved", at(16384), 4096, 256, true}}, at(16384));
+  CHECK(refusal(states, at(16384), p).empty());
+  states.overwrite({{"dw1", at(12288), 4097, 16, true}}, at(0));
+  CHECK_THAT(refusal(states, at(16384), p), Catch::Contains("wrote over part of it"));
+  // Another forward recording its own state where one was written over makes it usable again.
+  states.record(at(16384), 4096, p, SavedStates::State::kComplete);
+  CHECK(refusal(states, at(16384), p).empty());
+  // A state far larger than the others still counts from its start: found from a write near its end.
+  states.record(at(1 << 20), 1 << 20, p, SavedStates::State::kComplete);
+  states.overwrite({{"out", at((2 << 20) - 2), 2, 2, true}}, nullptr);
+  CHECK_THAT(refusal(states, at(1 << 20), p), Catch::Contains("wrote over part of it"));
+  // A null or empty tensor writes nothing.
+  states.record(at(0), 4096, p, SavedStates::State::kComplete);
+  states.overwrite({{"dw1", nullptr, 0, 16, true}, {"dw2", at(0), 0, 16, true}}, nullptr);
+  CHECK(refusal(states, at(0), p).empty());
 }
