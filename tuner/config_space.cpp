@@ -216,7 +216,7 @@ std::vector<TileConfig> config_space(Role role, const MoeShape& shape) {
       }
       break;
     case RoleKind::kGather:
-      for (int warps : {1, 2, 4, 8}) {
+      for (int warps = 1; warps <= kMaxGatherWarps; warps *= 2) {
         TileConfig c;
         c.warps = warps;
         out.push_back(c);
@@ -323,6 +323,12 @@ TileConfig default_config(Role role, const MoeShape& shape, const cuda::DeviceIn
     case RoleKind::kGather:
       // About 256 hidden columns per warp (8 per thread), up to 4 warps.
       c.warps = static_cast<int>(std::min<long long>(4, next_pow2((shape.hidden + 255) / 256)));
+      // More warps where 4 warps' blocks would not fit a grid's rows (H past 8.4 M, 67 M on the
+      // vector path).
+      while (c.warps < kMaxGatherWarps &&
+             gather_column_blocks(c, shape.hidden, shape.vector_aligned()) > kMaxGatherColumnBlocks) {
+        c.warps *= 2;
+      }
       return c;
     case RoleKind::kUtility:
       return c;

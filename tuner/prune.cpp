@@ -109,9 +109,14 @@ std::optional<std::string> prune_reason(Role role, const TileConfig& c, const Mo
   }
   if (kind == RoleKind::kGather) {
     // Hidden columns per block: 8 per thread on the vector path; more threads than that idle.
-    const long long cols = 8LL * c.threads();
+    const long long cols = gather_block_columns(c, true);
     if (c.warps > 1 && cols / 2 >= std::max<long long>(shape.hidden, 256)) {
       return fmt::format("{} threads cover {} columns; hidden size is {}", c.threads(), cols, shape.hidden);
+    }
+    if (const long long blocks = gather_column_blocks(c, shape.hidden, shape.vector_aligned());
+        blocks > kMaxGatherColumnBlocks) {
+      return fmt::format("{} blocks per row of H = {}; a grid holds at most {}", blocks, shape.hidden,
+                         kMaxGatherColumnBlocks);
     }
   }
   return std::nullopt;

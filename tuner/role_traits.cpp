@@ -86,7 +86,7 @@ bool tma_eligible(Role r, const MoeShape& s) {
   const bool gemm = role_kind(r) == RoleKind::kTokenGemm || role_kind(r) == RoleKind::kExpertGemm;
   // A tensor map's strides stay below 2^40 bytes; the largest is one expert's W1, 2I x H x 2.
   const bool strides_fit = 4LL * s.hidden * s.intermediate < (1LL << 40);
-  return gemm && s.hidden % 8 == 0 && s.intermediate % 8 == 0 && strides_fit;
+  return gemm && s.vector_aligned() && strides_fit;
 }
 
 SortedRows sorted_rows_read(Role r, const TileConfig& c) {
@@ -198,6 +198,15 @@ long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape) {
     case RoleKind::kUtility: return 0;
   }
   return 0;
+}
+
+long long gather_block_columns(const TileConfig& c, bool vector) {
+  return static_cast<long long>(c.threads()) * (vector ? 8 : 1);
+}
+
+long long gather_column_blocks(const TileConfig& c, long long hidden, bool vector) {
+  const long long columns = gather_block_columns(c, vector);
+  return (hidden + columns - 1) / columns;
 }
 
 }  // namespace moejit

@@ -88,6 +88,16 @@ int role_block_threads(Role r, const TileConfig& c);
 // round it (templates/common/epilogue_group.cuh).
 long long epilogue_handoff_bytes(Role r, const TileConfig& c);
 
+// The columns of H a gather_sum block covers: 8 per thread on the 16-byte vector path (`vector`:
+// H and I multiples of 8, MoeShape::vector_aligned), else 1. Its blocks per row (the grid's y
+// extent) are H over that.
+long long gather_block_columns(const TileConfig& c, bool vector);
+long long gather_column_blocks(const TileConfig& c, long long hidden, bool vector);
+// CUDA's limit on a grid's y extent, which gather_column_blocks must stay within; and the most
+// warps a gather_sum block has (config_space), whose columns bound H (validate_problem).
+inline constexpr long long kMaxGatherColumnBlocks = 65535;
+inline constexpr int kMaxGatherWarps = 8;
+
 // Dynamic shared memory of one launch of the role at this config, bytes.
 long long role_smem_bytes(Role r, const TileConfig& c, const MoeShape& shape);
 

@@ -7,7 +7,7 @@
 
 namespace moejit {
 
-bool vector_aligned(const MoeProblem& p) { return p.hidden % 8 == 0 && p.intermediate % 8 == 0; }
+bool vector_aligned(const MoeProblem& p) { return shape_of(p).vector_aligned(); }
 
 jit::KernelSpec role_kernel_spec(Role role, const TileConfig& config, const MoeProblem& p, const std::string& arch) {
   jit::KernelSpec spec{role, config, p.dtype, arch};

@@ -19,9 +19,8 @@ constexpr int kScatterRowsKernel = 1;
 
 long long cdiv(long long a, long long b) { return (a + b - 1) / b; }
 
-// CUDA's limits on a grid's extents: 2^31 - 1 blocks along x, 65535 along y and z.
+// CUDA's limit on a grid's x extent (y's is kMaxGatherColumnBlocks).
 constexpr long long kMaxGridX = std::numeric_limits<int>::max();
-constexpr long long kMaxGridYZ = 65535;
 
 unsigned grid_extent(long long blocks, Role role, long long limit = kMaxGridX) {
   if (blocks < 1 || blocks > limit) {
@@ -48,12 +47,11 @@ LaunchGeometry launch_geometry(Role role, const TileConfig& c, const MoeShape& s
     case RoleKind::kExpertGemm:
       g.grid = {grid_extent(static_cast<long long>(shape.experts) * cdiv(d.m, c.block_m) * cdiv(d.n, c.block_n), role)};
       break;
-    case RoleKind::kGather: {
-      const long long cols_per_block = static_cast<long long>(c.threads()) * (vector ? 8 : 1);
+    case RoleKind::kGather:
       // The column blocks run along y: a launch past its limit would fail only when enqueued.
-      g.grid = {grid_extent(shape.tokens, role), grid_extent(cdiv(shape.hidden, cols_per_block), role, kMaxGridYZ)};
+      g.grid = {grid_extent(shape.tokens, role),
+                grid_extent(gather_column_blocks(c, shape.hidden, vector), role, kMaxGatherColumnBlocks)};
       break;
-    }
     case RoleKind::kRouting:
     case RoleKind::kUtility:
       throw InternalError(fmt::format("{} has its own launcher", role_name(role)));

@@ -15,6 +15,8 @@ struct MoeShape {
   DType dtype = DType::kBF16;
 
   long long pairs() const { return tokens * topk; }  // T*K
+  // H and I multiples of 8: every row the kernels touch is 16-byte aligned (vector paths, TMA).
+  bool vector_aligned() const { return hidden % 8 == 0 && intermediate % 8 == 0; }
 };
 
 // A problem's dimensions (without its mode).

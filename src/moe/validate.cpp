@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "moe/routing_layout.hpp"
+#include "moe/shape.hpp"
+#include "tuner/role_traits.hpp"
 
 namespace moejit {
 namespace {
@@ -124,6 +126,15 @@ void validate_problem(const MoeProblem& p) {
                                                 kMaxBlockM));
   }
   if (p.hidden >= (1 << 28)) throw InvalidArgument("hidden", fmt::format("must stay below 2^28, got {}", p.hidden));
+  // gather_sum's grid spans a row of H in at most kMaxGatherColumnBlocks blocks, so its widest
+  // blocks bound H (narrower configs are pruned where they would need more).
+  TileConfig widest;
+  widest.warps = kMaxGatherWarps;
+  const bool vector = shape_of(p).vector_aligned();
+  if (const long long most = kMaxGatherColumnBlocks * gather_block_columns(widest, vector); p.hidden > most) {
+    throw InvalidArgument("hidden", fmt::format("must be at most {}{}, got {}", most,
+                                                vector ? "" : " unless H and I are multiples of 8", p.hidden));
+  }
   if (p.intermediate >= (1 << 28)) {
     throw InvalidArgument("intermediate", fmt::format("must stay below 2^28, got {}", p.intermediate));
   }

@@ -131,6 +131,28 @@ TEST_CASE("prune: sizes no block can have", "[prune]") {
   CHECK_FALSE(prune_reason(Role::kRouting, routing_cfg(4, 4), s, fab::h200()));
 }
 
+TEST_CASE("prune: gather_sum configs whose grid would need more than 65535 blocks per row of H", "[prune][launch]") {
+  const auto warps = [](int w) {
+    TileConfig c;
+    c.warps = w;
+    return c;
+  };
+  // The vector path (H and I multiples of 8): 8 columns a thread, so 1 warp covers 256 of H = 2^24.
+  const MoeShape wide{1, 1, 1 << 24, 8, 1, DType::kBF16};
+  const auto one_warp = prune_reason(Role::kGatherSum, warps(1), wide, fab::h200());
+  REQUIRE(one_warp);
+  CHECK_THAT(*one_warp, Catch::StartsWith("65536 blocks per row of H = 16777216"));
+  CHECK_FALSE(prune_reason(Role::kGatherSum, warps(2), wide, fab::h200()));
+  // A column a thread: the default's 4 warps would need 65536 blocks, so it takes 8.
+  const MoeShape odd{1, 1, 65535 * 128 + 1, 7, 1, DType::kBF16};
+  CHECK(prune_reason(Role::kGatherSum, warps(4), odd, fab::h200()));
+  const TileConfig c = default_config(Role::kGatherSum, odd, fab::h200(), Mode::kTraining);
+  CHECK(c.warps == 8);
+  CHECK_FALSE(prune_reason(Role::kGatherSum, c, odd, fab::h200()));
+  // Where the default fits, it is the usual one.
+  CHECK(default_config(Role::kGatherSum, wide, fab::h200(), Mode::kTraining).warps == 4);
+}
+
 TEST_CASE("the default config survives pruning for small and large problems", "[prune]") {
   std::vector<MoeShape> shapes = {shape(1, 1, 1),       shape(1, 8, 8),         shape(3000, 64, 1),
                                   shape(32768, 128, 8), shape(1 << 20, 256, 8), shape(32768, 4096, 8)};

@@ -88,29 +88,37 @@ TEST_CASE("T·K stays at most 2^31 - 256, so device row indices plus a tile stay
   CHECK_THROWS_WITH(validate_problem(p), Catch::StartsWith("tokens"));
 }
 
-TEST_CASE("hidden and intermediate stay below 2^28, each named on its own", "[validate]") {
+TEST_CASE("hidden and intermediate stay below 2^28, each named on its own; H within gather_sum's grid", "[validate]") {
   // One token, expert and slot: no other bound of the problem comes near.
   const auto problem = [](int hidden, int intermediate) {
     return MoeProblem{1, 1, hidden, intermediate, 1, DType::kBF16, Mode::kTraining};
   };
   constexpr int kBound = 1 << 28;
-  CHECK(rejected_argument(problem(kBound - 1, kBound - 1)).empty());
+  CHECK(rejected_argument(problem(1, kBound - 1)).empty());
   CHECK(rejected_argument(problem(kBound, 1)) == "hidden");
   CHECK(rejected_argument(problem(1, kBound)) == "intermediate");
   CHECK(rejected_argument(problem(1, kBound + 1)) == "intermediate");
   CHECK(rejected_argument(problem(kBound + 1, kBound - 1)) == "hidden");
+  // gather_sum spans a row of H in at most 65535 blocks of 8 warps: 256 columns each, 2048 on the
+  // vector path (H and I multiples of 8). Past that no config could run, so the problem is refused
+  // up front rather than after compiling.
+  CHECK(rejected_argument(problem(65535 * 2048, 8)).empty());
+  CHECK(rejected_argument(problem(65535 * 2048 + 8, 8)) == "hidden");
+  CHECK(rejected_argument(problem(65535 * 256, 7)).empty());
+  CHECK_THROWS_WITH(validate_problem(problem(65535 * 256 + 1, 7)),
+                    Catch::StartsWith("hidden: must be at most 16776960 unless H and I are multiples of 8"));
 }
 
 TEST_CASE("the weights are at most 2^61 elements, so their byte counts cannot wrap", "[validate]") {
-  // Each dimension within its own bound; E * 2I * H = 2^61 exactly at E = 64, H = I = 2^27.
+  // Each dimension within its own bound; E * 2I * H = 2^61 exactly at E = 128, H = 2^26, I = 2^27.
   const auto problem = [](int experts) {
-    return MoeProblem{1, experts, 1 << 27, 1 << 27, 1, DType::kBF16, Mode::kInference};
+    return MoeProblem{1, experts, 1 << 26, 1 << 27, 1, DType::kBF16, Mode::kInference};
   };
-  CHECK(rejected_argument(problem(64)).empty());
-  CHECK(rejected_argument(problem(65)) == "experts * 2 * intermediate * hidden");
+  CHECK(rejected_argument(problem(128)).empty());
+  CHECK(rejected_argument(problem(129)) == "experts * 2 * intermediate * hidden");
   CHECK_THROWS_WITH(validate_problem(problem(4096)), Catch::Contains("at most 2^61"));
-  // 2^61 + 16 weights, which a double product rounds to 2^61.
-  CHECK(rejected_argument(MoeProblem{1, 36, 199579346, 160465489, 1, DType::kBF16, Mode::kInference}) ==
+  // 2^61 + 16 weights (E * I * H = 8 (2^57 + 1)), which a double product rounds to 2^61.
+  CHECK(rejected_argument(MoeProblem{1, 2284, 3145734, 160465489, 1, DType::kBF16, Mode::kInference}) ==
         "experts * 2 * intermediate * hidden");
 }
 
