@@ -185,11 +185,12 @@ class Plan:
     serialises its calls (the library's plan is not thread-safe)."""
 
     def __init__(self, problem):
+        self._calls = threading.Lock()  # first: __del__ runs close() also when creation fails
+        self._handle = None
         self.problem = problem
         handle = ctypes.c_void_p()
         check(lib().moejit_plan_create(ctypes.byref(problem), ctypes.byref(handle)), "moejit_plan_create")
         self._handle = handle
-        self._calls = threading.Lock()
         self.memory = MemoryPlan()
         check(lib().moejit_plan_memory(handle, ctypes.byref(self.memory)), "moejit_plan_memory")
 
@@ -213,9 +214,12 @@ class Plan:
         check(code, "moejit_backward")
 
     def close(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle and _lib is not None:
-            _lib.moejit_plan_destroy(handle)
+        # A call on another thread holds the lock while the library runs (ctypes releases the
+        # GIL): the plan is destroyed after it, and a later call finds no handle.
+        with self._calls:
+            handle, self._handle = self._handle, None
+            if handle and _lib is not None:
+                _lib.moejit_plan_destroy(handle)
 
     def __del__(self):
         self.close()

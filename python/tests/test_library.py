@@ -105,6 +105,52 @@ def test_a_plan_without_a_context_raises_no_device():
     assert len(str(caught[0])) > 10
 
 
+class _BlockingLibrary:
+    """Stands in for the loaded library: plan_create hands out a handle, and a forward holds
+    until released, as a real one does with the GIL released."""
+
+    def __init__(self):
+        self.events, self.inside, self.release = [], threading.Event(), threading.Event()
+
+    def moejit_plan_create(self, problem, handle):
+        handle._obj.value = 0x1000
+        return 0
+
+    def moejit_plan_memory(self, handle, memory):
+        return 0
+
+    def moejit_forward(self, handle, *args):
+        self.inside.set()
+        self.release.wait(10)
+        self.events.append(("forward returned", handle.value))
+        return 0
+
+    def moejit_plan_destroy(self, handle):
+        self.events.append(("destroyed", handle.value))
+
+
+def test_closing_a_plan_waits_for_a_call_under_way(monkeypatch):
+    # close() on another thread while a call runs destroyed the plan under it (a use after free).
+    fake = _BlockingLibrary()
+    monkeypatch.setattr(_library, "_lib", fake)
+    plan = _library.Plan(_library.make_problem(64, 8, 128, 64, 2))
+    calling = threading.Thread(target=plan.forward, args=(0,) * 11, daemon=True)
+    closing = threading.Thread(target=plan.close, daemon=True)
+    try:
+        calling.start()
+        assert fake.inside.wait(10)
+        closing.start()
+        closing.join(0.3)
+        assert fake.events == []  # close() waits for the call
+    finally:
+        fake.release.set()
+    calling.join(10)
+    closing.join(10)
+    assert fake.events == [("forward returned", 0x1000), ("destroyed", 0x1000)]
+    plan.close()  # once only
+    assert len(fake.events) == 2
+
+
 def _capture(caught, fn):
     try:
         fn()
