@@ -596,6 +596,24 @@ def test_experts_module_names_a_wrong_hidden_size():
         experts(states, ids, torch.empty(2, 8, K, device="meta", dtype=torch.bfloat16))
 
 
+def test_experts_module_refuses_routing_of_another_shape():
+    # Flattened first, [S, B, K] ids for [B, S, H] states gave the same T and routed each token
+    # with another token's experts; K = 0 met torch's reshape error.
+    experts = mt.MoEExperts(E, H, I, device="meta", dtype=torch.bfloat16)
+    states = torch.empty(2, 8, H, device="meta", dtype=torch.bfloat16)
+
+    def routed(ids_shape, weights_shape=None):
+        ids = torch.zeros(ids_shape, device="meta", dtype=torch.int64)
+        return experts(states, ids, torch.empty(weights_shape or ids_shape, device="meta", dtype=torch.bfloat16))
+
+    assert routed((2, 8, K)).shape == states.shape
+    for ids_shape, weights_shape in (((8, 2, K), None), ((2, 8, 0), None), ((), None), ((16, K), None),
+                                     ((2, 8, K), (2, 8, K + 1)), ((2, 8, K), (8, 2, K))):
+        with pytest.raises(moejit.InvalidArgumentError, match=r"^moejit.torch.MoEExperts: top_k_index .* must both "
+                                                               r"be \[..., K\] with K >= 1"):
+            routed(ids_shape, weights_shape)
+
+
 def test_plans_build_at_once_on_different_gpus_and_in_turn_on_one(monkeypatch):
     # GPUs 0-2 each get two threads asking for T=16, and GPU 0 a third asking for T=32. The three
     # GPUs' T=16 builds must meet at the barrier (a build on one GPU holding back another's would

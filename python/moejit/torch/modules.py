@@ -29,10 +29,14 @@ class MoEExperts(nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         """hidden_states [..., H]; top_k_index and top_k_weights [..., K] with the same leading dims."""
-        if hidden_states.shape[-1] != self.hidden_dim:
-            raise InvalidArgumentError(
-                f"moejit.torch.MoEExperts: hidden_states {tuple(hidden_states.shape)} must end in hidden_dim "
-                f"= {self.hidden_dim}", status="invalid_argument")
+        if hidden_states.dim() == 0 or hidden_states.shape[-1] != self.hidden_dim:
+            _fail(f"hidden_states {tuple(hidden_states.shape)} must end in hidden_dim = {self.hidden_dim}")
+        # Checked before flattening: [S, B, K] ids for [B, S, H] states flatten to the same T and
+        # would route each token with another token's experts.
+        if (top_k_index.dim() == 0 or top_k_index.shape[-1] < 1 or top_k_weights.shape != top_k_index.shape
+                or top_k_index.shape[:-1] != hidden_states.shape[:-1]):
+            _fail(f"top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} must both "
+                  f"be [..., K] with K >= 1 and the leading dimensions of hidden_states {tuple(hidden_states.shape)}")
         k = top_k_index.shape[-1]
         out = fused_moe(hidden_states.reshape(-1, self.hidden_dim), self.gate_up_proj, self.down_proj,
                         top_k_index.reshape(-1, k), top_k_weights.reshape(-1, k),
@@ -56,6 +60,10 @@ class MoEExperts(nn.Module):
         new.down_proj = experts.down_proj
         new.train(experts.training)
         return new
+
+
+def _fail(message):
+    raise InvalidArgumentError(f"moejit.torch.MoEExperts: {message}", status="invalid_argument")
 
 
 # The flags transformers' @use_experts_implementation sets on each instance, with the values of
