@@ -308,8 +308,8 @@ def test_a_failed_memory_efficient_backward_is_not_run_again(compiled, monkeypat
 
 
 def test_the_consuming_op_refuses_a_state_it_consumed():
-    # Called directly, the op's own record of consumed storages is all that stands between a
-    # second call and the overwritten state (every state is adopted, so the library's would not).
+    # Called directly, the op's own record of consumed storages refuses a second call before the
+    # library, whose record of this state (the forward's own, so not adopted) would refuse it too.
     x, w1, w2, ids, weights, d_out = make_case(*CASES[1], dtype=torch.bfloat16)
     ids, weights = ids.int(), weights.to(x.dtype)
     out, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
@@ -333,6 +333,30 @@ def test_the_backward_op_takes_x_only_for_weight_gradients():
     assert torch.equal(with_x[0], without[0]) and torch.equal(with_x[3], without[3])
     with pytest.raises(moejit.InvalidArgumentError, match="^x: null device pointer"):
         torch.ops.moejit.fused_moe_backward(d_out, None, w1, w2, weights, saved, ops.TRAIN, False, True)
+
+
+def test_the_backward_ops_refuse_another_problems_state():
+    # Every state used to be adopted: a T=256 forward's state passed with T=64 tensors had the
+    # kernels read a T=256 routing table with a T=64 layout, out of bounds. A forward's own state
+    # is now checked by the library, and a refusal before it reaches the state consumes nothing.
+    x, w1, w2, ids, weights, d_out = make_case(256, 8, 256, 128, 2, dtype=torch.bfloat16)
+    ids, weights = ids.int(), weights.to(x.dtype)
+    small_x, _, _, small_ids, small_weights, small_d_out = make_case(64, 8, 256, 128, 2, dtype=torch.bfloat16, seed=1)
+    small_ids, small_weights = small_ids.int(), small_weights.to(x.dtype)
+    _, small_saved = torch.ops.moejit.fused_moe_forward(small_x, w1, w2, small_ids, small_weights, ops.TRAIN, False)
+    for mode, op in ((ops.TRAIN, torch.ops.moejit.fused_moe_backward),
+                     (ops.MEMEFF, torch.ops.moejit.fused_moe_backward_consuming)):
+        _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, mode, False)
+        with pytest.raises(moejit.StateError, match=r"^saved: it holds the state of another problem's forward\(\) "
+                                                    r"\(T=256"):
+            op(small_d_out, small_x, w1, w2, small_weights, saved, mode, False, True)
+        with pytest.raises(moejit.InvalidArgumentError, match="saved holds .* bytes, this problem's state"):
+            op(d_out, x, w1, w2, weights, small_saved, mode, False, True)
+        got = op(d_out, x, w1, w2, weights, saved, mode, False, True)
+        _, fresh = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, mode, False)
+        want = op(d_out, x, w1, w2, weights, fresh, mode, False, True)
+        for name, g, w in zip(("dx", "dW1", "dW2", "d topk_weights"), got, want):
+            assert torch.equal(g, w), (mode, name)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -364,7 +388,8 @@ def test_ids_refilled_in_place_before_backward_give_the_same_gradients(memory_ef
 def test_states_offloaded_to_the_host_and_back_give_the_same_gradients(memory_efficient):
     # Under save_on_cpu each backward gets its state back at a new address, often one a state of
     # another layer (or another problem: two I) held before, which the library's record of that
-    # address would refuse (consumed, or another problem's): the front end adopts every state.
+    # address would refuse (consumed, or another problem's): the front end adopts every state no
+    # forward wrote into its storage.
     layers = [make_case(512, 8, 256, i, 2, dtype=torch.bfloat16, seed=s) for s, i in enumerate((128, 128, 64, 64))]
     x, d_out = layers[0][0], layers[0][5]
 

@@ -1,6 +1,8 @@
 # The PyTorch front end without a GPU: op registration, input checks, fake (meta) shapes through
 # autograd and torch.compile tracing, and the HF experts drop-in on the meta device.
 import collections
+import contextlib
+import functools
 import re
 import sys
 import threading
@@ -308,6 +310,122 @@ def test_the_op_bodies_answer_zero_tokens(monkeypatch):
         assert [g.numel() for g in frozen[1:3]] == [0, 0]
     with pytest.raises(moejit.StateError, match="one backward per forward"):  # MEMEFF consumed its state
         ops._backward(out, x, w1, w2, weights, saved, ops.MEMEFF, False, True)
+
+
+def _cpu_inputs(t, requires_grad=False):
+    """CPU tensors as fused_moe hands them to the op bodies: int32 ids, weights in x's dtype."""
+    x, w1, w2, weights = (torch.rand(shape).bfloat16().requires_grad_(requires_grad)
+                          for shape in ((t, H), (E, 2 * I, H), (E, H, I), (t, K)))
+    return x, w1, w2, torch.zeros(t, K, dtype=torch.int32), weights
+
+
+def _no_plan(*args):
+    raise AssertionError("a plan was asked for")
+
+
+def test_the_op_bodies_refuse_what_the_library_cannot_see(monkeypatch):
+    # The custom ops can be called directly, with tensors fused_moe never saw: the library reads
+    # raw pointers, so a dtype, stride or shape it would misread is refused before any plan.
+    monkeypatch.setattr(plans, "plan_for", _no_plan)
+    x, w1, w2, ids, weights = _cpu_inputs(64)
+    forward = dict(x=x, gate_up_proj=w1, down_proj=w2, topk_ids=ids, topk_weights=weights)
+    need = _library.problem_memory(ops.problem_of(x, w1, ids, ops.TRAIN, False)).saved_bytes
+    backward = dict(d_out=x, x=x, gate_up_proj=w1, down_proj=w2, topk_weights=weights,
+                    saved=torch.empty(need, dtype=torch.uint8))
+
+    def refused(match, body, args, **changed):
+        with pytest.raises(moejit.InvalidArgumentError, match=match):
+            body(**dict(args, **changed), plan_mode=ops.TRAIN, check_expert_ids=False,
+                 **({} if body is ops._forward else {"weight_grads": True}))
+
+    fwd = functools.partial(refused, body=ops._forward, args=forward)
+    bwd = functools.partial(refused, body=ops._backward, args=backward)
+    fwd("^moejit::fused_moe_forward: x must be bfloat16 or float16, got torch.float32", x=x.float())
+    fwd(r"down_proj is torch.float16, expected torch.bfloat16 \(x's dtype\)", down_proj=w2.half())
+    fwd("topk_weights is torch.float32", topk_weights=weights.float())
+    fwd("topk_ids is torch.int64, expected torch.int32", topk_ids=ids.long())
+    fwd("topk_ids must be contiguous", topk_ids=ids.t().contiguous().t())
+    fwd("x must be contiguous", x=torch.cat([x, x], 1)[:, ::2])
+    fwd(r"gate_up_proj \(8, 128, 128\) and down_proj \(8, 64, 128\) must be \[E, 2I, H\] and \[E, H, I\]",
+        down_proj=w2.transpose(1, 2).contiguous())
+    fwd(r"topk_weights \(64, 2\) and topk_ids \(32, 2\) must be \[T, K\]", topk_ids=ids[:32])
+    fwd("gate_up_proj is on meta, x on cpu", gate_up_proj=w1.to("meta"))
+    bwd("^moejit::fused_moe_backward: d_out must be bfloat16 or float16", d_out=x.float())
+    bwd("saved is torch.float32, expected torch.uint8", saved=backward["saved"].view(torch.float32))
+    bwd("saved must be contiguous", saved=torch.empty(2 * need, dtype=torch.uint8)[::2])
+    bwd(f"saved holds {need - 256} bytes, this problem's state {need}", saved=backward["saved"][256:])
+    bwd("saved is on meta", saved=backward["saved"].to("meta"))
+    bwd(r"x \(32, 128\) must have d_out's shape \(64, 128\)", x=x[:32])
+    # The fake says the same where its shapes are known (it met a bare KeyError for the dtype).
+    with pytest.raises(moejit.InvalidArgumentError, match="x must be bfloat16 or float16"):
+        torch.ops.moejit.fused_moe_forward(*(t.to("meta") for t in (x.float(), w1, w2, ids, weights)), ops.TRAIN,
+                                           False)
+
+
+class _StubPlan:
+    """Stands in for plans.plan_for's plan: no kernels, the library's sizes, and the adopt_saved
+    flag of each backward; a backward raises the next of `failures`, as the library would."""
+
+    def __init__(self):
+        self.adopted, self.failures = [], []
+
+    def __call__(self, problem, device):
+        self.memory = _library.problem_memory(problem)
+        return self
+
+    def forward(self, *args):
+        pass
+
+    def backward(self, *args, adopt_saved):
+        self.adopted.append(adopt_saved)
+        if self.failures:
+            raise self.failures.pop(0)
+
+
+def _stub_plan(monkeypatch):
+    """The op bodies on CPU tensors, with a plan that runs nothing."""
+    stub = _StubPlan()
+    monkeypatch.setattr(plans, "plan_for", stub)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "_stream", lambda device: 0)
+    return stub
+
+
+def test_a_backward_adopts_only_a_state_no_forward_wrote_there(monkeypatch):
+    # A forward's own state, its storage alive, is what the library recorded at that address:
+    # the library checks it (problem, completeness, consumption). Adopted, a T=256 forward's state
+    # passed with T=64 tensors ran the kernels out of bounds. Only a copy is adopted (save_on_cpu's,
+    # AOTAutograd's, a cudagraph replay's output): no forward here wrote into its storage.
+    stub_plan = _stub_plan(monkeypatch)
+    x, w1, w2, ids, weights = _cpu_inputs(64)
+    for mode in (ops.TRAIN, ops.MEMEFF):
+        _, saved = ops._forward(x, w1, w2, ids, weights, mode, False)
+        for state in (saved.clone(), saved):
+            ops._backward(x, x, w1, w2, weights, state, mode, False, True)
+    assert stub_plan.adopted == [True, False, True, False]
+
+
+def test_a_memory_efficient_backward_refused_before_the_state_may_run_again(monkeypatch):
+    # The library checks arguments, context and stream, then consumes the state, then launches:
+    # a refusal by its checks leaves the state whole, a launch's failure leaves it overwritten.
+    stub_plan = _stub_plan(monkeypatch)
+    x, w1, w2, ids, weights = _cpu_inputs(64, requires_grad=True)
+    out = ops.EagerFusedMoe.apply(x, w1, w2, ids, weights, ops.MEMEFF, False)
+    stub_plan.failures = [moejit.InvalidArgumentError("stream: another context's (stand-in)"),
+                          moejit.StateError("saved: another problem's (stand-in)")]
+    for _ in range(2):
+        with pytest.raises(moejit.MoejitError, match="stand-in"):
+            out.backward(torch.ones_like(out), retain_graph=True)
+    out.backward(torch.ones_like(out), retain_graph=True)
+    with pytest.raises(moejit.StateError, match="one backward per forward"):
+        out.backward(torch.ones_like(out))
+    out = ops.EagerFusedMoe.apply(x, w1, w2, ids, weights, ops.MEMEFF, False)
+    stub_plan.failures = [moejit.CudaError("a launch failed (stand-in)")]
+    with pytest.raises(moejit.CudaError, match="stand-in"):
+        out.backward(torch.ones_like(out), retain_graph=True)
+    with pytest.raises(moejit.StateError, match="one backward per forward"):
+        out.backward(torch.ones_like(out))
+    assert stub_plan.adopted == [False] * 4
 
 
 def test_only_plain_tensors_outside_torch_func_take_the_eager_path(monkeypatch):

@@ -14,7 +14,8 @@ have a sharding strategy registered"; a mix with plain tensors: "got mixed torch
 
 `saved` is the library's forward state for backward, a uint8 tensor of the plan's saved_bytes;
 every buffer comes from PyTorch's caching allocator and every launch goes to the current stream.
-Inputs must already be checked and converted (functional.fused_moe does that).
+Inputs must already be converted (functional.fused_moe does that); the op bodies refuse, from
+metadata alone, what the library cannot see behind its raw pointers (_checked_problem).
 """
 
 import threading
@@ -24,7 +25,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .. import _layout, _library
-from ..errors import StateError
+from ..errors import InvalidArgumentError, NoDeviceError, StateError
 from . import plans
 
 TRAIN, INFER, MEMEFF = (_library.MODES[m] for m in ("train", "infer", "memeff"))
@@ -35,6 +36,56 @@ def problem_of(x, gate_up_proj, topk, plan_mode, check_expert_ids):
     """x: any [T, H] tensor of x's dtype (the backward's d_out); topk: any [T, K] tensor."""
     return _library.make_problem(x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1] // 2,
                                  topk.shape[1], DTYPES[x.dtype], plan_mode, check_expert_ids)
+
+
+def _refuse(op, message):
+    raise InvalidArgumentError(f"{op}: {message}", status="invalid_argument")
+
+
+def _checked_problem(op, x, gate_up_proj, down_proj, topk_weights, plan_mode, check_expert_ids, topk_ids=None,
+                     x_in=None, saved=None):
+    """The call's problem, once what the library cannot see behind its raw pointers is refused: a
+    dtype, stride, device or shape it would misread, or read or write past a buffer by. fused_moe
+    checks its own calls, but the custom ops can be called directly. Metadata only: this runs on
+    every call. x is the forward's x or the backward's d_out; topk_ids come with a forward,
+    x_in (the backward's x, if any) and saved with a backward."""
+    rows = "x" if saved is None else "d_out"
+    dtype, device = x.dtype, x.device
+    if dtype not in DTYPES:
+        _refuse(op, f"{rows} must be bfloat16 or float16, got {dtype}")
+    for name, t, dims, want in ((rows, x, 2, dtype), ("gate_up_proj", gate_up_proj, 3, dtype),
+                                ("down_proj", down_proj, 3, dtype), ("topk_weights", topk_weights, 2, dtype),
+                                ("topk_ids", topk_ids, 2, torch.int32), ("x", x_in, 2, dtype),
+                                ("saved", saved, None, torch.uint8)):
+        if t is None:
+            continue
+        if t.dtype != want:
+            _refuse(op, f"{name} is {t.dtype}, expected {want}" + (f" ({rows}'s dtype)" if want == dtype else ""))
+        if dims is not None and t.dim() != dims:
+            _refuse(op, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            _refuse(op, f"{name} must be contiguous")
+        if t.device != device:
+            _refuse(op, f"{name} is on {t.device}, {rows} on {device}: all tensors must be on one device")
+    tokens, hidden = x.shape
+    experts, two_i, w1_hidden = gate_up_proj.shape
+    if two_i % 2 or w1_hidden != hidden or tuple(down_proj.shape) != (experts, hidden, two_i // 2):
+        _refuse(op, f"gate_up_proj {tuple(gate_up_proj.shape)} and down_proj {tuple(down_proj.shape)} must be "
+                    f"[E, 2I, H] and [E, H, I] with H = {hidden} ({rows}.shape[1])")
+    if topk_weights.shape[0] != tokens or (topk_ids is not None and topk_ids.shape != topk_weights.shape):
+        ids = "" if topk_ids is None else f" and topk_ids {tuple(topk_ids.shape)}"
+        _refuse(op, f"topk_weights {tuple(topk_weights.shape)}{ids} must be [T, K] with T = {tokens} "
+                    f"({rows}.shape[0])")
+    if x_in is not None and x_in.shape != x.shape:
+        _refuse(op, f"x {tuple(x_in.shape)} must have d_out's shape {tuple(x.shape)}")
+    problem = problem_of(x, gate_up_proj, topk_weights, plan_mode, check_expert_ids)
+    # A T of 0 reaches no library call (see _forward), and the library sizes no empty problem.
+    if saved is not None and tokens:
+        need = _library.problem_memory(problem).saved_bytes
+        if saved.numel() < need:
+            _refuse(op, f"saved holds {saved.numel()} bytes, this problem's state {need}: it is not this "
+                        "problem's forward state")
+    return problem
 
 
 def _aligned(t):
@@ -54,6 +105,8 @@ def _stream(device):
 
 def _forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor,
              topk_weights: torch.Tensor, plan_mode: int, check_expert_ids: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    problem = _checked_problem("moejit::fused_moe_forward", x, gate_up_proj, down_proj, topk_weights, plan_mode,
+                               check_expert_ids, topk_ids=topk_ids)
     device = x.device
     if x.shape[0] == 0:
         # Only from torch.compile with a data-dependent T (fused_moe answers 0 tokens itself
@@ -63,7 +116,7 @@ def _forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tenso
         return torch.empty_like(x), saved
     x = _aligned(x)
     with torch.cuda.device(device):
-        plan = plans.plan_for(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids), device)
+        plan = plans.plan_for(problem, device)
         m = plan.memory
         out = torch.empty_like(x)
         saved = _bytes(m.saved_bytes, device)
@@ -71,6 +124,8 @@ def _forward(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tenso
         plan.forward(x.data_ptr(), gate_up_proj.data_ptr(), down_proj.data_ptr(), topk_ids.data_ptr(),
                      topk_weights.data_ptr(), out.data_ptr(), saved.data_ptr(), m.saved_bytes, workspace.data_ptr(),
                      m.forward_workspace_bytes, _stream(device))
+    if plan_mode != INFER:  # inference writes no state
+        _wrote(saved)
     return out, saved
 
 
@@ -82,7 +137,9 @@ fused_moe_forward = torch.library.custom_op("moejit::fused_moe_forward", _forwar
 def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode, check_expert_ids):
     dims = (x.shape[0], gate_up_proj.shape[0], x.shape[1], gate_up_proj.shape[1], topk_ids.shape[1])
     if all(isinstance(d, int) for d in dims) and dims[0] > 0:
-        saved_bytes = _library.problem_memory(problem_of(x, gate_up_proj, topk_ids, plan_mode, check_expert_ids)).saved_bytes
+        problem = _checked_problem("moejit::fused_moe_forward", x, gate_up_proj, down_proj, topk_weights, plan_mode,
+                                   check_expert_ids, topk_ids=topk_ids)
+        saved_bytes = _library.problem_memory(problem).saved_bytes
     else:
         # Symbolic dimensions (dynamic shapes), or a T of 0 (see _forward): the library's layout as
         # arithmetic on SymInts, so the size stays an expression of T, also an unbacked T. An
@@ -97,14 +154,69 @@ def _forward_fake(x, gate_up_proj, down_proj, topk_ids, topk_weights, plan_mode,
 _ONE_BACKWARD = ("moejit: memory_efficient=True allows one backward per forward (it consumes the saved state); run the "
                  "forward again, or use memory_efficient=False to backward twice")
 
-# The memory-efficient states a backward has consumed, by storage: the library's record goes by
-# address, and every backward adopts its state (below), so the front end keeps this one. A weak
-# reference keeps the storage's identity, not its memory: a new storage at a consumed one's
-# address is another state, and one brought back from the host (save_on_cpu) is a new storage.
-# Autograd runs each device's backward on a thread of its own, and the library calls release the GIL.
-_consumed_states = {}
-_consumed_lock = threading.Lock()
-_consumed_cleanup_at = [1024]  # the size that next drops the entries of freed storages
+# The saved states this front end knows of, by storage: those its forwards wrote, which the
+# library recorded at their address, and those a memory-efficient backward consumed. A weak
+# reference keeps the storage's identity, not its memory: a new storage at a known one's address
+# is another state, and one brought back from the host (save_on_cpu) is a new storage. Autograd
+# runs each device's backward on a thread of its own, and the library calls release the GIL.
+_states = {}
+_states_lock = threading.Lock()
+_states_cleanup_at = [1024]  # the size that next drops the entries of freed storages
+
+
+class _State:
+    __slots__ = ("ref", "written", "consumed")
+
+    def __init__(self, ref):
+        self.ref, self.written, self.consumed = ref, False, False
+
+
+def _state_locked(ref):
+    """The entry of ref's storage, made where it has none; under _states_lock."""
+    state = _states.get(ref.cdata)
+    if state is None or state.ref.expired():
+        if len(_states) >= _states_cleanup_at[0]:
+            for key in [k for k, s in _states.items() if s.ref.expired()]:
+                del _states[key]
+            _states_cleanup_at[0] = max(1024, 2 * len(_states))
+        state = _states[ref.cdata] = _State(ref)
+    return state
+
+
+def _wrote(saved):
+    """A forward wrote its state into saved, and the library recorded it at saved's address."""
+    ref = StorageWeakRef(saved.untyped_storage())
+    with _states_lock:
+        _state_locked(ref).written = True
+
+
+def _claim(saved, consume):
+    """Whether a backward adopts saved (moejit_plan_adopt_saved). Not a state a forward wrote into
+    this storage, still alive: the library's record of its address is that forward's, and the
+    library checks it (problem, completeness, consumption). Any other is a copy (save_on_cpu's,
+    AOTAutograd's, a cudagraph replay's output over its pool), which the library would judge by
+    its address's past. consume: marks the state consumed first, refusing one already consumed,
+    so that of two backwards given one state one runs."""
+    ref = StorageWeakRef(saved.untyped_storage())
+    with _states_lock:
+        if consume:
+            state = _state_locked(ref)
+            if state.consumed:
+                raise StateError(_ONE_BACKWARD, status="state")
+            state.consumed = True
+        else:
+            state = _states.get(ref.cdata)
+            if state is not None and state.ref.expired():
+                state = None
+        return state is None or not state.written
+
+
+def _unclaim(saved):
+    """Undoes _claim's consumption, for a call the library refused before reaching the state."""
+    with _states_lock:
+        state = _states.get(StorageWeakRef(saved.untyped_storage()).cdata)
+        if state is not None:
+            state.consumed = False
 
 
 def _is_consumed(saved):
@@ -112,22 +224,17 @@ def _is_consumed(saved):
         key = StorageWeakRef(saved.untyped_storage()).cdata
     except Exception:  # a tensor without a storage of its own (tracing): take it as consumed
         return True
-    with _consumed_lock:
-        held = _consumed_states.get(key)
-        return held is not None and not held.expired()
+    with _states_lock:
+        state = _states.get(key)
+        return state is not None and state.consumed and not state.ref.expired()
 
 
-def _consume(saved):
-    ref = StorageWeakRef(saved.untyped_storage())
-    with _consumed_lock:
-        held = _consumed_states.get(ref.cdata)
-        if held is not None and not held.expired():
-            raise StateError(_ONE_BACKWARD, status="state")
-        if len(_consumed_states) >= _consumed_cleanup_at[0]:
-            for key in [k for k, r in _consumed_states.items() if r.expired()]:
-                del _consumed_states[key]
-            _consumed_cleanup_at[0] = max(1024, 2 * len(_consumed_states))
-        _consumed_states[ref.cdata] = ref
+# What the library raises only before its backward reaches the saved state
+# (src/moe/fused_moe.cpp, FusedMoe::backward: validation, context and stream checks, then
+# SavedStates::use, which refuses before it consumes). From there on a launch fails with a
+# CudaError or OutOfMemoryError, the state already overwritten; a CudaError from a driver query
+# before it counts as consumed too, the safe side.
+_REFUSED_BEFORE_THE_STATE = (InvalidArgumentError, StateError, NoDeviceError)
 
 
 def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
@@ -139,34 +246,38 @@ def _weight_grad_buffers(gate_up_proj, down_proj, weight_grads):
 def _backward(d_out: torch.Tensor, x: Optional[torch.Tensor], gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
               topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int, check_expert_ids: bool,
               weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem = _checked_problem("moejit::fused_moe_backward", d_out, gate_up_proj, down_proj, topk_weights, plan_mode,
+                               check_expert_ids, x_in=x, saved=saved)
     device = d_out.device
     if d_out.shape[0] == 0:  # see _forward: no library call, and zero weight gradients
         if plan_mode == MEMEFF:
-            _consume(saved)
+            _claim(saved, consume=True)
         dw1, dw2 = (torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj)) if weight_grads else \
             _weight_grad_buffers(gate_up_proj, down_proj, False)
         return d_out.new_empty(d_out.shape), dw1, dw2, torch.empty_like(topk_weights)
     d_out = _aligned(d_out)
     x = None if x is None else _aligned(x)
     with torch.cuda.device(device):
-        plan = plans.plan_for(problem_of(d_out, gate_up_proj, topk_weights, plan_mode, check_expert_ids), device)
+        plan = plans.plan_for(problem, device)
         m = plan.memory
         dx, d_topk_weights = d_out.new_empty(d_out.shape), torch.empty_like(topk_weights)
         dw1, dw2 = _weight_grad_buffers(gate_up_proj, down_proj, weight_grads)
         workspace = _bytes(m.backward_workspace_bytes, device)
-        # Consumed from here on, even if the call fails part-way (as the library counts it).
-        if plan_mode == MEMEFF:
-            _consume(saved)
+        # Consumed from here on, even if the call fails part-way (as the library counts it),
+        # unless the library refuses it before reaching the state.
+        adopt = _claim(saved, consume=plan_mode == MEMEFF)
         # Null weight-gradient pointers: the library skips dW1 and dW2 and what only they need,
         # x included (None without weight_grads). Null ids: it reads the routing from `saved`.
-        # Autograd hands each backward its own forward's state, which saved-tensor hooks may have
-        # moved (save_on_cpu brings it back at an address another state last held): adopted, so
-        # the library does not judge it by that address's past.
-        plan.backward(d_out.data_ptr(), None if x is None else x.data_ptr(), gate_up_proj.data_ptr(),
-                      down_proj.data_ptr(), None, topk_weights.data_ptr(), saved.data_ptr(), saved.numel(),
-                      dx.data_ptr(), dw1.data_ptr() if weight_grads else None, dw2.data_ptr() if weight_grads else None,
-                      d_topk_weights.data_ptr(), workspace.data_ptr(), m.backward_workspace_bytes, _stream(device),
-                      adopt_saved=True)
+        try:
+            plan.backward(d_out.data_ptr(), None if x is None else x.data_ptr(), gate_up_proj.data_ptr(),
+                          down_proj.data_ptr(), None, topk_weights.data_ptr(), saved.data_ptr(), saved.numel(),
+                          dx.data_ptr(), dw1.data_ptr() if weight_grads else None,
+                          dw2.data_ptr() if weight_grads else None, d_topk_weights.data_ptr(), workspace.data_ptr(),
+                          m.backward_workspace_bytes, _stream(device), adopt_saved=adopt)
+        except _REFUSED_BEFORE_THE_STATE:
+            if plan_mode == MEMEFF:
+                _unclaim(saved)
+            raise
     return dx, dw1, dw2, d_topk_weights
 
 
@@ -217,7 +328,7 @@ def _autograd_backward(ctx, d_out, _d_saved, eager=False):
     except BaseException:
         # A call that failed part-way consumed the state too (_backward marks it before the
         # library runs), and a retry must not run on what it overwrote; one that failed before
-        # (out of memory for its buffers, say) left it whole.
+        # (out of memory for its buffers, or refused by the library's checks) left it whole.
         ctx.consumed = ctx.mode == MEMEFF and _is_consumed(saved)
         raise
     ctx.consumed = True
