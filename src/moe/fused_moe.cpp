@@ -235,7 +235,9 @@ void FusedMoe::backward(const BackwardArgs& a) {
   CUstream stream = on.stream;
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
   // Last before the launches. bwd_down writes d_pre_act over the saved pre_act here: from the
-  // first launch on, even one that fails later, the state is gone.
+  // first launch on, even one that fails later, the state is gone. No InvalidArgument, StateError
+  // or NoDeviceError after this: the PyTorch front end takes those as refusals that left the
+  // state whole (python/moejit/torch/ops.py).
   SavedStates::instance().use(a.saved, s.problem,
                               s.problem.mode == Mode::kMemoryEfficient ? SavedStates::Use::kConsume
                                                                        : SavedStates::Use::kRead);
