@@ -223,6 +223,8 @@ void FusedMoe::forward(const ForwardArgs& a) {
 void FusedMoe::adopt_saved(const void* saved) {
   Impl& s = live();
   if (saved == nullptr) throw InvalidArgument("saved", "is null");
+  // The copy wrote these bytes: states recorded over them are gone, as after a forward.
+  SavedStates::instance().overwrite({{"saved", saved, s.memory.saved_bytes, 256, true}}, nullptr);
   s.record_saved(saved, SavedStates::State::kComplete);
 }
 

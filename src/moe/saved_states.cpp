@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 namespace moejit {
@@ -35,7 +36,6 @@ void SavedStates::record(const void* saved, std::size_t bytes, const MoeProblem&
 
 void SavedStates::record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
   entries_[reinterpret_cast<std::uintptr_t>(saved)] = Entry{problem, bytes, state, next_order_++};
-  max_bytes_ = std::max(max_bytes_, bytes);
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
   orders.reserve(entries_.size());
@@ -52,10 +52,19 @@ void SavedStates::overwrite(const std::vector<TensorRegion>& tensors, const void
     if (!t.written || t.bytes == 0) continue;
     const auto begin = reinterpret_cast<std::uintptr_t>(t.begin);
     const std::uintptr_t end = begin + t.bytes;  // validate_* checked that it does not wrap
-    // States starting up to max_bytes_ before the write may reach into it.
-    auto it = entries_.lower_bound(begin > max_bytes_ ? begin - max_bytes_ : 0);
-    for (; it != entries_.end() && it->first < end; ++it) {
-      if (it->first != kept_at && it->first + it->second.bytes > begin) it->second.state = State::kOverwritten;
+    auto it = entries_.lower_bound(begin);
+    // Of the states starting before the write, only the last can reach into it: none overlap.
+    if (it != entries_.begin() && std::prev(it)->first + std::prev(it)->second.bytes > begin) --it;
+    while (it != entries_.end() && it->first < end) {
+      if (it->first == kept_at) {
+        ++it;
+      } else if (it->second.state == State::kOverwritten) {
+        it = entries_.erase(it);
+      } else {
+        it->second.state = State::kOverwritten;
+        it->second.bytes = 0;
+        ++it;
+      }
     }
   }
 }

@@ -36,7 +36,9 @@ class SavedStates {
   // lost (kOverwritten), except the one at `kept` (a backward's own state, which `use` judges).
   // An exact match is not enough: a forward's out or workspace, or a state of another problem
   // starting inside the buffer, would leave the routing tables garbage under a record that says
-  // complete.
+  // complete. A lost state's record shrinks to its address alone (0 bytes), and a later write over
+  // that address forgets it; so recorded states never overlap (each is recorded after its own
+  // write), and the scan is a lookup plus the records the write covers, however many there are.
   void overwrite(const std::vector<TensorRegion>& tensors, const void* kept);
 
   enum class Use { kRead, kConsume };
@@ -64,7 +66,6 @@ class SavedStates {
   std::mutex mu_;
   std::map<std::uintptr_t, Entry> entries_;  // by address, so overlaps are a range scan
   std::uint64_t next_order_ = 0;
-  std::size_t max_bytes_ = 0;  // the largest state ever recorded: how far before a write to look
 };
 
 }  // namespace moejit

@@ -1216,6 +1216,10 @@ TEST_CASE("another context's memory or stream, or a saved state no forward of it
   small_inside.saved = run.saved.as<char>() + 256;
   small.forward(small_inside);
   CHECK_THROWS_WITH(plan.backward(bwd), Catch::Contains("wrote over part of it"));
+  // A state declared copied 256 bytes in (adopt_saved): the copy wrote over the older one too.
+  plan.forward(fwd);
+  plan.adopt_saved(run.saved.as<char>() + 256);
+  CHECK_THROWS_WITH(plan.backward(bwd), Catch::Contains("wrote over part of it"));
   run.dx.fill_bytes(0xff);
   plan.forward(fwd);
   plan.backward(bwd);

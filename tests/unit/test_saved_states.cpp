@@ -169,3 +169,29 @@ TEST_CASE("a state that a later call writes over in part is refused; states besi
   states.overwrite({{"dw1", nullptr, 0, 16, true}, {"dw2", at(0), 0, 16, true}}, nullptr);
   CHECK(refusal(states, at(0), p).empty());
 }
+
+TEST_CASE("states written over are forgotten at the next write over them, so the record stays disjoint", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
+  // Many small states, then one large buffer written over all of them (a caching allocator
+  // handing their memory to a new workspace).
+  constexpr std::uintptr_t kStates = 1000;
+  for (std::uintptr_t n = 1; n <= kStates; ++n) states.record(address(n), kBytes, p, SavedStates::State::kComplete);
+  const std::vector<TensorRegion> big = {{"workspace", address(1), kStates * kBytes, 256, true}};
+  states.overwrite(big, nullptr);
+  CHECK_THAT(refusal(states, address(1), p), Catch::Contains("wrote over part of it"));
+  CHECK_THAT(refusal(states, address(kStates), p), Catch::Contains("wrote over part of it"));
+  // A state recorded inside the written-over range, then the range written again: the state is
+  // written over, the older records forgotten.
+  states.record(address(500), kBytes, p, SavedStates::State::kComplete);
+  states.overwrite(big, nullptr);
+  CHECK_THAT(refusal(states, address(500), p), Catch::Contains("wrote over part of it"));
+  CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process"));
+  CHECK_THAT(refusal(states, address(kStates), p), Catch::StartsWith("saved: no forward() of this process"));
+  // A state adopted where a larger one began reaches no further than its own bytes.
+  states.record(address(2000), 4 * kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"saved", address(2000), kBytes, 256, true}}, nullptr);
+  states.record(address(2000), kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"out", address(2002), 16, 16, true}}, nullptr);
+  CHECK(refusal(states, address(2000), p).empty());
+}
