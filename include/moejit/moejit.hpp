@@ -141,19 +141,21 @@ class FusedMoe {
   // Throws InvalidArgument, or StateError for a saved state not known to hold a forward of this
   // problem: a buffer no forward() of this process wrote, a second backward over
   // memory-efficient state, a forward() into it that threw after enqueuing (check_expert_ids'
-  // rejection, a failed launch), or a forward of another problem (another plan's T, say) that
-  // wrote it last. That check is the process's record of forward() and backward() calls on each
-  // `saved` address, across plans: it cannot see CUDA graph replays or copies. So after replaying
-  // a graph that holds only the forward, run the backward from a graph too (as
-  // torch.cuda.make_graphed_callables does); a direct backward() call would take the replay for
-  // no forward. A state copied to a new address is checked by what that address last held: see
-  // adopt_saved.
+  // rejection, a failed launch), a forward of another problem (another plan's T, say) that
+  // wrote it last, or a later call that wrote over part of it (its out, workspace or gradients,
+  // or another state starting inside the buffer). That check is the process's record of the
+  // calls on each `saved` address, across plans: it cannot see CUDA graph replays or copies. A
+  // forward captured into a graph is recorded as it is captured, so a backward() after a replay
+  // is judged by that record (declare the replayed state with adopt_saved where calls since the
+  // capture wrote over it), and one before any replay is not refused. A state copied to a new
+  // address is checked by what that address last held: see adopt_saved.
   void backward(const BackwardArgs& args);
   // Declares that `saved` holds a state a forward() of this problem completed, copied there
   // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does, or from
-  // another process), so that backward() takes it. The PyTorch front end declares every state it
-  // passes: autograd pairs each backward with its forward's state and allows a memory-efficient
-  // one a single backward. Unchecked: a buffer declared so that holds no such state sends the
+  // another process), so that backward() takes it; states the copy wrote over are lost, as after a
+  // forward. The PyTorch front end declares the states it gets as copies (save_on_cpu's,
+  // AOTAutograd's), of its problem's size; a forward's own state, still at its address, it leaves
+  // to the record. Unchecked: a buffer declared so that holds no such state sends the
   // kernels' reads and writes wherever its routing tables point.
   void adopt_saved(const void* saved);
 
@@ -165,14 +167,16 @@ class FusedMoe {
 };
 
 // Sets one of the library's settings, the MOEJIT_* variables of README "Environment variables",
-// for this process in place of the environment: `name` is "MOEJIT_DB" or "DB"; a null (or empty)
-// `value` unsets it, so its default applies whatever the environment holds. It applies where the
+// for this process in place of the environment: `name` is "MOEJIT_DB" or "DB"; std::nullopt (or "")
+// unsets it, so its default applies whatever the environment holds. It applies where the
 // setting is next read, as a changed variable would: plans already built keep their kernels and
 // configs, and MOEJIT_CUDA_DRIVER is read once, at the first GPU use. Thread-safe, and the process
 // environment is left alone: setenv is not safe against another thread's getenv, and plans read
 // their settings on whichever thread builds them. Throws InvalidArgument for an unknown name, or
 // for a value the setting's reader refuses (MOEJIT_AUTOTUNE=off, MOEJIT_JOBS=0).
 void set_option(std::string_view name, std::optional<std::string_view> value);
+// The same for a C string, a null one unsetting (a string_view of null is undefined).
+void set_option(std::string_view name, const char* value);
 // Drops set_option's setting of `name`: the environment variable applies again.
 void clear_option(std::string_view name);
 

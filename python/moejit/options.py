@@ -36,7 +36,7 @@ OPTIONS = {
 }
 
 # "MOEJIT_<NAME>" -> set_option's value, in place of os.environ's ("": unset). The library keeps
-# its own copy of its variables'; this one answers get_option and gives the CLI its environment.
+# its own copy of its variables; this one answers get_option and gives the CLI its environment.
 _settings = {}
 # Held while both copies change, so that threads setting one option leave them alike.
 _lock = threading.Lock()

@@ -1,9 +1,7 @@
 // The C ABI over FusedMoe: exceptions become status codes plus a thread-local message.
 #include "moejit/moejit.h"
 
-#include <optional>
 #include <string>
-#include <string_view>
 
 #include "capi/guarded.hpp"
 #include "moe/memory_layout.hpp"
@@ -149,7 +147,7 @@ moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved) {
 moejit_status moejit_set_option(const char* name, const char* value) {
   return guarded([&] {
     if (name == nullptr) throw moejit::InvalidArgument("name", "null pointer");
-    moejit::set_option(name, value == nullptr ? std::nullopt : std::optional<std::string_view>(value));
+    moejit::set_option(name, value);
   });
 }
 

@@ -40,14 +40,18 @@ Overrides& overrides() {
 }
 
 std::optional<std::string> get(const char* name) {
-  std::string value;
+  std::optional<std::string> value;
   {
     Overrides& o = overrides();
     std::lock_guard<std::mutex> lock(o.mu);
     if (auto it = o.values.find(std::string_view(name)); it != o.values.end()) value = it->second;
-    else if (const char* v = std::getenv(name)) value = v;
   }
-  if (value.empty()) return std::nullopt;
+  // Outside the lock: a child forked while another thread held it would wait on it for ever.
+  if (!value) {
+    const char* v = std::getenv(name);
+    value = v == nullptr ? "" : v;
+  }
+  if (value->empty()) return std::nullopt;
   return value;
 }
 
@@ -211,6 +215,10 @@ void set_option(std::string_view name, std::optional<std::string_view> value) {
   env::Overrides& o = env::overrides();
   std::lock_guard<std::mutex> lock(o.mu);
   o.values.insert_or_assign(std::string(v.name), std::move(text));
+}
+
+void set_option(std::string_view name, const char* value) {
+  set_option(name, value == nullptr ? std::nullopt : std::optional<std::string_view>(value));
 }
 
 void clear_option(std::string_view name) {

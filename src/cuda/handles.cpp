@@ -79,12 +79,12 @@ CUcontext raw_current_context() {
 }  // namespace
 
 CUcontext current_context() {
-  raw_current_context();
+  raw_current_context();  // NoDeviceError where none is: the null stream below names the current one
   return stream_owner(nullptr).context;
 }
 
 bool green_context_current() {
-  raw_current_context();
+  raw_current_context();  // as above
   return stream_owner(nullptr).green != nullptr;
 }
 

@@ -55,6 +55,12 @@ TEST_CASE("C ABI argument errors are status codes with messages", "[capi]") {
 TEST_CASE("C ABI options: set, unset and clear without touching the environment; errors name the options",
           "[capi][options]") {
   moejit::test::ScopedEnv db("MOEJIT_DB", "/env.sqlite"), xdg("XDG_CACHE_HOME", "/x");
+  // Drops the case's settings however it ends: later cases read the environment.
+  struct Cleared {
+    ~Cleared() {
+      for (const char* name : {"DB", "LOG", "AUTOTUNE"}) moejit_clear_option(name);
+    }
+  } cleared;
   REQUIRE(moejit_set_option("MOEJIT_DB", "/set.sqlite") == MOEJIT_OK);
   CHECK(moejit::env::user_db_path() == std::filesystem::path("/set.sqlite"));
   CHECK(std::string(std::getenv("MOEJIT_DB")) == "/env.sqlite");
