@@ -337,8 +337,9 @@ def test_the_backward_op_takes_x_only_for_weight_gradients():
 
 def test_the_backward_ops_refuse_another_problems_state():
     # Every state used to be adopted: a T=256 forward's state passed with T=64 tensors had the
-    # kernels read a T=256 routing table with a T=64 layout, out of bounds. A forward's own state
-    # is now checked by the library, and a refusal before it reaches the state consumes nothing.
+    # kernels read a T=256 routing table with a T=64 layout, out of bounds. A state of another
+    # size is now refused before the library, a copy too; a forward's own state is checked by the
+    # library; and a refusal before it reaches the state consumes nothing.
     x, w1, w2, ids, weights, d_out = make_case(256, 8, 256, 128, 2, dtype=torch.bfloat16)
     ids, weights = ids.int(), weights.to(x.dtype)
     small_x, _, _, small_ids, small_weights, small_d_out = make_case(64, 8, 256, 128, 2, dtype=torch.bfloat16, seed=1)
@@ -347,9 +348,10 @@ def test_the_backward_ops_refuse_another_problems_state():
     for mode, op in ((ops.TRAIN, torch.ops.moejit.fused_moe_backward),
                      (ops.MEMEFF, torch.ops.moejit.fused_moe_backward_consuming)):
         _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, mode, False)
-        with pytest.raises(moejit.StateError, match=r"^saved: it holds the state of another problem's forward\(\) "
-                                                    r"\(T=256"):
+        with pytest.raises(moejit.InvalidArgumentError, match="saved holds .* bytes, this problem's state"):
             op(small_d_out, small_x, w1, w2, small_weights, saved, mode, False, True)
+        with pytest.raises(moejit.InvalidArgumentError, match="saved holds .* bytes, this problem's state"):
+            op(small_d_out, small_x, w1, w2, small_weights, saved.clone(), mode, False, True)
         with pytest.raises(moejit.InvalidArgumentError, match="saved holds .* bytes, this problem's state"):
             op(d_out, x, w1, w2, weights, small_saved, mode, False, True)
         got = op(d_out, x, w1, w2, weights, saved, mode, False, True)

@@ -403,6 +403,16 @@ def test_a_backward_adopts_only_a_state_no_forward_wrote_there(monkeypatch):
         for state in (saved.clone(), saved):
             ops._backward(x, x, w1, w2, weights, state, mode, False, True)
     assert stub_plan.adopted == [True, False, True, False]
+    # A storage that kept its identity but moved (an offloader's resize_(0), then resize_(n) and a
+    # refill): the library's record of the new address is not that forward's, so it is adopted.
+    _, saved = ops._forward(x, w1, w2, ids, weights, ops.TRAIN, False)
+    storage, before = saved.untyped_storage(), saved.data_ptr()
+    keep = torch.empty(storage.nbytes(), dtype=torch.uint8)  # holds the old block, so the new one moves
+    storage.resize_(0)
+    storage.resize_(keep.numel())
+    assert saved.data_ptr() != before
+    ops._backward(x, x, w1, w2, weights, saved, ops.TRAIN, False, True)
+    assert stub_plan.adopted[-1] is True
 
 
 def test_a_memory_efficient_backward_refused_before_the_state_may_run_again(monkeypatch):

@@ -82,7 +82,9 @@ def _checked_problem(op, x, gate_up_proj, down_proj, topk_weights, plan_mode, ch
     # A T of 0 reaches no library call (see _forward), and the library sizes no empty problem.
     if saved is not None and tokens:
         need = _library.problem_memory(problem).saved_bytes
-        if saved.numel() < need:
+        # Exactly: every state (a forward's, save_on_cpu's copy, AOTAutograd's) has its problem's
+        # size, and a larger one adopted as a copy would be read with this problem's layout.
+        if saved.numel() != need:
             _refuse(op, f"saved holds {saved.numel()} bytes, this problem's state {need}: it is not this "
                         "problem's forward state")
     return problem
@@ -165,10 +167,13 @@ _states_cleanup_at = [1024]  # the size that next drops the entries of freed sto
 
 
 class _State:
+    # written: the data address a forward wrote the state at (None: none did). A storage keeps its
+    # identity when resized (an offloader's resize_(0), then resize_(n) and a refill), not its
+    # address, and the library's record goes by address.
     __slots__ = ("ref", "written", "consumed")
 
     def __init__(self, ref):
-        self.ref, self.written, self.consumed = ref, False, False
+        self.ref, self.written, self.consumed = ref, None, False
 
 
 def _state_locked(ref):
@@ -187,14 +192,14 @@ def _wrote(saved):
     """A forward wrote its state into saved, and the library recorded it at saved's address."""
     ref = StorageWeakRef(saved.untyped_storage())
     with _states_lock:
-        _state_locked(ref).written = True
+        _state_locked(ref).written = saved.data_ptr()
 
 
 def _claim(saved, consume):
     """Whether a backward adopts saved (moejit_plan_adopt_saved). Not a state a forward wrote into
-    this storage, still alive: the library's record of its address is that forward's, and the
+    this storage at this address, still alive: the library's record of its address is that forward's, and the
     library checks it (problem, completeness, consumption). Any other is a copy (save_on_cpu's,
-    AOTAutograd's, a cudagraph replay's output over its pool), which the library would judge by
+    AOTAutograd's, a storage resized and so moved), which the library would judge by
     its address's past. consume: marks the state consumed first, refusing one already consumed,
     so that of two backwards given one state one runs."""
     ref = StorageWeakRef(saved.untyped_storage())
@@ -208,7 +213,7 @@ def _claim(saved, consume):
             state = _states.get(ref.cdata)
             if state is not None and state.ref.expired():
                 state = None
-        return state is None or not state.written
+        return state is None or state.written != saved.data_ptr()
 
 
 def _unclaim(saved):
