@@ -69,9 +69,9 @@ void moejit_plan_destroy(moejit_plan* plan);
 moejit_status moejit_plan_memory(const moejit_plan* plan, moejit_memory_plan* out);
 /* What moejit_plan_memory will report for a plan of this problem, computed on the host: no GPU
  * or context needed (e.g. to size buffers while tracing). Validates the problem's shape like
- * moejit_plan_create; limits that depend on the configs a plan chooses (gather_sum's grid past
- * H = 2 M, a GEMM's grid past 2^31 - 1 blocks, README: Limits) are checked only when a plan is
- * created. */
+ * moejit_plan_create (H within gather_sum's grid included, since 0.3.0); a limit that depends on
+ * the configs a plan chooses (a GEMM's grid past 2^31 - 1 blocks, README: Limits) is checked only
+ * when a plan is created. */
 moejit_status moejit_problem_memory(const moejit_problem* problem, moejit_memory_plan* out);
 
 moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, const void* w2,
@@ -89,8 +89,9 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
  * forward's.
  * MOEJIT_ERROR_STATE for a `saved` no forward of this process wrote (since
  * 0.2.0: its routing tables would send the kernels' reads and writes anywhere), one a forward
- * stopped in part-way, one a memory-efficient backward consumed, or one another problem's
- * forward wrote last (FusedMoe::backward in moejit.hpp). */
+ * stopped in part-way, one a memory-efficient backward consumed, one another problem's forward
+ * wrote last, or (since 0.3.0) one a later call wrote over in part (FusedMoe::backward in
+ * moejit.hpp). */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,
