@@ -5,7 +5,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "core/fs.hpp"
 #include "core/hash.hpp"
@@ -34,28 +33,9 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
   return v;
 }
 
-// Folders a store failed in (unwritable, full). Said once and not written to again in this
-// process: a cold tune stores hundreds of kernels, each would warn.
-class FailedFolders {
- public:
-  bool contains(const std::filesystem::path& dir) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return dirs_.contains(dir);
-  }
-  // Whether `dir` was not here yet.
-  bool add(const std::filesystem::path& dir) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return dirs_.insert(dir).second;
-  }
-
- private:
-  std::mutex mu_;
-  std::set<std::filesystem::path> dirs_;
-};
-
-FailedFolders& failed_folders() {
-  static FailedFolders folders;
-  return folders;
+StoreBackoff& store_backoff() {
+  static StoreBackoff backoff;
+  return backoff;
 }
 
 bool is_hex_digits(std::string_view s) {
@@ -211,14 +191,30 @@ bool DiskCache::is_cache_file_name(const std::string& name) {
   return name[hash_at - 1] == '.' && is_hex_digits(std::string_view(name).substr(hash_at, kHashDigits));
 }
 
+bool StoreBackoff::paused(const std::filesystem::path& dir, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = until_.find(dir);
+  return it != until_.end() && now < it->second;
+}
+
+bool StoreBackoff::failed(const std::filesystem::path& dir, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool first = !until_.contains(dir);
+  until_[dir] = now + kPause;
+  return first;
+}
+
 void DiskCache::store(const CompiledKernel& kernel) const {
-  if (failed_folders().contains(folder())) return;
+  if (store_backoff().paused(folder(), StoreBackoff::Clock::now())) return;
   try {
     fs::atomic_write(path_of(kernel.key), encode(kernel));
   } catch (const std::exception& e) {  // best effort: the kernel compiled, whatever the store met
-    if (failed_folders().add(folder())) {
-      log::warn("kernel cache not written: {}; no more kernels are stored in {} by this process", e.what(),
-                folder().string());
+    if (store_backoff().failed(folder(), StoreBackoff::Clock::now())) {
+      log::warn("kernel cache not written: {}; no kernels are stored in {} by this process for {} minutes, then "
+                "it tries again",
+                e.what(), folder().string(), StoreBackoff::kPause.count());
+    } else {
+      log::debug("kernel cache not written again: {}", e.what());
     }
   }
 }

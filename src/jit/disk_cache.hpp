@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +19,21 @@
 namespace moejit::jit {
 
 enum class DiskLookup { kHit, kMiss, kCorrupt };
+
+// The folders this process's stores failed in, and until when it stores nothing there: a cold
+// tune stores hundreds of kernels, and each would meet the same full disk. Thread-safe.
+class StoreBackoff {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::minutes kPause{10};
+  bool paused(const std::filesystem::path& dir, Clock::time_point now);
+  // Pauses `dir` for kPause from `now`; whether it is the folder's first failure (to warn once).
+  bool failed(const std::filesystem::path& dir, Clock::time_point now);
+
+ private:
+  std::mutex mu_;
+  std::map<std::filesystem::path, Clock::time_point> until_;
+};
 
 class DiskCache {
  public:
@@ -30,8 +47,9 @@ class DiskCache {
   // replaces it.
   DiskLookup load(const KernelKey& key, CompiledKernel& out) const;
   // Best effort: any failure to write (an unwritable folder, a full disk) is logged, not thrown,
-  // since compiling still worked. After one failure in a folder, this process stores nothing more
-  // there (loads are still tried), so the warning comes once per folder.
+  // since compiling still worked. After a failure in a folder, this process stores nothing there
+  // for StoreBackoff::kPause (loads are still tried), then tries again: the warning comes once per
+  // folder, and a disk freed or a mount back later is used again by a long-lived process.
   void store(const CompiledKernel& kernel) const;
 
   std::filesystem::path folder() const { return root_ / build_; }

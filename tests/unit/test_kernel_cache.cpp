@@ -418,3 +418,17 @@ TEST_CASE("writers killed mid-store leave only whole cache files", "[cache][mult
   }
   CHECK(files.size() >= static_cast<std::size_t>(logged));
 }
+
+TEST_CASE("a folder whose store failed is paused for a while, then tried again, with one warning", "[cache]") {
+  StoreBackoff backoff;
+  const auto t0 = StoreBackoff::Clock::now();
+  CHECK_FALSE(backoff.paused("/cache/a", t0));
+  CHECK(backoff.failed("/cache/a", t0));  // the first failure: warned
+  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause - std::chrono::seconds(1)));
+  CHECK_FALSE(backoff.paused("/cache/b", t0));  // other folders store on
+  // Past the pause a store is tried again (a disk freed, a mount back); failing, it pauses again
+  // without another warning.
+  CHECK_FALSE(backoff.paused("/cache/a", t0 + StoreBackoff::kPause));
+  CHECK_FALSE(backoff.failed("/cache/a", t0 + StoreBackoff::kPause));
+  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause + std::chrono::minutes(1)));
+}
