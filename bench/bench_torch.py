@@ -26,8 +26,10 @@ TFLOP/s (FLOP model: forward and inference 6·T·K·H·I, backward 12·, full 18
 torch.cuda.max_memory_allocated over the memory allocated before the iteration (the weights,
 inputs and rotation sets are resident and not counted), and x_first: the median over rounds of
 this row's ms over the first implementation's in the same round and mode (how many times the
-first is faster). Host time between launches counts: the loop baseline syncs and is host-bound
-by design.
+first is faster). Host time between launches counts: each iteration is synchronised before the
+next, so an implementation that syncs inside (Liger's routing metadata, the loop baseline's
+counts) or whose Python outruns its kernels is timed with its host time; --kernel-time adds
+kernel_ms, the profiled sum of its GPU kernels' durations alone.
 """
 
 import argparse
@@ -204,6 +206,34 @@ def time_mode(fn, mode, w1, w2, sets, min_iters, min_seconds, with_peak):
     return samples, peak_mib
 
 
+def kernel_ms(fn, mode, w1, w2, sets, steps=5):
+    """The GPU kernels' time per iteration of one (impl, mode), from torch.profiler: the sum of
+    every kernel's duration (copies and memsets included), without the gaps between them. Event
+    timing around each iteration counts the host time a launch waits on (a host sync inside an
+    implementation, Python between launches); this does not, so the two together say how much of
+    a step is the GPU's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step(s):
+        if mode == "inference":
+            with torch.no_grad():
+                fn(s[0], w1, w2, s[1], s[2])
+            return
+        out = fn(s[0], w1, w2, s[1], s[2])
+        if mode in ("full", "backward"):
+            torch.autograd.grad(out, (s[0], w1, w2, s[2]), s[3])
+
+    step(sets[0])  # untimed: the profiler's own start-up is not the step's
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(sets[i % len(sets)])
+        torch.cuda.synchronize()
+    total_us = sum(e.time_range.end - e.time_range.start for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / steps / 1e3
+
+
 def first_step_seconds(fn, w1, w2, s):
     """Wall time of the first full step: whatever the implementation compiles, tunes or plans."""
     torch.cuda.synchronize()
@@ -256,9 +286,13 @@ def run_tokens(t, impls, modes, w1, w2, sets, args):
             x_first = statistics.median(a / b for a, b in zip(round_ms[(impl, mode)], first)) if first else None
             row = dict(rows[impl], mode=mode, ms=ms, tflops=tflops, peak_mib=peaks[(impl, mode)],
                        iters=len(samples[(impl, mode)]), round_ms=round_ms[(impl, mode)], x_first=x_first)
+            if args.kernel_time and mode != "backward":
+                row["kernel_ms"] = kernel_ms(IMPLS[impl], mode, w1, w2, sets)
             results.append(row)
+            kernels = f"  kernels {row['kernel_ms']:.3f} ms" if "kernel_ms" in row else ""
             print(f"T={t:<6} {impl:<14} {mode:<9} {ms:9.3f} ms {tflops:7.1f} TFLOP/s peak +{row['peak_mib']:8.1f} MiB"
-                  f" first step {row['first_call_s']:7.2f} s" + (f"  x{x_first:.3f}" if x_first else ""), flush=True)
+                  f" first step {row['first_call_s']:7.2f} s" + (f"  x{x_first:.3f}" if x_first else "") + kernels,
+                  flush=True)
     return results
 
 
@@ -275,6 +309,9 @@ def main():
     parser.add_argument("--min-seconds", type=float, default=1.0,
                         help="timed seconds per (impl, mode), over all rounds (so is --min-iters)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kernel-time", action="store_true",
+                        help="also profile 5 iterations per (impl, mode) and report the GPU kernels' time alone "
+                             "(kernel_ms), without the host time event timing counts")
     args = parser.parse_args()
 
     if not torch.cuda.is_available():
@@ -316,13 +353,15 @@ def markdown(report):
     s = report["shape"]
     lines = [f"{report['device']}, torch {report['torch']}, moejit {report['moejit']}, {report['date']}: "
              f"E={s['E']} H={s['H']} I={s['I']} K={s['K']} {s['dtype']}. Median ms (TFLOP/s), peak MiB over resident.",
-             "", "| T | impl | mode | ms | TFLOP/s | peak MiB | first step s | x first |", "|---|---|---|---|---|---|---|---|"]
+             "", "| T | impl | mode | ms | kernels ms | TFLOP/s | peak MiB | first step s | x first |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['tokens']} | {r['impl']} | — | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['tokens']} | {r['impl']} | — | failed: {r['error']} | | | | | |")
         else:
             x_first = f"{r['x_first']:.3f}" if r["x_first"] else "—"
-            lines.append(f"| {r['tokens']} | {r['impl']} | {r['mode']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
+            kernels = f"{r['kernel_ms']:.3f}" if "kernel_ms" in r else "—"
+            lines.append(f"| {r['tokens']} | {r['impl']} | {r['mode']} | {r['ms']:.3f} | {kernels} | {r['tflops']:.0f} | "
                          f"{r['peak_mib']:.0f} | {r['first_call_s']:.2f} | {x_first} |")
     return "\n".join(lines) + "\n"
 
