@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Whole-step A/B of builds on the GPU machine: each build's own moejit_bench runs BENCH_ARGS in
-# turn, ROUNDS times (A B A B ...), so clock drift hits all alike; each run's table lines are
+# turn, ROUNDS times, the order reversed every other round (A B, B A, A B ...), so clock drift
+# hits all alike and no side always follows another's heat; each run's table lines are
 # printed and its JSON lands in $OUT/ab-steps-NAME-ROUND.json, which tools/ab-summary.py sums up
 # at the end.
 # Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
@@ -59,7 +60,12 @@ for side in "${builds[@]}"; do
   echo "$tag: template hash $hash, tables of $source${forced:+, ${forced[*]}}"
 done
 for ((r = 1; r <= rounds; r++)); do
-  for tag in "${tags[@]}"; do
+  order=("${tags[@]}")
+  if ((r % 2 == 0)); then
+    order=()
+    for ((i = ${#tags[@]} - 1; i >= 0; i--)); do order+=("${tags[$i]}"); done
+  fi
+  for tag in "${order[@]}"; do
     echo "-- $tag, round $r"
     log=/tmp/ab-steps-$tag-$r.txt
     # Word-split on purpose: "--override ROLE=CONFIG" pairs, none holding spaces.
