@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/float16.hpp"
 #include "cuda/driver.hpp"
 
 namespace moejit::bench {
@@ -29,6 +30,23 @@ Mode plan_mode(StepKind kind) {
   return Mode::kTraining;
 }
 
+// `count` elements of type T from element `offset` of b.
+template <typename T>
+std::vector<T> download(const cuda::DeviceBuffer& b, std::size_t offset, std::size_t count) {
+  std::vector<T> v(count);
+  b.download(v.data(), count * sizeof(T), offset * sizeof(T));
+  return v;
+}
+
+template <typename T>
+std::vector<T> download_all(const cuda::DeviceBuffer& b) {
+  return download<T>(b, 0, b.bytes() / sizeof(T));
+}
+
+void append(std::vector<double>& to, const std::vector<double>& values) {
+  to.insert(to.end(), values.begin(), values.end());
+}
+
 }  // namespace
 
 Weights::Weights(const MoeProblem& p, std::uint64_t seed) {
@@ -40,6 +58,8 @@ Weights::Weights(const MoeProblem& p, std::uint64_t seed) {
   dw1 = cuda::DeviceBuffer(w1.bytes());
   dw2 = cuda::DeviceBuffer(w2.bytes());
 }
+
+HostWeights Weights::download() const { return {download_all<std::uint16_t>(w1), download_all<std::uint16_t>(w2)}; }
 
 Footprint footprint(const MoeProblem& p, const MemoryPlan& m) {
   const std::size_t elt = 2, rows = static_cast<std::size_t>(p.tokens) * p.hidden * elt;
@@ -164,6 +184,57 @@ Stats MoeSteps::measure(StepKind kind, StreamTimer& timer, int warmup, int iters
     forward(step);
     backward(step);
   });
+}
+
+HostInputs MoeSteps::host_inputs() const {
+  return {download_all<std::uint16_t>(inputs_.x[0]), download_all<std::uint16_t>(inputs_.topk_weights[0]),
+          download_all<std::uint16_t>(inputs_.d_out[0]), download_all<std::int32_t>(inputs_.topk_ids[0])};
+}
+
+SampledOutputs MoeSteps::sampled_step(StepKind kind, const CheckSample& sample) {
+  FusedMoe& plan = plans_.at(plan_mode(kind));
+  const PlanBuffers scratch(plan.memory());
+  const Checked what = checked_outputs(kind);
+  std::vector<const cuda::DeviceBuffer*> poisoned = {&out_, &scratch.saved, &scratch.forward_ws};
+  if (what.backward) poisoned.insert(poisoned.end(), {&dx_, &d_topk_weights_, &scratch.backward_ws});
+  if (what.weight_gradients) poisoned.insert(poisoned.end(), {&weights_.dw1, &weights_.dw2});
+  // On the step's stream, so the fills are ordered before it wherever the stream runs (a green
+  // context's too).
+  for (const cuda::DeviceBuffer* b : poisoned) {
+    if (b->bytes() > 0) MOEJIT_CU(cuda::driver().cuMemsetD8Async(b->get(), 0xff, b->bytes(), stream_));
+  }
+  plan.forward(forward_args(0, scratch));
+  if (what.backward) {
+    BackwardArgs a = backward_args(0, scratch);
+    if (!what.weight_gradients) a.dw1 = a.dw2 = nullptr;
+    plan.backward(a);
+  }
+  MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream_));
+
+  const std::size_t H = problem_.hidden, I = problem_.intermediate, K = problem_.topk;
+  const auto values = [&](const cuda::DeviceBuffer& b, std::size_t offset, std::size_t count) {
+    return from_storage(problem_.dtype, download<std::uint16_t>(b, offset, count));
+  };
+  SampledOutputs got;
+  for (long long t : sample.tokens) {
+    const auto row = static_cast<std::size_t>(t);
+    append(got.out, values(out_, row * H, H));
+    if (!what.backward) continue;
+    append(got.dx, values(dx_, row * H, H));
+    append(got.d_topk_weights, values(d_topk_weights_, row * K, K));
+  }
+  if (!what.weight_gradients) return got;
+  for (const CheckSample::Columns& c : sample.weights) {
+    const std::size_t e = c.expert;
+    // dW2[e]'s columns are strided: read the expert's whole [H, I] slice.
+    const std::vector<double> dw2 = values(weights_.dw2, e * H * I, H * I);
+    for (int i : c.columns) {
+      append(got.dw1, values(weights_.dw1, (e * 2 * I + i) * H, H));
+      append(got.dw1, values(weights_.dw1, (e * 2 * I + I + i) * H, H));
+      for (std::size_t h = 0; h < H; ++h) got.dw2.push_back(dw2[h * I + i]);
+    }
+  }
+  return got;
 }
 
 }  // namespace moejit::bench

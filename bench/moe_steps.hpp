@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "check.hpp"
 #include "cuda/handles.hpp"
 #include "inputs.hpp"
 #include "moejit/moejit.hpp"
@@ -19,6 +20,8 @@ namespace moejit::bench {
 struct Weights {
   cuda::DeviceBuffer w1, w2, dw1, dw2;
   Weights(const MoeProblem& problem, std::uint64_t seed);
+  // W1 and W2 as the device holds them, for the check's reference.
+  HostWeights download() const;
 };
 
 struct Footprint {
@@ -64,6 +67,13 @@ class MoeSteps {
   // graph that captured one of each: `calls` back-to-back calls each, timed on the host clock (no
   // events, no synchronisation between them).
   Enqueue enqueue_us(int calls);
+
+  // Input set 0 as the device holds it, for the check's reference.
+  HostInputs host_inputs() const;
+  // One step of `kind` on input set 0 with the plan it is timed with, finished, what it writes
+  // and the plan's scratch filled with 0xff bytes first (NaN in bf16 and fp16), so a value it
+  // never writes cannot pass; then its outputs at the sample (check.hpp).
+  SampledOutputs sampled_step(StepKind kind, const CheckSample& sample);
 
  private:
   ForwardArgs forward_args(int step, const PlanBuffers& scratch) const;

@@ -5,18 +5,22 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
@@ -53,9 +57,13 @@ const char* kUsage =
     "  --override ROLE=CONFIG ...  force a kernel config (Options::config_overrides); repeatable\n"
     "  --sms N                  run every step and dense sequence on a green context of at least N SMs (the\n"
     "                           driver rounds up to its partition size; needs a 12.5 or newer driver)\n"
+    "  --no-check               skip the check of each step: after the timing, one more step on input set 0,\n"
+    "                           its outputs poisoned first, sampled against an fp64 host reference (a failed\n"
+    "                           check exits 1). For timing a deliberately partial variant, one that skips work\n"
+    "                           and so writes wrong outputs by design\n"
     "  -h, --help               this text\n"
     "Prints, per token count and mode: median/min/p90 ms, TFLOP/s, the dense cuBLAS ceiling of equal\n"
-    "FLOPs and ratio = dense_ms / ms. Needs an NVIDIA GPU.\n";
+    "FLOPs, ratio = dense_ms / ms and whether the step's outputs checked out. Needs an NVIDIA GPU.\n";
 
 constexpr std::uint64_t kSeed = 20240611;
 
@@ -66,6 +74,7 @@ struct Args {
   RoutingSpec routing;
   int warmup = 5, iters = 20, rounds = 4;
   int sms = 0;  // 0: the whole device
+  bool check = true;
   std::string json;
   Options options;
   bool help = false;
@@ -102,6 +111,10 @@ Args parse_args(int argc, char** argv) {
     std::string name = argv[i], value;
     if (name == "-h" || name == "--help") {
       a.help = true;
+      continue;
+    }
+    if (name == "--no-check") {
+      a.check = false;
       continue;
     }
     if (name.rfind("--", 0) != 0) throw InvalidArgument(name, "unexpected argument");
@@ -190,10 +203,44 @@ StepKind dense_kind(StepKind kind) {
   return kind;
 }
 
+// After the timing, each step that was timed runs once more on input set 0, against the fp64
+// reference of a sample (check.hpp). After rather than before: it checks the plans as the timed
+// iterations left them, and its host work (the reference) cannot change the state the GPU
+// enters the timing in.
+void check_steps(MoeSteps& moe, const MoeProblem& p, const HostWeights& weights, std::uint64_t seed,
+                 TokenResult& r) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto failed = [](std::string why) {
+    return CheckResult{false, std::numeric_limits<double>::infinity(), std::move(why)};
+  };
+  const CheckSample sample = choose_sample(p, seed);
+  std::optional<SampledOutputs> want;
+  std::string no_reference;
+  try {
+    want = reference_outputs(p, sample, moe.host_inputs(), weights);
+  } catch (const std::exception& e) {
+    no_reference = std::string("no reference: ") + e.what();
+  }
+  for (StepResult& s : r.steps) {
+    if (!s.ours) continue;  // nothing timed to vouch for
+    if (!want) {
+      s.check = failed(no_reference);
+      continue;
+    }
+    try {
+      s.check = judge(p, checked_outputs(s.kind), sample, moe.sampled_step(s.kind, sample), *want);
+    } catch (const std::exception& e) {
+      s.check = failed(std::string("the step threw: ") + e.what());
+    }
+  }
+  r.check_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Everything for one token count. The per-T device memory (inputs, plan scratch, dense operands)
 // lives in this function's scopes, so it is freed before the next token count.
+// `host_weights` is null under --no-check.
 TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInfo& device, const Weights& weights,
-                       const Cublas& blas, CUstream stream, StreamTimer& timer) {
+                       const HostWeights* host_weights, const Cublas& blas, CUstream stream, StreamTimer& timer) {
   MoeProblem p = args.problem;
   p.tokens = tokens;
   TokenResult r;
@@ -281,6 +328,7 @@ TokenResult run_tokens(const Args& args, long long tokens, const cuda::DeviceInf
       if (s.ours) s.round_ratios = round_ratios(ours[i], d->second);
     }
   }
+  if (moe && host_weights) check_steps(*moe, p, *host_weights, seed + 2, r);
   return r;
 }
 
@@ -300,6 +348,7 @@ int run(const Args& args, const std::string& command) {
   info.iters = args.iters;
   info.rounds = args.rounds;
   info.overrides = args.options.config_overrides;
+  info.check = args.check;
 
   // A green context's stream carries everything on its share of the SMs, the dense ceiling too.
   cuda::Stream own;
@@ -316,15 +365,18 @@ int run(const Args& args, const std::string& command) {
   check_cublas(cublasGetVersion(blas.get(), &info.cublas_version), "cublasGetVersion");
   StreamTimer timer(stream);
   const Weights weights(args.problem, kSeed);
+  const std::optional<HostWeights> host_weights = args.check ? std::optional(weights.download()) : std::nullopt;
 
   std::vector<TokenResult> results;
   for (long long tokens : args.tokens) {
-    results.push_back(run_tokens(args, tokens, info.device, weights, blas, stream, timer));
+    results.push_back(run_tokens(args, tokens, info.device, weights, host_weights ? &*host_weights : nullptr, blas,
+                                 stream, timer));
     const TokenResult& r = results.back();
     fmt::print("T={} done: plans {:.1f} s, enqueue {:.1f} us per forward(), {:.1f} per backward(), {:.1f} per "
-               "graph replay of both, input copies {}, dense copies {}{}\n",
+               "graph replay of both, input copies {}, dense copies {}{}{}\n",
                tokens, r.plan_seconds, r.forward_enqueue_us, r.backward_enqueue_us, r.graph_step_us, r.copies,
-               r.dense_copies, r.error.empty() ? "" : " (setup failed)");
+               r.dense_copies, args.check ? fmt::format(", check {:.2f} s", r.check_seconds) : "",
+               r.error.empty() ? "" : " (setup failed)");
     std::fflush(stdout);
   }
   print_report(info, results);
@@ -332,7 +384,7 @@ int run(const Args& args, const std::string& command) {
     write_json(args.json, info, results);
     fmt::print("wrote {}\n", args.json);
   }
-  return any_error(results) ? 1 : 0;
+  return any_error(results) || any_check_failed(results) ? 1 : 0;
 }
 
 }  // namespace

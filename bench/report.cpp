@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -66,7 +67,26 @@ void print_token_block(const TokenResult& r) {
   for (const StepResult& s : r.steps) {
     if (!s.ours_error.empty()) fmt::print("  {} error: {}\n", step_name(s.kind), first_line(s.ours_error));
     if (!s.dense_error.empty()) fmt::print("  {} dense error: {}\n", step_name(s.kind), first_line(s.dense_error));
+    if (!s.check) continue;
+    if (s.check->ok) {
+      fmt::print("  {} check: ok (max rel err {:.2e})\n", step_name(s.kind), s.check->max_rel_err);
+    } else {
+      fmt::print("  {} check: FAILED ({})\n", step_name(s.kind), first_line(s.check->failure, 200));
+    }
   }
+}
+
+std::string check_cell(const StepResult& s) {
+  if (!s.check) return "-";
+  return s.check->ok ? "ok" : "FAILED";
+}
+
+nlohmann::json check_json(const std::optional<CheckResult>& c) {
+  if (!c) return nullptr;
+  nlohmann::json j = {{"ok", c->ok},
+                      {"max_rel_err", std::isfinite(c->max_rel_err) ? nlohmann::json(c->max_rel_err) : nullptr}};
+  if (!c->ok) j["failure"] = c->failure;
+  return j;
 }
 
 // A time with one trailing mark column: '*' when the host could not stay ahead of the GPU.
@@ -96,6 +116,15 @@ nlohmann::json memory_json(const Footprint& f) {
 
 }  // namespace
 
+bool any_check_failed(const std::vector<TokenResult>& results) {
+  for (const TokenResult& r : results) {
+    for (const StepResult& s : r.steps) {
+      if (s.check && !s.check->ok) return true;
+    }
+  }
+  return false;
+}
+
 bool any_error(const std::vector<TokenResult>& results) {
   for (const TokenResult& r : results) {
     if (!r.error.empty()) return true;
@@ -113,14 +142,17 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
              d.name, d.arch(), d.sm_count, d.l2_bytes >> 20, driver_string(d.driver_version), info.cublas_version,
              info.date_utc,
              info.green_sms > 0 ? fmt::format(" | on a green context of {} SMs", info.green_sms) : std::string());
-  fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} in {} rounds | ms: CUDA-event median, min, p90{}\n",
+  fmt::print("== E={} H={} I={} K={} {} routing={} | warmup {} iters {} in {} rounds | ms: CUDA-event median, min, "
+             "p90{}{}\n",
              p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), routing_name(info.routing),
-             info.warmup, info.iters, info.rounds, info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides));
+             info.warmup, info.iters, info.rounds,
+             info.overrides.empty() ? "" : " | overrides:" + join_configs(info.overrides),
+             info.check ? "" : " | outputs not checked (--no-check)");
   for (const TokenResult& r : results) print_token_block(r);
 
   bool host_bound = false;
-  fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6}\n", "T", "mode", "ms ", "min ", "p90 ",
-             "TFLOP/s", "dense_ms ", "dense_TF", "ratio", "wTB/s");
+  fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6} {:<6}\n", "T", "mode", "ms ", "min ",
+             "p90 ", "TFLOP/s", "dense_ms ", "dense_TF", "ratio", "wTB/s", "check");
   for (const TokenResult& r : results) {
     for (const StepResult& s : r.steps) {
       host_bound |= (s.ours && s.ours->host_bound) || (s.dense && s.dense->host_bound);
@@ -130,15 +162,19 @@ void print_report(const RunInfo& info, const std::vector<TokenResult>& results) 
       const std::string weights_tbps =
           s.ours && s.ours->median_ms > 0 ? fmt::format("{:.2f}", s.weight_bytes / (s.ours->median_ms * 1e-3) / 1e12)
                                           : "-";
-      fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6}\n", r.tokens, step_name(s.kind),
-                 ms_cell(s.ours, &Stats::median_ms), ms_cell(s.ours, &Stats::min_ms), ms_cell(s.ours, &Stats::p90_ms),
-                 ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio, weights_tbps);
+      fmt::print("{:>6} {:<9} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>6} {:>6} {:<6}\n", r.tokens,
+                 step_name(s.kind), ms_cell(s.ours, &Stats::median_ms), ms_cell(s.ours, &Stats::min_ms),
+                 ms_cell(s.ours, &Stats::p90_ms), ours_tf, ms_cell(s.dense, &Stats::median_ms), dense_tf, ratio,
+                 weights_tbps, check_cell(s));
     }
   }
   fmt::print("ratio = the median over rounds of dense_ms / ms in the round (the fraction of the dense cuBLAS\n"
              "ceiling reached); ms, min, p90 and TFLOP/s over all rounds' samples\n"
              "wTB/s = the expert weights' unavoidable traffic per second (W1, W2 read per pass, dW1, dW2 written):\n"
-             "the bound at small T, against the HBM's peak{}\n",
+             "the bound at small T, against the HBM's peak{}{}\n",
+             info.check ? "\ncheck = after the timing, one more step on input set 0, its outputs poisoned first, "
+                          "sampled against\nan fp64 host reference (why one failed: above, by T)"
+                        : "",
              host_bound ? "\n* host-bound: enqueuing outlasted the GPU's head start, so times may include launch gaps"
                         : "");
   std::fflush(stdout);
@@ -168,6 +204,17 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
   j["green_context_sms"] = info.green_sms > 0 ? nlohmann::json(info.green_sms) : nlohmann::json(nullptr);
   j["flop_model"] = "per (token, slot) pair: forward 6*H*I, backward and frozen 12*H*I, full and memeff 18*H*I";
   j["weight_bytes_model"] = "W1 and W2 read by the forward and again by the backward, dW1 and dW2 written once";
+  j["check"] = info.check ? nlohmann::json{{"tolerance", check_tolerance(p.dtype)},
+                                           {"row_tolerance", 3 * check_tolerance(p.dtype)},
+                                           {"tokens", kCheckTokens},
+                                           {"experts", kCheckExperts},
+                                           {"columns_per_expert", kCheckColumns},
+                                           {"model", "after the timing, one step per mode on input set 0, its outputs "
+                                                     "poisoned (0xff), against an fp64 host reference: the sampled "
+                                                     "tokens' out, dx and d_topk_weights, dW1 rows i and I+i and dW2 "
+                                                     "column i of the sampled experts' columns; relative L2 error of "
+                                                     "each output's sample <= tolerance, of each row <= row_tolerance"}}
+                          : nlohmann::json(nullptr);
   nlohmann::json rows = nlohmann::json::array();
   for (const TokenResult& r : results) {
     nlohmann::json t = {{"tokens", r.tokens},
@@ -178,6 +225,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
                         {"forward_enqueue_us", r.forward_enqueue_us},
                         {"backward_enqueue_us", r.backward_enqueue_us},
                         {"graph_step_us", r.graph_step_us},
+                        {"check_seconds", r.check_seconds},
                         {"configs", r.configs}};
     if (r.train_memory) t["memory"]["train"] = memory_json(*r.train_memory);
     if (r.memeff_memory) t["memory"]["memeff"] = memory_json(*r.memeff_memory);
@@ -194,6 +242,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
       if (s.ours && s.dense && s.ours->median_ms > 0) e["ratio_pooled"] = s.dense->median_ms / s.ours->median_ms;
       if (!s.ours_error.empty()) e["ours_error"] = s.ours_error;
       if (!s.dense_error.empty()) e["dense_error"] = s.dense_error;
+      e["check"] = check_json(s.check);
       steps.push_back(std::move(e));
     }
     t["steps"] = std::move(steps);

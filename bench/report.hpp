@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "check.hpp"
 #include "cuda/device.hpp"
 #include "inputs.hpp"
 #include "moe_steps.hpp"
@@ -24,6 +25,7 @@ struct StepResult {
   std::optional<Stats> ours, dense;    // empty when that side failed
   std::vector<double> round_ratios;    // dense / ours per round (timing.hpp round_ratios)
   std::string ours_error, dense_error;
+  std::optional<CheckResult> check;  // empty under --no-check or when nothing was timed
 };
 
 struct TokenResult {
@@ -33,6 +35,7 @@ struct TokenResult {
   double forward_enqueue_us = 0;   // host cost of one training forward() call
   double backward_enqueue_us = 0;  // and of one backward() call
   double graph_step_us = 0;        // and of replaying a CUDA graph of one forward() and backward()
+  double check_seconds = 0;        // the steps' checks, their reference included
   std::map<std::string, std::map<std::string, std::string>> configs;  // plan mode -> role -> config
   std::optional<Footprint> train_memory, memeff_memory;
   std::vector<StepResult> steps;
@@ -48,9 +51,11 @@ struct RunInfo {
   int warmup = 0, iters = 0, rounds = 0;
   std::map<std::string, std::string> overrides;
   int green_sms = 0;  // SMs of the green context every step ran on; 0: the whole device
+  bool check = true;  // false under --no-check
 };
 
 bool any_error(const std::vector<TokenResult>& results);
+bool any_check_failed(const std::vector<TokenResult>& results);
 void print_report(const RunInfo& info, const std::vector<TokenResult>& results);
 // Throws IoError when the file cannot be written.
 void write_json(const std::string& path, const RunInfo& info, const std::vector<TokenResult>& results);
