@@ -3,7 +3,7 @@
 # turn, ROUNDS times, the order reversed every other round (A B, B A, A B ...), so clock drift
 # hits all alike and no side always follows another's heat; each run's table lines are
 # printed and its JSON lands in $OUT/ab-steps-NAME-ROUND.json, which tools/ab-summary.py sums up
-# at the end.
+# at the end. A side whose outputs fail moejit_bench's check prints why; the summary says so too.
 # Every build runs on the shipped tables of db/ and never tunes (MOEJIT_AUTOTUNE=0). A build
 # whose template hash differs from a table's (its rows would be stale there) runs a copy with the
 # hash rewritten to its own: both sides then run the same configs and only the kernels differ.
@@ -70,12 +70,13 @@ for ((r = 1; r <= rounds; r++)); do
     log=/tmp/ab-steps-$tag-$r.txt
     # Word-split on purpose: "--override ROLE=CONFIG" pairs, none holding spaces.
     # shellcheck disable=SC2086
-    if MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "${bins[$tag]}" "$@" ${overrides[$tag]} \
-      --json "$out/ab-steps-$tag-$r.json" > "$log" 2>&1; then
-      grep -E "^ *[0-9]+ +(forward|backward|full|inference|memeff) " "$log"
-    else
-      tail -3 "$log"
-    fi
+    MOEJIT_AUTOTUNE=0 MOEJIT_SHIPPED_DB_DIR=${tables[$tag]} "${bins[$tag]}" "$@" ${overrides[$tag]} \
+      --json "$out/ab-steps-$tag-$r.json" > "$log" 2>&1
+    status=$?
+    # The table's rows (the last column: whether the step's outputs checked out) and why a check
+    # failed, which exits 1 after a whole table; a run that ended without one, its last lines.
+    grep -E "^ *[0-9]+ +(forward|backward|full|inference|memeff|frozen) | check: FAILED" "$log" || tail -3 "$log"
+    ((status == 0)) || echo "exit status $status (log: $log)"
   done
 done
 echo "-- summary (tools/ab-summary.py)"
