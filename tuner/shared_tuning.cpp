@@ -51,18 +51,26 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   if (user_db) {
     try {
       db::TuningDb user(*user_db);
-      // `moejit tune` takes no tuning lock: a whole row it recorded while this process's partial
-      // tune ran (the first call's narrower space, or cut short by the budget) stays, and this
-      // process runs it too. A stored row `accept` refuses is replaced: kept, it would be dropped
-      // by the caller, and every plan would tune again and drop its result.
-      // (record() weighs only a row of this build.)
-      const MoeShape shape = shape_of(problem);
-      const db::TuningDb::RowFilter keep = [&](const db::TuningRow& existing) {
-        return !tuned_partly(existing, shape) && (!accept || accept(existing));
-      };
-      for (auto& row : tuned) {
-        if (!user.record(row, tuned_partly(row, shape) ? keep : db::TuningDb::RowFilter{})) {
-          if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
+      if (user.read_only()) {
+        // Another user's database, or a read-only folder: read, never written, said once.
+        if (log::first_time("unsaved " + user_db->string())) {
+          log::warn("tuned configs cannot be saved to {}, so they serve this process only: {}", user_db->string(),
+                    user.read_only_reason());
+        }
+      } else {
+        // `moejit tune` takes no tuning lock: a whole row it recorded while this process's partial
+        // tune ran (the first call's narrower space, or cut short by the budget) stays, and this
+        // process runs it too. A stored row `accept` refuses is replaced: kept, it would be dropped
+        // by the caller, and every plan would tune again and drop its result.
+        // (record() weighs only a row of this build.)
+        const MoeShape shape = shape_of(problem);
+        const db::TuningDb::RowFilter keep = [&](const db::TuningRow& existing) {
+          return !tuned_partly(existing, shape) && (!accept || accept(existing));
+        };
+        for (auto& row : tuned) {
+          if (!user.record(row, tuned_partly(row, shape) ? keep : db::TuningDb::RowFilter{})) {
+            if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
+          }
         }
       }
     } catch (const Error& e) {

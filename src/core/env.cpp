@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <thread>
 
@@ -105,13 +104,7 @@ const Variable& variable(std::string_view name) {
 
 // Said once per process and reason: the folders are asked for on every kernel build.
 void warn_once(const std::string& message) {
-  static std::mutex mu;
-  static std::set<std::string> said;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!said.insert(message).second) return;
-  }
-  log::warn("{}", message);
+  if (log::first_time(message)) log::warn("{}", message);
 }
 
 // Every user shares the temporary folder, and another could make this folder first to plant

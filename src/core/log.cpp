@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <set>
 #include <utility>
 
 namespace moejit::log {
@@ -13,6 +14,13 @@ thread_local int t_level = -1;  // a ScopedLevel's, or -1: MOEJIT_LOG's
 bool enabled(env::LogLevel level) {
   const int current = t_level >= 0 ? t_level : static_cast<int>(env::log_level());
   return static_cast<int>(level) <= current;
+}
+
+bool first_time(const std::string& key) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(key).second;
 }
 
 ScopedLevel::ScopedLevel(env::LogLevel level) : previous_(std::exchange(t_level, static_cast<int>(level))) {}

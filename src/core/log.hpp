@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <string>
 #include <string_view>
 
 #include "core/env.hpp"
@@ -11,6 +12,10 @@ namespace moejit::log {
 
 void write(env::LogLevel level, std::string_view message);
 bool enabled(env::LogLevel level);
+
+// True the first time this process asks with `key`, false after: for what is said once per
+// process (and file), not at every plan.
+bool first_time(const std::string& key);
 
 // While alive, this thread logs at `level` instead of reading MOEJIT_LOG. Threads a call starts
 // log at the level the call read: getenv is not safe against another thread's setenv.

@@ -1,10 +1,15 @@
 #include "db/sqlite.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <system_error>
 #include <thread>
@@ -19,28 +24,105 @@ namespace {
 // Long enough for eight ranks each committing a batch of rows one after another.
 constexpr int kBusyTimeoutMs = 30000;
 
-std::string open_path(const std::filesystem::path& path, OpenMode mode) {
+std::filesystem::path folder_of(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
+// With the effective user's rights, as open() would use them.
+bool may_write(const std::filesystem::path& path) { return ::faccessat(AT_FDCWD, path.c_str(), W_OK, AT_EACCESS) == 0; }
+
+// Names the file, or folder, and the rights that deny this process, so its owner knows what to
+// change.
+std::string why_not_writable(const std::filesystem::path& path, const FileState& file) {
+  const std::filesystem::path denied = file.writable ? folder_of(path) : path;
+  struct stat st {};
+  const int err = may_write(denied) ? 0 : errno;
+  if (err == EROFS || ::stat(denied.c_str(), &st) != 0) {
+    return fmt::format("{} is not writable by this process: {}", denied.string(), std::strerror(err));
+  }
+  return fmt::format("{} is not writable by this process (uid {}): mode {:04o}, owner uid {}", denied.string(),
+                     ::geteuid(), st.st_mode & 07777, st.st_uid);
+}
+
+// SQLite's URI for the file, every byte but the unreserved ones and '/' escaped, so '?', '#' and
+// '%' in a path stay in it. Absolute, so an empty authority ("file://") keeps a path that starts
+// with "//" a path.
+std::string uri_of(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  std::string uri = "file://";
+  for (const unsigned char c : (ec ? path : absolute).string()) {
+    const bool plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+                       c == '.' || c == '_' || c == '~' || c == '/';
+    uri += plain ? std::string(1, static_cast<char>(c)) : fmt::format("%{:02X}", c);
+  }
+  return uri;
+}
+
+}  // namespace
+
+FileState file_state(const std::filesystem::path& path) {
+  FileState file;
+  struct stat st {};
+  file.exists = ::stat(path.c_str(), &st) == 0;
+  file.writable = file.exists && may_write(path);
+  file.folder_writable = may_write(folder_of(path));
+  file.wal_exists = ::access((path.string() + "-wal").c_str(), F_OK) == 0;
+  return file;
+}
+
+Access open_access(OpenMode mode, const FileState& file) {
+  const Access asked = mode == OpenMode::kReadWrite ? Access::kReadWrite : Access::kReadOnly;
+  // A missing file is made (read-write) or refused by SQLite (read-only); a writable one is this
+  // user's to open as asked, sidecars included.
+  if (!file.exists || (file.writable && file.folder_writable)) return asked;
+  // Nothing can be made in the folder, so a plain read makes nothing either, and it reads the
+  // commits still in the -wal (through the -shm, which must be there: otherwise it fails).
+  if (!file.folder_writable && file.wal_exists) return Access::kReadOnly;
+  return Access::kImmutable;
+}
+
+Connection::Connection(const std::filesystem::path& path, OpenMode mode) {
   if (mode == OpenMode::kReadWrite && path.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(path.parent_path(), ec);
     if (ec) throw DatabaseError(fmt::format("{}: cannot create its directory: {}", path.string(), ec.message()));
   }
-  return path.string();
+  const FileState file = file_state(path);
+  const Access access = open_access(mode, file);
+  Connection opened(path, access);
+  if (mode == OpenMode::kReadWrite && access != Access::kReadWrite) {
+    opened.read_only_reason_ = why_not_writable(path, file);
+  }
+  if (access == Access::kReadOnly && file.wal_exists && !file.folder_writable) {
+    // The read that needs the -shm, now, so that its failure says why.
+    try {
+      opened.query_int("SELECT count(*) FROM sqlite_master");
+    } catch (const DatabaseError& e) {
+      throw DatabaseError(fmt::format("{}: cannot be read consistently: commits wait in its -wal file, which SQLite "
+                                      "reads only through a -shm index it cannot open or make in a folder this "
+                                      "process cannot write ({})",
+                                      path.string(), e.what()));
+    }
+  }
+  *this = std::move(opened);
 }
 
-int open_flags(OpenMode mode) {
-  return mode == OpenMode::kReadOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+Connection::Connection(const std::filesystem::path& path, Access access) {
+  path_ = path.string();
+  read_only_ = access != Access::kReadWrite;
+  switch (access) {
+    case Access::kReadWrite: open(path_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE); break;
+    case Access::kReadOnly: open(path_, SQLITE_OPEN_READONLY); break;
+    case Access::kImmutable: open(uri_of(path) + "?immutable=1", SQLITE_OPEN_READONLY | SQLITE_OPEN_URI); break;
+  }
 }
-
-}  // namespace
-
-Connection::Connection(const std::filesystem::path& path, OpenMode mode)
-    : Connection(open_path(path, mode), open_flags(mode), mode == OpenMode::kReadOnly) {}
 
 Connection Connection::memory() {
-  Connection c(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY, false);
-  c.in_memory_ = true;
+  Connection c;
   c.path_ = "(in memory)";  // for messages; SQLite's own name ":memory:" reads badly after "path: "
+  c.in_memory_ = true;
+  c.open(":memory:", SQLITE_OPEN_READWRITE | SQLITE_OPEN_MEMORY);
   return c;
 }
 
@@ -63,26 +145,21 @@ Connection Connection::memory_copy() const {
   return c;
 }
 
-Connection::Connection(std::string path, int flags, bool read_only) : path_(std::move(path)), read_only_(read_only) {
-  int rc = sqlite3_open_v2(path_.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr);
+void Connection::open(const std::string& sqlite_name, int flags) {
+  const int rc = sqlite3_open_v2(sqlite_name.c_str(), &db_, flags | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string why = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
     close();
     throw DatabaseError(fmt::format("{}: cannot open: {}", path_, why));
   }
-  try {
-    sqlite3_busy_timeout(db_, kBusyTimeoutMs);
-    // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and
-    // saves an fsync per commit.
-    exec("PRAGMA synchronous=NORMAL");
-  } catch (...) {
-    close();
-    throw;
-  }
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
 }
 
 void Connection::use_wal() const {
   if (read_only_ || in_memory_) return;
+  // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and saves an
+  // fsync per commit.
+  exec("PRAGMA synchronous=NORMAL");
   // WAL lets readers proceed while one writer commits. Switching a new file to it needs an
   // exclusive lock, and SQLite answers SQLITE_BUSY at once, without the busy handler, while
   // other processes are opening the same file: retry for as long as the busy timeout.
@@ -108,7 +185,8 @@ Connection::Connection(Connection&& other) noexcept
     : db_(std::exchange(other.db_, nullptr)),
       path_(std::move(other.path_)),
       read_only_(other.read_only_),
-      in_memory_(other.in_memory_) {}
+      in_memory_(other.in_memory_),
+      read_only_reason_(std::move(other.read_only_reason_)) {}
 
 Connection& Connection::operator=(Connection&& other) noexcept {
   if (this != &other) {
@@ -117,6 +195,7 @@ Connection& Connection::operator=(Connection&& other) noexcept {
     path_ = std::move(other.path_);
     read_only_ = other.read_only_;
     in_memory_ = other.in_memory_;
+    read_only_reason_ = std::move(other.read_only_reason_);
   }
   return *this;
 }
@@ -245,6 +324,10 @@ std::string Statement::column_text(int col) const {
 }
 
 Transaction::Transaction(const Connection& conn, Kind kind) : conn_(conn) {
+  if (kind == Kind::kWrite && conn_.read_only()) {
+    const std::string& why = conn_.read_only_reason();
+    throw DatabaseError(fmt::format("{}: cannot write: {}", conn_.path(), why.empty() ? "opened read-only" : why));
+  }
   if (kind == Kind::kRead) {
     conn_.exec("BEGIN");
     open_ = true;

@@ -7,24 +7,54 @@
 #include <string>
 #include <string_view>
 
+#include "moejit/error.hpp"
+
 struct sqlite3;
 struct sqlite3_stmt;
 
 namespace moejit::db {
 
 enum class OpenMode {
-  kReadWrite,  // creates the file and its parent directories
+  kReadWrite,  // creates the file and its parent directories; a file this process cannot write,
+               // or whose folder it cannot write, is opened for reading only (read_only_reason())
   kReadOnly,   // the file must exist; nothing is written
 };
+
+// What the file system lets this process (its effective user) do with a database file.
+struct FileState {
+  bool exists = false;
+  bool writable = false;         // the file itself
+  bool folder_writable = false;  // its folder, where SQLite makes its -wal, -shm and -journal files
+  bool wal_exists = false;       // a -wal file: commits the file itself may not hold yet
+};
+
+FileState file_state(const std::filesystem::path& path);
+
+// How a file is opened.
+enum class Access {
+  kReadWrite,  // read-write, made if missing
+  kReadOnly,   // read-only; SQLite still makes a missing -wal and -shm to read a file in WAL mode
+  kImmutable,  // read-only through file:...?immutable=1: no locks, nothing made beside the file
+};
+
+// The access `mode` gets for a file in `file`'s state. SQLite makes a missing -wal and -shm wherever
+// the folder lets it, even to read, owned by this user and with the database's mode, so a reader
+// that cannot write the file leaves sidecars that stop its owner from writing. A file this process
+// cannot write, or in a folder it cannot write, is therefore read immutable, the file alone;
+// except where a -wal holds commits and the folder lets this process make nothing: then SQLite
+// reads it plainly, through the -wal and -shm already there.
+Access open_access(OpenMode mode, const FileState& file);
 
 class Statement;
 
 class Connection {
  public:
-  // Opens a database file with a 30 s busy timeout and synchronous=NORMAL, so several processes
-  // can write one file: each writer waits for the lock instead of failing. The journal mode is
-  // left as the file has it until use_wal().
+  // Opens a database file with a 30 s busy timeout, so several processes can write one file: each
+  // writer waits for the lock instead of failing. The access is open_access(mode, file_state()).
+  // The journal mode is left as the file has it until set_journal_mode().
   Connection(const std::filesystem::path& path, OpenMode mode);
+  // Opens a database file with the access given.
+  Connection(const std::filesystem::path& path, Access access);
   // A private database in memory (no file, no WAL).
   static Connection memory();
   // A private in-memory copy of this database (SQLite's online backup): an older schema can be
@@ -50,25 +80,31 @@ class Connection {
   // The file name, or "(in memory)"; used in every error message.
   const std::string& path() const { return path_; }
   bool read_only() const { return read_only_; }
+  // Why a file opened with OpenMode::kReadWrite is read-only (not writable by this process, mode
+  // and owner; or its folder); empty otherwise.
+  const std::string& read_only_reason() const { return read_only_reason_; }
   // The raw handle, for the calls this wrapper does not cover.
   sqlite3* handle() const { return db_; }
 
   // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>".
   [[noreturn]] void fail(std::string_view what) const;
 
-  // Switches a file opened read-write to WAL, so readers proceed while one writer commits;
-  // nothing for a read-only or in-memory connection. Not done on open: the tuning database first
-  // checks that the file is its own, and another program's database keeps its journal mode.
+  // Switches a file opened read-write to WAL, with synchronous=NORMAL, so readers proceed while
+  // one writer commits; nothing for a read-only or in-memory connection. Not done on open: the
+  // tuning database first checks that the file is its own, and another program's database keeps
+  // its journal mode.
   void use_wal() const;
 
  private:
-  Connection(std::string path, int flags, bool read_only);
+  Connection() = default;
+  void open(const std::string& sqlite_name, int flags);
   void close() noexcept;
 
   sqlite3* db_ = nullptr;
   std::string path_;
   bool read_only_ = false;
   bool in_memory_ = false;
+  std::string read_only_reason_;
 };
 
 // A prepared statement. Parameters are bound by name (":key_id"); columns are read by index.

@@ -51,15 +51,20 @@ class TuningDb {
     kSkip,    // leave it out (MergeStats::skipped): a shipped table or --incumbents serves the rest
   };
 
-  // kReadWrite creates the file (and directories) and its schema, or migrates an older schema.
-  // kReadOnly needs an existing database and never writes it: an older schema is migrated in a
-  // copy in memory. Either way a database written by a newer moejit is refused with DatabaseError.
+  // kReadWrite creates the file (and directories) and its schema, or migrates an older schema; a
+  // file this process cannot write, or whose folder it cannot write, is read as kReadOnly reads
+  // it (read_only(), and writes throw DatabaseError saying why). kReadOnly needs an existing
+  // database and never writes it: an older schema is migrated in a copy in memory. Either way a
+  // database written by a newer moejit is refused with DatabaseError.
   explicit TuningDb(const std::filesystem::path& path, OpenMode mode = OpenMode::kReadWrite);
   // An empty database in memory (shipped tables are imported into one).
   static TuningDb in_memory();
 
   const std::string& path() const { return conn_.path(); }
   int schema_version() const;  // PRAGMA user_version of what this connection reads
+  bool read_only() const { return conn_.read_only(); }
+  // Why a kReadWrite open is read-only (Connection::read_only_reason); empty otherwise.
+  const std::string& read_only_reason() const { return conn_.read_only_reason(); }
 
   // Upserts the row's winner and each of its candidates, under its key and the build of its
   // provenance, in one transaction; other builds' rows of the key stay. Throws InvalidArgument

@@ -14,7 +14,7 @@
 // database file's are skipped as read, a shipped table's left out one by one at its import, each
 // logged (TuningDb::BadRows::kSkip). A database that cannot be opened, parsed or read is logged
 // once and skipped from then on: a lookup never fails because of a database, it falls through to
-// the next level.
+// the next level. A user DB this process cannot write is read all the same.
 // Databases are opened on first use, never at construction (the user DB is created if missing,
 // as the tuner would); do not carry a lookup that has resolved keys across fork(): SQLite
 // connections must not cross it.

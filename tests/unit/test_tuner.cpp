@@ -20,6 +20,7 @@
 #include "db/tuning_db.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "support/users.hpp"
 #include "tuner/config_resolver.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
@@ -533,6 +534,39 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
     CHECK(rows[0].winner == expected);
     CHECK(db::TuningDb(db_path).lookup(fresh.key, db::current_provenance(0))->winner == expected);
   }
+}
+
+TEST_CASE("tuned rows are not saved into another user's database, and nothing is made beside it", "[tuner]") {
+  if (!test::users_available()) {
+    WARN("skipped: running as root, and the kernel lets no child take another user");
+    return;
+  }
+  TempDir dir("not-mine");
+  using perms = std::filesystem::perms;
+  if (test::running_as_root()) REQUIRE(::chown(dir.path().c_str(), test::kOwnerUid, test::kOwnerUid) == 0);
+  std::filesystem::permissions(dir.path(), perms::all | perms::sticky_bit);
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());
+  const auto h200 = cuda::fabricated::h200();
+  REQUIRE(test::as_owner([&] { db::TuningDb(db_path).record(whole_row(Role::kFwdUp, kProblem, gemm(128, 64, 32))); }) ==
+          0);
+  CHECK(test::as_reader(db_path, [&] {
+          db::TuningLookup lookup(db_path, {}, db::current_provenance(0),
+                                  [](const db::TuningKey&) { return TileConfig{}; });
+          int tuned = 0;
+          const TuneFn tune = [&](const std::vector<Role>& missing) {
+            tuned += static_cast<int>(missing.size());
+            return std::vector<db::TuningRow>{whole_row(Role::kFwdDown, kProblem, gemm(128, 64, 32))};
+          };
+          const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp, Role::kFwdDown}, lookup, tune, {});
+          test::expect(rows.size() == 2 && tuned == 1, "the owner's row is not used, or the other not tuned");
+          test::expect(db::TuningDb(db_path, db::OpenMode::kReadOnly).rows().size() == 1, "a row was saved");
+        }) == 0);
+  CHECK_FALSE(std::filesystem::exists(db_path.string() + "-wal"));
+  CHECK_FALSE(std::filesystem::exists(db_path.string() + "-shm"));
+  CHECK(test::as_owner([&] {
+          db::TuningDb(db_path).record(whole_row(Role::kFwdDown, kProblem, gemm(128, 128, 32)));
+        }) == 0);
 }
 
 TEST_CASE("a malformed MOEJIT_AUTOTUNE or tuning budget fails every resolve, covered by the tables or not",

@@ -15,6 +15,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -30,6 +31,7 @@
 #include "moejit/error.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "support/users.hpp"
 
 using namespace moejit;
 using namespace moejit::db;
@@ -1188,4 +1190,164 @@ TEST_CASE("every shipped table in db/ was tuned with this build's templates, one
     CHECK(nvrtc_versions.size() == 1);
   }
   CHECK(tables > 0);
+}
+
+TEST_CASE("a file this process cannot write is opened immutable, making nothing beside it; the URI keeps odd paths",
+          "[db]") {
+  // The decision alone: as root, access() calls every file writable, so the cases are spelt out.
+  const auto state = [](bool exists, bool writable, bool folder_writable, bool wal_exists) {
+    return FileState{exists, writable, folder_writable, wal_exists};
+  };
+  for (const OpenMode mode : {OpenMode::kReadWrite, OpenMode::kReadOnly}) {
+    const Access asked = mode == OpenMode::kReadWrite ? Access::kReadWrite : Access::kReadOnly;
+    INFO((mode == OpenMode::kReadWrite ? "read-write" : "read-only"));
+    CHECK(open_access(mode, state(false, false, true, false)) == asked);  // made, or refused by SQLite
+    CHECK(open_access(mode, state(true, true, true, false)) == asked);
+    CHECK(open_access(mode, state(true, true, true, true)) == asked);
+    // Another user's file in a folder users share (writable, sticky): a -wal or -shm made by this
+    // process would stop its owner writing, -wal or not.
+    CHECK(open_access(mode, state(true, false, true, false)) == Access::kImmutable);
+    CHECK(open_access(mode, state(true, false, true, true)) == Access::kImmutable);
+    // A folder this process cannot write (an image, a read-only mount, another user's folder): the
+    // file alone, or through the -wal and -shm already there, since nothing can be made.
+    CHECK(open_access(mode, state(true, true, false, false)) == Access::kImmutable);
+    CHECK(open_access(mode, state(true, false, false, false)) == Access::kImmutable);
+    CHECK(open_access(mode, state(true, false, false, true)) == Access::kReadOnly);
+    CHECK(open_access(mode, state(true, true, false, true)) == Access::kReadOnly);
+  }
+
+  // '?', '#' and '%' in the path: unescaped, the URI would name another file.
+  TempDir dir("odd ?#%");
+  const auto path = dir / "tuning 100%?x#y.sqlite";
+  const TuningRow row = row_for(key_at(64), 128, 0.5);
+  TuningDb(path).record(row);
+  const FileState file = file_state(path);
+  CHECK(file.exists);
+  CHECK(file.folder_writable);
+  CHECK_FALSE(file.wal_exists);  // the last connection checkpointed and removed it
+  if (!moejit::test::running_as_root()) {
+    std::filesystem::permissions(path, std::filesystem::perms::owner_read);
+    CHECK_FALSE(file_state(path).writable);
+    std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+  {
+    const Connection immutable(path, Access::kImmutable);
+    CHECK(immutable.read_only());
+    CHECK(immutable.path() == path.string());
+    CHECK(immutable.query_int("SELECT count(*) FROM winners") == 1);
+    CHECK_THROWS_WITH(Transaction(immutable, Transaction::Kind::kWrite), Catch::Contains("cannot write"));
+    CHECK_FALSE(std::filesystem::exists(path.string() + "-wal"));
+    CHECK_FALSE(std::filesystem::exists(path.string() + "-shm"));
+  }
+  CHECK_THROWS_AS(Connection(dir / "absent.sqlite", Access::kImmutable), DatabaseError);
+}
+
+namespace {
+
+using moejit::test::as_owner;
+using moejit::test::as_reader;
+using moejit::test::expect;
+
+bool exists_beside(const std::filesystem::path& path, const char* suffix) {
+  return std::filesystem::exists(path.string() + suffix);
+}
+
+// Gives the folder to the owner as root, so its files are the owner's and the reader's rights are
+// its own; mode as given. Otherwise the folder is this user's already.
+void prepare_folder(const std::filesystem::path& dir, std::filesystem::perms mode) {
+  if (moejit::test::running_as_root()) {
+    REQUIRE(::chown(dir.c_str(), moejit::test::kOwnerUid, moejit::test::kOwnerUid) == 0);
+  }
+  std::filesystem::permissions(dir, mode);
+}
+
+}  // namespace
+
+TEST_CASE("another user's database in a folder users share is read, never written, and its owner still writes",
+          "[db]") {
+  // A team database, mode 0644, in a writable sticky folder. SQLite opened it read-write, fell back
+  // to read-only without saying so, and, the file being in WAL mode, made a -wal and -shm of this
+  // user's that stopped the owner writing even after this process had gone.
+  if (!moejit::test::users_available()) {
+    WARN("skipped: running as root, and the kernel lets no child take another user");
+    return;
+  }
+  TempDir dir("team");
+  using perms = std::filesystem::perms;
+  prepare_folder(dir.path(), perms::all | perms::sticky_bit);
+  const auto path = dir / "tuning.sqlite";
+  const TuningRow first = row_for(key_at(64), 128, 0.5), later = row_for(key_at(128), 64, 0.4);
+  REQUIRE(as_owner([&] { TuningDb(path).record(first); }) == 0);
+
+  CHECK(as_reader(path, [&] {
+          TuningDb db(path);
+          expect(db.read_only(), "opened read-write");
+          expect(db.read_only_reason().find("not writable by this process") != std::string::npos,
+                 "reason: " + db.read_only_reason());
+          expect(db.lookup(first.key, kFresh).has_value(), "the owner's row is not read");
+          try {
+            db.record(later);
+            expect(false, "a row was written");
+          } catch (const DatabaseError& e) {
+            expect(std::string(e.what()).find("cannot write") != std::string::npos, e.what());
+          }
+          TuningLookup lookup(path, "", kFresh, [](const TuningKey&) { return heuristic_config(); });
+          expect(lookup.resolve(first.key).source == Resolved::Source::kUserDb, "the lookup skipped the database");
+          expect(TuningDb(path, OpenMode::kReadOnly).rows().size() == 1, "db list reads no row");
+        }) == 0);
+  CHECK_FALSE(exists_beside(path, "-wal"));
+  CHECK_FALSE(exists_beside(path, "-shm"));
+  CHECK(as_owner([&] { TuningDb(path).record(later); }) == 0);
+  CHECK(TuningDb(path, OpenMode::kReadOnly).rows().size() == 2);
+}
+
+TEST_CASE("a database in a folder this process cannot write is read: the file alone, or through its -wal and -shm",
+          "[db]") {
+  // A container image or a read-only mount. `PRAGMA synchronous` and the read itself failed with
+  // "attempt to write a readonly database": lookups skipped the level, db list and export failed.
+  if (!moejit::test::users_available()) {
+    WARN("skipped: running as root, and the kernel lets no child take another user");
+    return;
+  }
+  TempDir dir("read-only-folder");
+  using perms = std::filesystem::perms;
+  prepare_folder(dir.path(), perms::owner_all | perms::group_read | perms::group_exec | perms::others_read |
+                                 perms::others_exec);
+  const auto path = dir / "tuning.sqlite";
+  const TuningRow first = row_for(key_at(64), 128, 0.5), later = row_for(key_at(128), 64, 0.4);
+  REQUIRE(as_owner([&] { TuningDb(path).record(first); }) == 0);
+  const auto reads = [&](std::size_t rows) {
+    return [&, rows] {
+      for (const OpenMode mode : {OpenMode::kReadWrite, OpenMode::kReadOnly}) {
+        TuningDb db(path, mode);
+        expect(db.read_only(), "opened read-write");
+        expect(db.rows().size() == rows, fmt::format("{} rows read, not {}", db.rows().size(), rows));
+      }
+    };
+  };
+  CHECK(as_reader(dir.path(), reads(1)) == 0);
+  CHECK_FALSE(exists_beside(path, "-wal"));
+
+  // The owner's process dies with a commit still in the -wal: it is read, through the -shm.
+  REQUIRE(as_owner([&] {
+            const Connection holder(path, OpenMode::kReadWrite);
+            holder.query_int("SELECT count(*) FROM winners");  // keeps the -wal from being checkpointed away
+            TuningDb(path).record(later);
+            ::_exit(0);
+          }) == 0);
+  REQUIRE(exists_beside(path, "-wal"));
+  REQUIRE(exists_beside(path, "-shm"));
+  CHECK(as_reader(dir.path(), reads(2)) == 0);
+
+  // Without the -shm, which it cannot make, SQLite cannot read the -wal: said, not read half.
+  std::filesystem::remove(path.string() + "-shm");
+  CHECK(as_reader(dir.path(), [&] {
+          try {
+            TuningDb db(path);
+            expect(false, "read without its -wal");
+          } catch (const DatabaseError& e) {
+            expect(std::string(e.what()).find("cannot be read consistently") != std::string::npos, e.what());
+          }
+        }) == 0);
+  CHECK_FALSE(exists_beside(path, "-shm"));
 }

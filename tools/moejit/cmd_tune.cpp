@@ -137,7 +137,12 @@ int run_tune(int argc, char** argv, int start) {
   // first call, a budget) is tuned again, its winner an incumbent.
   std::map<std::string, db::TuningRow> stored;
   const db::Provenance current = db::current_provenance(first.driver_version);
-  for (auto& row : db::TuningDb(db_path).rows()) {
+  // Refused before any tuning where the rows could not be saved.
+  const db::TuningDb target(db_path);
+  if (target.read_only()) {
+    throw DatabaseError(fmt::format("cannot save tuned rows to {}: {}", db_path.string(), target.read_only_reason()));
+  }
+  for (auto& row : target.rows()) {
     if (db::is_stale(row, current)) continue;
     incumbents[row.key.id()] = row.winner;
     stored.emplace(row.key.id(), std::move(row));
