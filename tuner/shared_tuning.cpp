@@ -50,7 +50,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   std::vector<db::TuningRow> tuned = tune(still);
   if (user_db) {
     try {
-      db::TuningDb user(*user_db);
+      db::TuningDb user = db::TuningDb::open_for_saving(*user_db);
       if (user.read_only()) {
         // Another user's database, or a read-only folder: read, never written, said once.
         if (log::first_time("unsaved " + user_db->string())) {

@@ -27,11 +27,12 @@ std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, con
                                        const cuda::DeviceInfo& device);
 
 // Under the lock: rows for `missing` that are now in the user DB (or this process's memory) and
-// that `accept` allows, plus tune(rest), which are recorded in the user DB and remembered by
-// `lookup`. A partial tuned row (tuned_partly) gives way to a row of its key recorded meanwhile
-// that was tuned whole and that `accept` allows: that row is kept and returned. Without a user
-// database (env::user_db_path() names none) it tunes unlocked and records nothing on disk; with one
-// this process cannot write, it records nothing there and says so once.
+// that `accept` allows, plus tune(rest), which are recorded in the user DB
+// (TuningDb::open_for_saving: a damaged file is moved aside) and remembered by `lookup`. A partial
+// tuned row (tuned_partly) gives way to a row of its key recorded meanwhile that was tuned whole
+// and that `accept` allows: that row is kept and returned. Without a user database
+// (env::user_db_path() names none) it tunes unlocked and records nothing on disk; with one this
+// process cannot write, it records nothing there and says so once.
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
                                        const db::TuningDb::RowFilter& accept);

@@ -188,6 +188,12 @@ bool remove_quietly(const std::filesystem::path& path) noexcept {
   return std::filesystem::remove(path, ec);
 }
 
+std::optional<FileId> file_id(const std::filesystem::path& path) noexcept {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
 FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout) {
   std::error_code ec;
   if (lock_path.has_parent_path()) std::filesystem::create_directories(lock_path.parent_path(), ec);

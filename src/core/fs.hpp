@@ -46,6 +46,16 @@ void make_private_dir(const std::filesystem::path& dir);
 // Removes a file, ignoring errors (another process may have removed it first); whether it did.
 bool remove_quietly(const std::filesystem::path& path) noexcept;
 
+// Which file a path names, to tell whether it was replaced.
+struct FileId {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  bool operator==(const FileId&) const = default;
+};
+
+// The file at `path` (after following symbolic links); nullopt when there is none.
+std::optional<FileId> file_id(const std::filesystem::path& path) noexcept;
+
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the
 // constructor gives up after `timeout` and throws IoError.

@@ -59,6 +59,8 @@ std::string uri_of(const std::filesystem::path& path) {
   return uri;
 }
 
+bool damaged(int rc) { return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB; }
+
 }  // namespace
 
 FileState file_state(const std::filesystem::path& path) {
@@ -139,7 +141,9 @@ Connection Connection::memory_copy() const {
   }
   sqlite3_backup_finish(backup);
   if (rc != SQLITE_DONE) {
-    throw DatabaseError(fmt::format("{}: cannot copy into memory: {}", path_, sqlite3_errstr(rc)));
+    const std::string message = fmt::format("{}: cannot copy into memory: {}", path_, sqlite3_errstr(rc));
+    if (damaged(rc)) throw CorruptDatabase(message);
+    throw DatabaseError(message);
   }
   c.path_ = path_ + " (read through a copy in memory)";
   return c;
@@ -207,7 +211,9 @@ void Connection::close() noexcept {
 }
 
 void Connection::fail(std::string_view what) const {
-  throw DatabaseError(fmt::format("{}: {}: {}", path_, what, db_ ? sqlite3_errmsg(db_) : "not open"));
+  const std::string message = fmt::format("{}: {}: {}", path_, what, db_ ? sqlite3_errmsg(db_) : "not open");
+  if (db_ && damaged(sqlite3_errcode(db_))) throw CorruptDatabase(message);
+  throw DatabaseError(message);
 }
 
 void Connection::exec(const std::string& sql) const {

@@ -45,6 +45,13 @@ enum class Access {
 // reads it plainly, through the -wal and -shm already there.
 Access open_access(OpenMode mode, const FileState& file);
 
+// SQLite found the file damaged: SQLITE_CORRUPT ("database disk image is malformed") or
+// SQLITE_NOTADB ("file is not a database").
+class CorruptDatabase : public DatabaseError {
+ public:
+  using DatabaseError::DatabaseError;
+};
+
 class Statement;
 
 class Connection {
@@ -86,7 +93,7 @@ class Connection {
   // The raw handle, for the calls this wrapper does not cover.
   sqlite3* handle() const { return db_; }
 
-  // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>".
+  // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>" (CorruptDatabase for a damaged file).
   [[noreturn]] void fail(std::string_view what) const;
 
   // Switches a file opened read-write to WAL, with synchronous=NORMAL, so readers proceed while

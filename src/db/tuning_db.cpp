@@ -2,15 +2,22 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
-#include <compare>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <compare>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "core/fs.hpp"
 #include "core/log.hpp"
 #include "moejit/error.hpp"
 
@@ -346,6 +353,14 @@ void upsert(const Connection& conn, const TuningRow& row) {
   }
 }
 
+// The files SQLite keeps beside a database, and the database itself, in the order they are moved
+// aside: its journals first, so that a new database made at the path meanwhile cannot take them
+// for its own (a hot -journal would be played back into it; a -wal beside an empty file deleted).
+constexpr std::array<const char*, 4> kCompanions = {"-wal", "-journal", "-shm", ""};
+
+// A move takes milliseconds; a holder that hangs is not waited for long.
+constexpr std::chrono::seconds kRecoverLockTimeout{30};
+
 void check_not_newer(const std::string& path, long long version) {
   if (version > kSchemaVersion) {
     throw DatabaseError(fmt::format("{}: schema version {} was written by a newer moejit; this build reads up to "
@@ -405,11 +420,84 @@ Connection open_connection(const std::filesystem::path& path, OpenMode mode) {
   return version > 0 && version < kSchemaVersion ? conn.memory_copy() : std::move(conn);
 }
 
+// <name>.corrupt-<UTC time>, with a count after it where that name is taken (the same second), so
+// nothing is moved over an earlier file.
+std::string aside_name(const std::filesystem::path& path) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  const std::string base = fmt::format("{}.corrupt-{}", path.string(), stamp);
+  for (int n = 1;; ++n) {
+    const std::string name = n == 1 ? base : fmt::format("{}-{}", base, n);
+    std::error_code ec;
+    const bool taken = std::any_of(kCompanions.begin(), kCompanions.end(), [&](const char* suffix) {
+      return std::filesystem::exists(std::filesystem::symlink_status(name + suffix, ec));
+    });
+    if (!taken) return name;
+  }
+}
+
+// Moves the damaged file at `path` aside with its companions, unless the file there is no longer
+// the one found damaged (`seen`): another process has moved it already.
+void move_aside(const std::filesystem::path& path, const std::optional<fs::FileId>& seen, const std::string& why) {
+  // Two processes that found the same damage would otherwise both move files, the second one the
+  // first one's new database.
+  const fs::FileLock lock(path.string() + ".locks/recover.lock", kRecoverLockTimeout);
+  if (fs::file_id(path) != seen) return;
+  const std::string aside = aside_name(path);
+  std::vector<const char*> moved;
+  for (const char* suffix : kCompanions) {
+    const std::string from = path.string() + suffix;
+    if (::rename(from.c_str(), (aside + suffix).c_str()) == 0) {
+      moved.push_back(suffix);
+    } else if (errno != ENOENT) {
+      const std::string error = std::strerror(errno);
+      // What moved goes back: a database split from its -wal loses the commits in it.
+      for (const char* back : moved) ::rename((aside + back).c_str(), (path.string() + back).c_str());
+      throw IoError(fmt::format("{}: damaged ({}), but cannot move {} aside: {}", path.string(), why, from, error));
+    }
+  }
+  log::warn("tuning database damaged: {}; moved aside, kept as {} (with its -wal, -shm and -journal files, if any), "
+            "and a new one started at {}",
+            why, aside, path.string());
+}
+
 }  // namespace
 
 TuningDb::TuningDb(const std::filesystem::path& path, OpenMode mode) : TuningDb(open_connection(path, mode)) {}
 
 TuningDb TuningDb::in_memory() { return TuningDb(Connection::memory()); }
+
+TuningDb TuningDb::open_for_saving(const std::filesystem::path& path) {
+  const std::optional<fs::FileId> seen = fs::file_id(path);
+  try {
+    TuningDb db(path);
+    if (!db.read_only()) db.check_intact();
+    return db;
+  } catch (const CorruptDatabase& e) {
+    // Left alone where this process could not write it anyway: its owner decides.
+    if (const FileState file = file_state(path); !file.writable || !file.folder_writable) throw;
+    move_aside(path, seen, e.what());
+  }
+  return TuningDb(path);
+}
+
+void TuningDb::check_intact() const {
+  Statement s = conn_.prepare("PRAGMA quick_check");
+  std::vector<std::string> problems;
+  while (s.step()) {
+    if (std::string line = s.column_text(0); line != "ok") problems.push_back(std::move(line));
+  }
+  if (problems.empty()) return;
+  const std::size_t shown = std::min<std::size_t>(problems.size(), 3);
+  std::string said;
+  for (std::size_t p = 0; p < shown; ++p) said += (p ? "; " : "") + problems[p];
+  throw CorruptDatabase(fmt::format("{}: damaged: PRAGMA quick_check found {} problem{}: {}{}", path(),
+                                    problems.size(), problems.size() == 1 ? "" : "s", said,
+                                    problems.size() > shown ? "; ..." : ""));
+}
 
 TuningDb::TuningDb(Connection conn) : conn_(std::move(conn)) { initialise(conn_); }
 

@@ -55,16 +55,26 @@ class TuningDb {
   // file this process cannot write, or whose folder it cannot write, is read as kReadOnly reads
   // it (read_only(), and writes throw DatabaseError saying why). kReadOnly needs an existing
   // database and never writes it: an older schema is migrated in a copy in memory. Either way a
-  // database written by a newer moejit is refused with DatabaseError.
+  // database written by a newer moejit is refused with DatabaseError, and one SQLite finds damaged
+  // with CorruptDatabase.
   explicit TuningDb(const std::filesystem::path& path, OpenMode mode = OpenMode::kReadWrite);
   // An empty database in memory (shipped tables are imported into one).
   static TuningDb in_memory();
+  // Opens `path` to save rows, as the tuner does: a database SQLite finds damaged, at opening or
+  // by PRAGMA quick_check, is moved aside with its -wal, -shm and -journal to
+  // <name>.corrupt-<UTC time> (kept, never deleted) and a new one made in its place, with a
+  // warning naming both. Under an exclusive lock (<path>.locks/recover.lock), and only if the
+  // damaged file is still the one at `path`: processes that found the same damage move it once.
+  // A damaged file this process cannot write or move throws CorruptDatabase.
+  static TuningDb open_for_saving(const std::filesystem::path& path);
 
   const std::string& path() const { return conn_.path(); }
   int schema_version() const;  // PRAGMA user_version of what this connection reads
   bool read_only() const { return conn_.read_only(); }
   // Why a kReadWrite open is read-only (Connection::read_only_reason); empty otherwise.
   const std::string& read_only_reason() const { return conn_.read_only_reason(); }
+  // Throws CorruptDatabase naming what PRAGMA quick_check found, unless it finds nothing.
+  void check_intact() const;
 
   // Upserts the row's winner and each of its candidates, under its key and the build of its
   // provenance, in one transaction; other builds' rows of the key stay. Throws InvalidArgument

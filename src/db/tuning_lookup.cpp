@@ -38,8 +38,13 @@ TuningLookup::TuningLookup(std::filesystem::path user_db, std::filesystem::path 
 }
 
 std::optional<TuningDb>& TuningLookup::user_db() {
-  if (!user_tried_ && !user_path_.empty()) {
+  if (user_path_.empty()) return user_;
+  // Ranks that waited on a tuning lock while another moved a damaged file aside read the new one:
+  // otherwise each would tune the problem again.
+  if (user_tried_ && !user_ && fs::file_id(user_path_) != user_file_) user_tried_ = false;
+  if (!user_tried_) {
     user_tried_ = true;
+    user_file_ = fs::file_id(user_path_);
     try {
       user_.emplace(user_path_);
     } catch (const Error& e) {

@@ -13,8 +13,9 @@
 // code, outside the template hash). Rows this build cannot read cost their own key alone: a
 // database file's are skipped as read, a shipped table's left out one by one at its import, each
 // logged (TuningDb::BadRows::kSkip). A database that cannot be opened, parsed or read is logged
-// once and skipped from then on: a lookup never fails because of a database, it falls through to
-// the next level. A user DB this process cannot write is read all the same.
+// once and skipped from then on, the user DB until its file is replaced (a damaged one moved aside
+// by a tuner, TuningDb::open_for_saving): a lookup never fails because of a database, it falls
+// through to the next level. A user DB this process cannot write is read all the same.
 // Databases are opened on first use, never at construction (the user DB is created if missing,
 // as the tuner would); do not carry a lookup that has resolved keys across fork(): SQLite
 // connections must not cross it.
@@ -28,6 +29,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/fs.hpp"
 #include "db/tuning_db.hpp"
 #include "db/tuning_row.hpp"
 #include "tuner/tile_config.hpp"
@@ -82,6 +84,7 @@ class TuningLookup {
   std::unordered_map<std::string, TuningRow> memory_;  // by key id
   std::optional<TuningDb> user_;
   bool user_tried_ = false;
+  std::optional<fs::FileId> user_file_;  // the file the user DB was opened from, or failed on
   std::map<std::string, std::optional<TuningDb>> shipped_;  // by device; nullopt: none or failed
 };
 

@@ -569,6 +569,58 @@ TEST_CASE("tuned rows are not saved into another user's database, and nothing is
         }) == 0);
 }
 
+TEST_CASE("ranks finding a damaged user database tune a problem once: one moves it aside, the others read the new one",
+          "[tuner][multiprocess]") {
+  // Before, every rank tuned in turn under the lock, none could save, and so at every job start.
+  TempDir dir("damaged-shared");
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());
+  fs::atomic_write(db_path, std::string(8192, 'x'));
+  const auto h200 = cuda::fabricated::h200();
+  const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown};
+  const std::string marker = (dir / "tuned_by").string();
+  constexpr int kChildren = 4;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        db::TuningLookup lookup(db_path, "", db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+        // As the resolver does before tuning: the damaged file is skipped.
+        lookup.resolve(tuning_key(Role::kFwdUp, kProblem, h200));
+        const TuneFn fake = [&](const std::vector<Role>& missing) {
+          std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          std::vector<db::TuningRow> rows;
+          for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
+          return rows;
+        };
+        rc = tune_shared(kProblem, h200, roles, lookup, fake, {}).size() == roles.size() ? 0 : 2;
+      } catch (...) {
+        rc = 3;
+      }
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const std::string tuned_by = fs::read_all(marker).value_or("");
+  CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
+  CHECK(db::TuningDb(db_path).rows().size() == roles.size());
+  int aside = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+    aside += f.path().filename().string().rfind("tuning.sqlite.corrupt-", 0) == 0;
+  }
+  CHECK(aside == 1);
+}
+
 TEST_CASE("a malformed MOEJIT_AUTOTUNE or tuning budget fails every resolve, covered by the tables or not",
           "[tuner][env]") {
   TempDir dir("autotune-env");

@@ -1351,3 +1351,130 @@ TEST_CASE("a database in a folder this process cannot write is read: the file al
         }) == 0);
   CHECK_FALSE(exists_beside(path, "-shm"));
 }
+
+namespace {
+
+// A database of `rows` rows, then the bytes of its last page overwritten: SQLite opens it (page 1
+// is whole) and finds the damage when it reads that page.
+std::string damaged_database(const std::filesystem::path& path, int rows) {
+  {
+    TuningDb db(path);
+    for (int n = 0; n < rows; ++n) db.record(row_for(key_at(64, 1024 + 8 * n), 128, 0.5));
+  }
+  std::string bytes = fs::read_all(path).value();
+  const std::size_t page = static_cast<std::size_t>(Connection(path, OpenMode::kReadOnly).query_int("PRAGMA page_size"));
+  REQUIRE(bytes.size() >= 4 * page);
+  std::fill(bytes.end() - static_cast<std::ptrdiff_t>(page), bytes.end(), '\xa5');
+  fs::atomic_write(path, bytes);
+  return bytes;
+}
+
+// The files moved aside: "<name>.corrupt-<time>" and its companions.
+std::vector<std::filesystem::path> moved_aside(const std::filesystem::path& path) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& f : std::filesystem::directory_iterator(path.parent_path())) {
+    if (f.path().filename().string().rfind(path.filename().string() + ".corrupt-", 0) == 0) out.push_back(f.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a damaged database opened to save rows is moved aside whole and a new one made in its place", "[db]") {
+  TempDir dir("damaged");
+  const TuningRow row = row_for(key_at(64), 128, 0.5);
+
+  // Not a database at all (SQLITE_NOTADB).
+  const auto junk = dir / "junk.sqlite";
+  fs::atomic_write(junk, std::string(4096, 'x'));
+  CHECK_THROWS_AS(TuningDb(junk), CorruptDatabase);  // a plain open moves nothing
+  TuningDb::open_for_saving(junk).record(row);
+  std::vector<std::filesystem::path> aside = moved_aside(junk);
+  REQUIRE(aside.size() == 1);
+  CHECK(std::regex_match(aside[0].filename().string(), std::regex(R"(junk\.sqlite\.corrupt-\d{8}T\d{6}Z)")));
+  CHECK(fs::read_all(aside[0]) == std::string(4096, 'x'));
+  CHECK(TuningDb(junk).lookup(row.key, kFresh));
+
+  // Malformed inside (SQLITE_CORRUPT) where opening does not look: PRAGMA quick_check finds it.
+  // Another connection holds it, so its -wal and -shm are there: they go with it, under its name.
+  const auto malformed = dir / "malformed.sqlite";
+  const std::string bytes = damaged_database(malformed, 60);
+  CHECK_THROWS_AS(TuningDb(malformed).check_intact(), CorruptDatabase);
+  const Connection holder(malformed, OpenMode::kReadWrite);
+  holder.query_int("SELECT count(*) FROM sqlite_master");
+  REQUIRE(exists_beside(malformed, "-wal"));
+  CHECK(TuningDb::open_for_saving(malformed).rows().empty());
+  aside = moved_aside(malformed);
+  REQUIRE(aside.size() == 3);
+  CHECK(fs::read_all(aside[0]) == bytes);
+  CHECK(aside[1] == aside[0].string() + "-shm");
+  CHECK(aside[2] == aside[0].string() + "-wal");
+
+  // Found damaged again, likely in the same second: no move overwrites an earlier one.
+  fs::atomic_write(junk, std::string(4096, 'y'));
+  TuningDb::open_for_saving(junk);
+  fs::atomic_write(junk, std::string(4096, 'z'));
+  TuningDb::open_for_saving(junk);
+  std::multiset<std::string> kept;
+  for (const auto& f : moved_aside(junk)) kept.insert(fs::read_all(f).value_or(""));
+  CHECK(kept == std::multiset<std::string>{std::string(4096, 'x'), std::string(4096, 'y'), std::string(4096, 'z')});
+}
+
+TEST_CASE("processes finding one damaged database move it aside once and all save into the new one", "[db]") {
+  TempDir dir("damaged-ranks");
+  const auto path = dir / "tuning.sqlite";
+  fs::atomic_write(path, std::string(8192, 'x'));
+  constexpr int kChildren = 6;
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(go[1]);
+      char byte;
+      while (::read(go[0], &byte, 1) < 0) {}
+      try {
+        TuningDb::open_for_saving(path).record(row_for(key_at(64, 1024 + 8 * c), 128, 0.5));
+        ::_exit(0);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", c, e.what());
+        ::_exit(1);
+      }
+    }
+    children.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  // A second move would have taken the new database, with the rows saved into it, aside.
+  const auto aside = moved_aside(path);
+  REQUIRE(aside.size() == 1);
+  CHECK(fs::read_all(aside[0]) == std::string(8192, 'x'));
+  CHECK(TuningDb(path).rows().size() == kChildren);
+}
+
+TEST_CASE("moejit db import, merge and prune refuse a damaged database and leave it as it was", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("damaged-cli");
+  const auto target = dir / "target.sqlite", source = dir / "source.sqlite";
+  const std::string bytes = damaged_database(target, 60);
+  TuningDb(source).record(row_for(key_at(64, 4096), 128, 0.5));
+  const std::string json = (dir / "rows.json").string();
+  fs::atomic_write(json, TuningDb(source).export_json());
+  for (const std::string& command : {" db import " + json, " db merge " + source.string(), std::string(" db prune")}) {
+    const auto r = run_command(cli() + command + " --db " + target.string());
+    INFO(command << ": " << r.output);
+    CHECK(r.exit_code != 0);
+    CHECK_THAT(r.output, Catch::Contains("quick_check") && Catch::Contains("nothing was written"));
+    CHECK(fs::read_all(target) == bytes);
+  }
+}

@@ -33,6 +33,20 @@ db::TuningDb open_existing(const std::filesystem::path& path) {
   return db::TuningDb(path, db::OpenMode::kReadOnly);
 }
 
+// The database a command writes into, checked first: rows merged into a damaged file could be lost
+// with it, or make it worse.
+db::TuningDb open_target(const std::filesystem::path& path) {
+  db::TuningDb target(path);
+  try {
+    target.check_intact();
+  } catch (const db::CorruptDatabase& e) {
+    throw db::CorruptDatabase(fmt::format("{}; nothing was written. Move it aside (keep it: sqlite3's .recover may "
+                                          "save rows from it) and write into a new file",
+                                          e.what()));
+  }
+  return target;
+}
+
 void print_stats(const std::string& what, const db::TuningDb::MergeStats& s) {
   fmt::print("{}: added {}, replaced {}, kept {}\n", what, s.added, s.replaced, s.kept);
 }
@@ -100,7 +114,7 @@ int import_rows(const Args& a) {
   const std::string file = a.positional[0];
   std::optional<std::string> text = fs::read_all(file);
   if (!text) throw IoError(fmt::format("cannot read {}", file));
-  db::TuningDb target(database_path(a));
+  db::TuningDb target = open_target(database_path(a));
   print_stats(fmt::format("imported {} into {}", file, target.path()), target.import_json(*text));
   return 0;
 }
@@ -108,7 +122,7 @@ int import_rows(const Args& a) {
 int merge(const Args& a) {
   expect_positionals(a, "merge", 1, "the database file to merge in");
   const db::TuningDb other = open_existing(a.positional[0]);
-  db::TuningDb target(database_path(a));
+  db::TuningDb target = open_target(database_path(a));
   print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge(other));
   return 0;
 }
@@ -119,7 +133,7 @@ int prune(const Args& a) {
   const std::filesystem::path path = database_path(a);
   if (!std::filesystem::exists(path)) throw IoError(fmt::format("no tuning database at {}", path.string()));
   const db::Provenance current = db::current_provenance(0);
-  db::TuningDb target(path);
+  db::TuningDb target = open_target(path);
   const int removed = target.prune(current);
   fmt::print("pruned {}: removed {} row{} of other builds than this one (templates {}, NVRTC {})\n", target.path(),
              removed, removed == 1 ? "" : "s", current.template_hash, current.nvrtc_version);

@@ -137,8 +137,9 @@ int run_tune(int argc, char** argv, int start) {
   // first call, a budget) is tuned again, its winner an incumbent.
   std::map<std::string, db::TuningRow> stored;
   const db::Provenance current = db::current_provenance(first.driver_version);
-  // Refused before any tuning where the rows could not be saved.
-  const db::TuningDb target(db_path);
+  // Opened as a plan's tuner opens it (a damaged file is moved aside), and refused before any
+  // tuning where the rows could not be saved.
+  const db::TuningDb target = db::TuningDb::open_for_saving(db_path);
   if (target.read_only()) {
     throw DatabaseError(fmt::format("cannot save tuned rows to {}: {}", db_path.string(), target.read_only_reason()));
   }
