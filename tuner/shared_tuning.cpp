@@ -1,5 +1,8 @@
 #include "tuner/shared_tuning.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <optional>
 
 #include "core/env.hpp"
@@ -20,6 +23,43 @@ std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, con
   const db::TuningKey key = tuning_key(Role::kRouting, problem, device);
   return user_db.string() + ".locks/" + Hasher().field(key.id()).hex() + ".lock";
 }
+
+namespace {
+
+// Records the tuned rows in the user database, in one transaction: a busy timeout or a full disk
+// saves none of them rather than the ones before it. Returns the rows to run: each tuned row, or
+// the stored row kept in its place. `moejit tune` takes no tuning lock: a whole row it recorded
+// while this process's partial tune ran (the first call's narrower space, or cut short by the
+// budget) stays, and this process runs it too. A stored row `accept` refuses is replaced: kept, it
+// would be dropped by the caller, and every plan would tune again and drop its result. (Rows are
+// weighed against a row of their own build only.)
+std::vector<db::TuningRow> save(const std::filesystem::path& user_db, std::vector<db::TuningRow> tuned,
+                                const MoeShape& shape, const db::TuningDb::RowFilter& accept) {
+  try {
+    db::TuningDb user = db::TuningDb::open_for_saving(user_db);
+    if (user.read_only()) {
+      // Another user's database, or a read-only folder: read, never written, said once.
+      if (log::first_time("unsaved " + user_db.string())) {
+        log::warn("tuned configs cannot be saved to {}, so they serve this process only: {}", user_db.string(),
+                  user.read_only_reason());
+      }
+      return tuned;
+    }
+    const db::TuningDb::KeepExisting keep = [&](const db::TuningRow& incoming, const db::TuningRow& existing) {
+      return tuned_partly(incoming, shape) && !tuned_partly(existing, shape) && (!accept || accept(existing));
+    };
+    db::TuningDb::Saved saved = user.record_all(tuned, keep);
+    if (!saved.skipped.empty()) {
+      log::warn("tuned configs not saved to {}: {}", user_db.string(), fmt::join(saved.skipped, "; "));
+    }
+    return std::move(saved.rows);
+  } catch (const Error& e) {
+    log::warn("tuned configs not saved to {}: {}", user_db.string(), e.what());
+  }
+  return tuned;
+}
+
+}  // namespace
 
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
@@ -48,35 +88,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   }
   if (still.empty()) return rows;
   std::vector<db::TuningRow> tuned = tune(still);
-  if (user_db) {
-    try {
-      db::TuningDb user = db::TuningDb::open_for_saving(*user_db);
-      if (user.read_only()) {
-        // Another user's database, or a read-only folder: read, never written, said once.
-        if (log::first_time("unsaved " + user_db->string())) {
-          log::warn("tuned configs cannot be saved to {}, so they serve this process only: {}", user_db->string(),
-                    user.read_only_reason());
-        }
-      } else {
-        // `moejit tune` takes no tuning lock: a whole row it recorded while this process's partial
-        // tune ran (the first call's narrower space, or cut short by the budget) stays, and this
-        // process runs it too. A stored row `accept` refuses is replaced: kept, it would be dropped
-        // by the caller, and every plan would tune again and drop its result.
-        // (record() weighs only a row of this build.)
-        const MoeShape shape = shape_of(problem);
-        const db::TuningDb::RowFilter keep = [&](const db::TuningRow& existing) {
-          return !tuned_partly(existing, shape) && (!accept || accept(existing));
-        };
-        for (auto& row : tuned) {
-          if (!user.record(row, tuned_partly(row, shape) ? keep : db::TuningDb::RowFilter{})) {
-            if (std::optional<db::TuningRow> existing = user.lookup(row.key, row.provenance)) row = std::move(*existing);
-          }
-        }
-      }
-    } catch (const Error& e) {
-      log::warn("tuned configs not saved to {}: {}", user_db->string(), e.what());
-    }
-  }
+  if (user_db) tuned = save(*user_db, std::move(tuned), shape_of(problem), accept);
   for (auto& row : tuned) {
     lookup.remember(row);
     rows.push_back(std::move(row));

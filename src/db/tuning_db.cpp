@@ -353,6 +353,22 @@ void upsert(const Connection& conn, const TuningRow& row) {
   }
 }
 
+// Inside a write transaction: the stored row of `row`'s key and build if `keep_existing` keeps it,
+// else nullopt, `row` written.
+std::optional<TuningRow> write_unless_kept(const Connection& conn, const TuningRow& row,
+                                           const TuningDb::RowFilter& keep_existing) {
+  if (keep_existing) {
+    Statement s = conn.prepare(std::string(kSelectWinners) + kWhereRow);
+    RowId::of(row).bind(s);
+    if (s.step()) {
+      std::optional<TuningRow> existing = read_row(conn, s);
+      if (existing && keep_existing(*existing)) return existing;
+    }
+  }
+  upsert(conn, row);
+  return std::nullopt;
+}
+
 // The files SQLite keeps beside a database, and the database itself, in the order they are moved
 // aside: its journals first, so that a new database made at the path meanwhile cannot take them
 // for its own (a hot -journal would be played back into it; a -wal beside an empty file deleted).
@@ -508,17 +524,31 @@ void TuningDb::record(const TuningRow& row) { record(row, {}); }
 bool TuningDb::record(const TuningRow& row, const RowFilter& keep_existing) {
   validate(row);
   Transaction t(conn_, Transaction::Kind::kWrite);
-  if (keep_existing) {
-    Statement s = conn_.prepare(std::string(kSelectWinners) + kWhereRow);
-    RowId::of(row).bind(s);
-    if (s.step()) {
-      const std::optional<TuningRow> existing = read_row(conn_, s);
-      if (existing && keep_existing(*existing)) return false;
+  const bool written = !write_unless_kept(conn_, row, keep_existing);
+  t.commit();
+  return written;
+}
+
+TuningDb::Saved TuningDb::record_all(const std::vector<TuningRow>& rows, const KeepExisting& keep_existing) {
+  Saved saved{rows, {}};
+  std::vector<bool> valid(rows.size(), false);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    try {
+      validate(rows[r]);
+      valid[r] = true;
+    } catch (const InvalidArgument& e) {
+      saved.skipped.push_back(fmt::format("{}: {}", rows[r].key.id(), e.what()));
     }
   }
-  upsert(conn_, row);
+  Transaction t(conn_, Transaction::Kind::kWrite);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (!valid[r]) continue;
+    RowFilter keep;
+    if (keep_existing) keep = [&](const TuningRow& existing) { return keep_existing(rows[r], existing); };
+    if (std::optional<TuningRow> kept = write_unless_kept(conn_, rows[r], keep)) saved.rows[r] = std::move(*kept);
+  }
   t.commit();
-  return true;
+  return saved;
 }
 
 std::optional<TuningRow> TuningDb::lookup(const TuningKey& key, const Provenance& build) const {

@@ -85,6 +85,17 @@ class TuningDb {
   // too. Returns whether `row` was written.
   bool record(const TuningRow& row, const RowFilter& keep_existing);
 
+  // Per row, whether a stored row of its key and build stays in its place (as keep_existing in
+  // record()).
+  using KeepExisting = std::function<bool(const TuningRow& incoming, const TuningRow& existing)>;
+  struct Saved {
+    std::vector<TuningRow> rows;       // per row given: itself, or the stored row kept in its place
+    std::vector<std::string> skipped;  // rows validate() refuses, "<key id>: <why>", not written
+  };
+  // Records the rows as record(row, keep_existing) would, in one write transaction: each row is
+  // written, or none is, but a row validate() refuses is left out alone.
+  Saved record_all(const std::vector<TuningRow>& rows, const KeepExisting& keep_existing = {});
+
   // The row of exactly this key tuned by `build` (same_build). Here and below, a row this build
   // cannot read (a newer moejit's role, dtype or arch tag; a value out of range; a key id that
   // does not match its fields) is skipped with a warning, as if absent.

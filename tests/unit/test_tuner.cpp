@@ -536,6 +536,27 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
   }
 }
 
+TEST_CASE("a plan's tuned rows are saved in one transaction; a row that cannot be saved costs no other", "[tuner]") {
+  TempDir dir("save-all");
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());  // where tune_shared records
+  const auto h200 = cuda::fabricated::h200();
+  const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown, Role::kBwdDx};
+  db::TuningLookup lookup(db_path, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+  const TuneFn tune = [&](const std::vector<Role>& missing) {
+    std::vector<db::TuningRow> rows;
+    for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
+    rows[1].median_ms = std::nan("");  // refused by validate(): each row had its own transaction, and a
+                                       // failing one dropped the rows after it
+    return rows;
+  };
+  CHECK(tune_shared(kProblem, h200, roles, lookup, tune, {}).size() == roles.size());
+  db::TuningDb db(db_path);
+  CHECK(db.lookup(tuning_key(Role::kFwdUp, kProblem, h200), db::current_provenance(0)));
+  CHECK_FALSE(db.lookup(tuning_key(Role::kFwdDown, kProblem, h200), db::current_provenance(0)));
+  CHECK(db.lookup(tuning_key(Role::kBwdDx, kProblem, h200), db::current_provenance(0)));
+}
+
 TEST_CASE("tuned rows are not saved into another user's database, and nothing is made beside it", "[tuner]") {
   if (!test::users_available()) {
     WARN("skipped: running as root, and the kernel lets no child take another user");
