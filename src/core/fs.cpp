@@ -198,7 +198,11 @@ FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::millisec
   std::error_code ec;
   if (lock_path.has_parent_path()) std::filesystem::create_directories(lock_path.parent_path(), ec);
   fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), errno_text()));
+  if (fd_ < 0) {
+    const int err = errno;
+    if (err == EACCES || err == EROFS) fd_ = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), std::strerror(err)));
+  }
   // Polled rather than blocking, so a deadline holds (flock has no timed form).
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {

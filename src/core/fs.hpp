@@ -58,7 +58,9 @@ std::optional<FileId> file_id(const std::filesystem::path& path) noexcept;
 
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the
-// constructor gives up after `timeout` and throws IoError.
+// constructor gives up after `timeout` and throws IoError. A lock file that exists but that this
+// process may not write (another user's, in a folder users share) is opened for reading, which
+// flock needs no more than.
 class FileLock {
  public:
   FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout);

@@ -21,6 +21,7 @@
 #include "core/fs.hpp"
 #include "moejit/error.hpp"
 #include "support/temp_dir.hpp"
+#include "support/users.hpp"
 
 using namespace moejit;
 using namespace std::chrono_literals;
@@ -38,6 +39,27 @@ TEST_CASE("a file lock held elsewhere times out with an IoError instead of waiti
   CHECK(waited < 5s);
   holder.reset();
   CHECK_NOTHROW(fs::FileLock(path, 200ms));  // released by the holder's destructor
+}
+
+TEST_CASE("a lock file another user made is locked through a read-only descriptor", "[fs]") {
+  // A second user sharing the database folder got EACCES and tuned without the lock, every plan.
+  if (!test::users_available()) {
+    WARN("skipped: running as root, and the kernel lets no child take another user");
+    return;
+  }
+  test::TempDir dir("lock-other");
+  const auto path = dir / "key.lock";
+  auto holder = std::make_unique<fs::FileLock>(path, 1000ms);
+  CHECK(test::as_reader(path, [&] {
+          try {
+            fs::FileLock lock(path, 200ms);
+            test::expect(false, "locked while another held the lock");
+          } catch (const IoError& e) {
+            test::expect(std::string(e.what()).find("still held") != std::string::npos, e.what());
+          }
+        }) == 0);
+  holder.reset();
+  CHECK(test::as_reader(path, [&] { fs::FileLock lock(path, 200ms); }) == 0);
 }
 
 TEST_CASE("stale temporary files are swept, young ones and real files stay", "[fs]") {
