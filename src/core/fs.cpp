@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -192,6 +193,33 @@ std::optional<FileId> file_id(const std::filesystem::path& path) noexcept {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   return FileId{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
+std::optional<std::uint32_t> file_system_magic(const std::filesystem::path& path) noexcept {
+  struct statfs st {};
+  if (::statfs(path.c_str(), &st) != 0) {
+    const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+    if (::statfs(folder.c_str(), &st) != 0) return std::nullopt;
+  }
+  // f_type is a word of varying width and sign; the magic numbers are 32-bit.
+  return static_cast<std::uint32_t>(st.f_type);
+}
+
+const char* network_file_system(std::uint32_t magic) noexcept {
+  // linux/magic.h where it has them; Lustre, GPFS and BeeGFS define theirs out of tree.
+  switch (magic) {
+    case 0x6969: return "NFS";
+    case 0x517B: return "SMB";
+    case 0xFF534D42: return "CIFS";
+    case 0xFE534D42: return "SMB2";
+    case 0x0BD00BD0: return "Lustre";
+    case 0x47504653: return "GPFS";
+    case 0x19830326: return "BeeGFS";
+    case 0x00C36400: return "Ceph";
+    case 0x65735546: return "FUSE";  // sshfs and the like; a local one loses only WAL's speed
+    case 0x01021997: return "9p";
+    default: return nullptr;
+  }
 }
 
 FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout) {

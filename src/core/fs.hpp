@@ -56,6 +56,15 @@ struct FileId {
 // The file at `path` (after following symbolic links); nullopt when there is none.
 std::optional<FileId> file_id(const std::filesystem::path& path) noexcept;
 
+// The file system `path` lies on (statfs's f_type, its magic number; the folder's when the file
+// does not exist yet); nullopt when neither can be asked.
+std::optional<std::uint32_t> file_system_magic(const std::filesystem::path& path) noexcept;
+
+// The name of a network or cluster file system ("NFS", "Lustre", ...) by its magic number, or
+// nullptr for any other: where processes on several hosts may open one file, so no shared memory
+// between them can be assumed (SQLite's WAL needs it).
+const char* network_file_system(std::uint32_t magic) noexcept;
+
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the
 // constructor gives up after `timeout` and throws IoError. A lock file that exists but that this

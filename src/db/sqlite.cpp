@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
 
+#include "core/fs.hpp"
 #include "core/log.hpp"
 #include "moejit/error.hpp"
 
@@ -159,8 +161,13 @@ void Connection::open(const std::string& sqlite_name, int flags) {
   sqlite3_busy_timeout(db_, kBusyTimeoutMs);
 }
 
-void Connection::use_wal() const {
+void Connection::set_journal_mode() const {
   if (read_only_ || in_memory_) return;
+  const std::optional<std::uint32_t> magic = fs::file_system_magic(path_);
+  if (const char* network = magic ? fs::network_file_system(*magic) : nullptr) {
+    use_rollback_journal(network);
+    return;
+  }
   // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and saves an
   // fsync per commit.
   exec("PRAGMA synchronous=NORMAL");
@@ -180,6 +187,20 @@ void Connection::use_wal() const {
     }
     if (std::chrono::steady_clock::now() >= deadline) fail("cannot switch to WAL journal mode");
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(2 * attempt, 50)));
+  }
+}
+
+void Connection::use_rollback_journal(const char* file_system) const {
+  // The rollback journal is safe from power loss only with FULL.
+  exec("PRAGMA synchronous=FULL");
+  // A file in WAL mode that another process holds open cannot switch (SQLITE_BUSY at once): it
+  // stays in WAL until a process opens it alone.
+  Statement s(*this, "PRAGMA journal_mode=DELETE");
+  const bool switched = s.try_step() == Statement::StepResult::kRow && s.column_text(0) == "delete";
+  if (log::first_time("journal " + path_)) {
+    log::info("{} is on {}: SQLite's rollback journal (synchronous=FULL), not WAL, whose -shm index only the "
+              "processes of one host share{}",
+              path_, file_system, switched ? "" : "; it stays in WAL mode while another process has it open");
   }
 }
 

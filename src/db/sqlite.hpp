@@ -96,15 +96,18 @@ class Connection {
   // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>" (CorruptDatabase for a damaged file).
   [[noreturn]] void fail(std::string_view what) const;
 
-  // Switches a file opened read-write to WAL, with synchronous=NORMAL, so readers proceed while
-  // one writer commits; nothing for a read-only or in-memory connection. Not done on open: the
-  // tuning database first checks that the file is its own, and another program's database keeps
-  // its journal mode.
-  void use_wal() const;
+  // Sets the journal of a file opened read-write: WAL with synchronous=NORMAL, so readers proceed
+  // while one writer commits; on a network file system (fs::network_file_system) the rollback
+  // journal with synchronous=FULL, since WAL's -shm index is memory that only the processes of
+  // one host share. Nothing for a read-only or in-memory connection. Not done on open: the tuning
+  // database first checks that the file is its own, and another program's database keeps its
+  // journal mode.
+  void set_journal_mode() const;
 
  private:
   Connection() = default;
   void open(const std::string& sqlite_name, int flags);
+  void use_rollback_journal(const char* file_system) const;
   void close() noexcept;
 
   sqlite3* db_ = nullptr;

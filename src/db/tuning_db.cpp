@@ -410,7 +410,7 @@ void initialise(const Connection& conn) {
     refuse_foreign(conn, version);
     snapshot.commit();
   }
-  conn.use_wal();
+  conn.set_journal_mode();
   if (version == kSchemaVersion) return;
   // A read-only file of an older schema is read through a migrated copy (open_connection), so
   // only version 0 gets here.

@@ -14,6 +14,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -60,6 +61,35 @@ TEST_CASE("a lock file another user made is locked through a read-only descripto
         }) == 0);
   holder.reset();
   CHECK(test::as_reader(path, [&] { fs::FileLock lock(path, 200ms); }) == 0);
+}
+
+TEST_CASE("network and cluster file systems are known by their magic numbers; this folder's is asked", "[fs]") {
+  // linux/magic.h, and the out-of-tree Lustre, GPFS and BeeGFS.
+  for (const auto& [magic, name] : std::vector<std::pair<std::uint32_t, std::string>>{
+           {0x6969, "NFS"},
+           {0x517B, "SMB"},
+           {0xFF534D42, "CIFS"},
+           {0xFE534D42, "SMB2"},
+           {0x0BD00BD0, "Lustre"},
+           {0x47504653, "GPFS"},
+           {0x19830326, "BeeGFS"},
+           {0x00C36400, "Ceph"},
+           {0x65735546, "FUSE"},
+           {0x01021997, "9p"}}) {
+    INFO(fmt::format("{:#x}", magic));
+    REQUIRE(fs::network_file_system(magic) != nullptr);
+    CHECK(fs::network_file_system(magic) == name);
+  }
+  // ext4, tmpfs (next to 9p's), xfs, btrfs, overlayfs, zfs.
+  for (const std::uint32_t local : {0xEF53u, 0x01021994u, 0x58465342u, 0x9123683Eu, 0x794C7630u, 0x2FC12FC1u}) {
+    INFO(fmt::format("{:#x}", local));
+    CHECK(fs::network_file_system(local) == nullptr);
+  }
+  test::TempDir dir("magic");
+  const auto magic = fs::file_system_magic(dir.path());
+  REQUIRE(magic);
+  CHECK(fs::file_system_magic(dir / "not-yet.sqlite") == magic);  // the folder's, for a file to come
+  CHECK_FALSE(fs::file_system_magic("/no/such/folder/file"));
 }
 
 TEST_CASE("stale temporary files are swept, young ones and real files stay", "[fs]") {
