@@ -33,9 +33,11 @@ namespace {
 // budget) stays, and this process runs it too. A stored row `accept` refuses is replaced: kept, it
 // would be dropped by the caller, and every plan would tune again and drop its result. (Rows are
 // weighed against a row of their own build only.)
-std::vector<db::TuningRow> save(const std::filesystem::path& user_db, std::vector<db::TuningRow> tuned,
-                                const MoeShape& shape, const db::TuningDb::RowFilter& accept) {
+std::vector<db::TuningRow> save(const std::filesystem::path& user_db, db::TuningLookup& lookup,
+                                std::vector<db::TuningRow> tuned, const MoeShape& shape,
+                                const db::TuningDb::RowFilter& accept) {
   try {
+    lookup.close_user_db();  // a damaged file is emptied only where no connection holds it
     db::TuningDb user = db::TuningDb::open_for_saving(user_db);
     if (user.read_only()) {
       // Another user's database, or a read-only folder: read, never written, said once.
@@ -88,7 +90,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
   }
   if (still.empty()) return rows;
   std::vector<db::TuningRow> tuned = tune(still);
-  if (user_db) tuned = save(*user_db, std::move(tuned), shape_of(problem), accept);
+  if (user_db) tuned = save(*user_db, lookup, std::move(tuned), shape_of(problem), accept);
   for (auto& row : tuned) {
     lookup.remember(row);
     rows.push_back(std::move(row));

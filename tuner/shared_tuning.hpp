@@ -28,7 +28,7 @@ std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, con
 
 // Under the lock: rows for `missing` that are now in the user DB (or this process's memory) and
 // that `accept` allows, plus tune(rest), which are recorded in the user DB in one transaction
-// (TuningDb::open_for_saving: a damaged file is moved aside) and remembered by `lookup`. A partial
+// (TuningDb::open_for_saving: a damaged file is emptied, a copy kept) and remembered by `lookup`. A partial
 // tuned row (tuned_partly) gives way to a row of its key recorded meanwhile that was tuned whole
 // and that `accept` allows: that row is kept and returned. Without a user database
 // (env::user_db_path() names none) it tunes unlocked and records nothing on disk; with one this

@@ -189,10 +189,12 @@ bool remove_quietly(const std::filesystem::path& path) noexcept {
   return std::filesystem::remove(path, ec);
 }
 
-std::optional<FileId> file_id(const std::filesystem::path& path) noexcept {
+std::optional<FileVersion> file_version(const std::filesystem::path& path) noexcept {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileId{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  return FileVersion{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                     static_cast<std::int64_t>(st.st_size),
+                     static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 std::optional<std::uint32_t> file_system_magic(const std::filesystem::path& path) noexcept {

@@ -46,15 +46,17 @@ void make_private_dir(const std::filesystem::path& dir);
 // Removes a file, ignoring errors (another process may have removed it first); whether it did.
 bool remove_quietly(const std::filesystem::path& path) noexcept;
 
-// Which file a path names, to tell whether it was replaced.
-struct FileId {
+// Which file a path names and how it was last written, to tell whether it changed.
+struct FileVersion {
   std::uint64_t device = 0;
   std::uint64_t inode = 0;
-  bool operator==(const FileId&) const = default;
+  std::int64_t size = 0;
+  std::int64_t modified_ns = 0;
+  bool operator==(const FileVersion&) const = default;
 };
 
 // The file at `path` (after following symbolic links); nullopt when there is none.
-std::optional<FileId> file_id(const std::filesystem::path& path) noexcept;
+std::optional<FileVersion> file_version(const std::filesystem::path& path) noexcept;
 
 // The file system `path` lies on (statfs's f_type, its magic number; the folder's when the file
 // does not exist yet); nullopt when neither can be asked.

@@ -70,6 +70,8 @@ FileState file_state(const std::filesystem::path& path) {
   struct stat st {};
   file.exists = ::stat(path.c_str(), &st) == 0;
   file.writable = file.exists && may_write(path);
+  // Gone since stat (removed or renamed meanwhile): missing, not read-only.
+  if (file.exists && !file.writable && errno == ENOENT) file.exists = false;
   file.folder_writable = may_write(folder_of(path));
   file.wal_exists = ::access((path.string() + "-wal").c_str(), F_OK) == 0;
   return file;
@@ -188,6 +190,16 @@ void Connection::set_journal_mode() const {
     if (std::chrono::steady_clock::now() >= deadline) fail("cannot switch to WAL journal mode");
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(2 * attempt, 50)));
   }
+}
+
+void Connection::reset(std::chrono::milliseconds wait) const {
+  sqlite3_busy_timeout(db_, static_cast<int>(wait.count()));
+  int rc = sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 1, nullptr);
+  if (rc == SQLITE_OK) rc = sqlite3_exec(db_, "VACUUM", nullptr, nullptr, nullptr);
+  const std::string why = sqlite3_errmsg(db_);
+  sqlite3_db_config(db_, SQLITE_DBCONFIG_RESET_DATABASE, 0, nullptr);
+  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
+  if (rc != SQLITE_OK) throw DatabaseError(fmt::format("{}: cannot empty it: {}", path_, why));
 }
 
 void Connection::use_rollback_journal(const char* file_system) const {

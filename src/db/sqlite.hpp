@@ -3,6 +3,7 @@
 // destructors never throw. sqlite3.h stays out of this header so users need not have it.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -95,6 +96,13 @@ class Connection {
 
   // Throws DatabaseError "<path>: <what>: <sqlite3_errmsg>" (CorruptDatabase for a damaged file).
   [[noreturn]] void fail(std::string_view what) const;
+
+  // Empties the database in place, whatever its damage (SQLITE_DBCONFIG_RESET_DATABASE, then
+  // VACUUM): the file stays the one other processes have open, so SQLite's locks still keep them
+  // apart, where a file renamed aside would leave them reading it with the new file's -wal and
+  // -journal, found by name. Throws DatabaseError when other connections keep it open past `wait`
+  // (it needs the file alone).
+  void reset(std::chrono::milliseconds wait) const;
 
   // Sets the journal of a file opened read-write: WAL with synchronous=NORMAL, so readers proceed
   // while one writer commits; on a network file system (fs::network_file_system) the rollback

@@ -369,13 +369,15 @@ std::optional<TuningRow> write_unless_kept(const Connection& conn, const TuningR
   return std::nullopt;
 }
 
-// The files SQLite keeps beside a database, and the database itself, in the order they are moved
-// aside: its journals first, so that a new database made at the path meanwhile cannot take them
-// for its own (a hot -journal would be played back into it; a -wal beside an empty file deleted).
-constexpr std::array<const char*, 4> kCompanions = {"-wal", "-journal", "-shm", ""};
+// What a copy of a damaged database keeps: the file and the journals that may hold its latest
+// commits (the -shm is an index SQLite rebuilds).
+constexpr std::array<const char*, 3> kKept = {"", "-wal", "-journal"};
 
-// A move takes milliseconds; a holder that hangs is not waited for long.
+// Copying and emptying take milliseconds; a holder that hangs is not waited for long.
 constexpr std::chrono::seconds kRecoverLockTimeout{30};
+// How long emptying a damaged database waits for other connections to let go of it: a
+// transaction takes milliseconds, a process that keeps it open lets go only when it ends.
+constexpr std::chrono::seconds kResetWait{1};
 
 void check_not_newer(const std::string& path, long long version) {
   if (version > kSchemaVersion) {
@@ -437,7 +439,7 @@ Connection open_connection(const std::filesystem::path& path, OpenMode mode) {
 }
 
 // <name>.corrupt-<UTC time>, with a count after it where that name is taken (the same second), so
-// nothing is moved over an earlier file.
+// no copy is written over an earlier one.
 std::string aside_name(const std::filesystem::path& path) {
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
@@ -448,36 +450,34 @@ std::string aside_name(const std::filesystem::path& path) {
   for (int n = 1;; ++n) {
     const std::string name = n == 1 ? base : fmt::format("{}-{}", base, n);
     std::error_code ec;
-    const bool taken = std::any_of(kCompanions.begin(), kCompanions.end(), [&](const char* suffix) {
+    const bool taken = std::any_of(kKept.begin(), kKept.end(), [&](const char* suffix) {
       return std::filesystem::exists(std::filesystem::symlink_status(name + suffix, ec));
     });
     if (!taken) return name;
   }
 }
 
-// Moves the damaged file at `path` aside with its companions, unless the file there is no longer
-// the one found damaged (`seen`): another process has moved it already.
-void move_aside(const std::filesystem::path& path, const std::optional<fs::FileId>& seen, const std::string& why) {
-  // Two processes that found the same damage would otherwise both move files, the second one the
-  // first one's new database.
-  const fs::FileLock lock(path.string() + ".locks/recover.lock", kRecoverLockTimeout);
-  if (fs::file_id(path) != seen) return;
+// Copies the damaged database and its journals to one free name beside it; returns that name.
+// Throws IoError, having copied what it could, before anything is emptied.
+std::string keep_copy(const std::filesystem::path& path, std::vector<std::string>& written) {
   const std::string aside = aside_name(path);
-  std::vector<const char*> moved;
-  for (const char* suffix : kCompanions) {
+  for (const char* suffix : kKept) {
     const std::string from = path.string() + suffix;
-    if (::rename(from.c_str(), (aside + suffix).c_str()) == 0) {
-      moved.push_back(suffix);
-    } else if (errno != ENOENT) {
-      const std::string error = std::strerror(errno);
-      // What moved goes back: a database split from its -wal loses the commits in it.
-      for (const char* back : moved) ::rename((aside + back).c_str(), (path.string() + back).c_str());
-      throw IoError(fmt::format("{}: damaged ({}), but cannot move {} aside: {}", path.string(), why, from, error));
-    }
+    std::error_code ec;
+    if (*suffix && !std::filesystem::exists(from, ec)) continue;
+    const std::optional<std::string> bytes = fs::read_all(from);
+    if (!bytes) throw IoError(fmt::format("cannot read {} to keep a copy", from));
+    fs::atomic_write(aside + suffix, *bytes);
+    written.push_back(aside + suffix);
   }
-  log::warn("tuning database damaged: {}; moved aside, kept as {} (with its -wal, -shm and -journal files, if any), "
-            "and a new one started at {}",
-            why, aside, path.string());
+  return aside;
+}
+
+// The database at `path`, checked whole unless this process can only read it.
+TuningDb open_checked(const std::filesystem::path& path) {
+  TuningDb db(path);
+  if (!db.read_only()) db.check_intact();
+  return db;
 }
 
 }  // namespace
@@ -487,16 +487,37 @@ TuningDb::TuningDb(const std::filesystem::path& path, OpenMode mode) : TuningDb(
 TuningDb TuningDb::in_memory() { return TuningDb(Connection::memory()); }
 
 TuningDb TuningDb::open_for_saving(const std::filesystem::path& path) {
-  const std::optional<fs::FileId> seen = fs::file_id(path);
+  std::string why;
   try {
-    TuningDb db(path);
-    if (!db.read_only()) db.check_intact();
-    return db;
+    return open_checked(path);
   } catch (const CorruptDatabase& e) {
     // Left alone where this process could not write it anyway: its owner decides.
-    if (const FileState file = file_state(path); !file.writable || !file.folder_writable) throw;
-    move_aside(path, seen, e.what());
+    if (open_access(OpenMode::kReadWrite, file_state(path)) != Access::kReadWrite) throw;
+    why = e.what();
   }
+  // One process at a time; another may have emptied it while this one waited.
+  const fs::FileLock lock(path.string() + ".locks/recover.lock", kRecoverLockTimeout);
+  try {
+    return open_checked(path);
+  } catch (const CorruptDatabase&) {
+  }
+  std::vector<std::string> copies;
+  const std::string aside = keep_copy(path, copies);
+  try {
+    Connection(path, OpenMode::kReadWrite).reset(kResetWait);
+  } catch (const DatabaseError& e) {
+    // Mostly open elsewhere: not this process's to empty now, and the copy would only pile up.
+    for (const std::string& copy : copies) fs::remove_quietly(copy);
+    if (log::first_time("damaged " + path.string())) {
+      log::warn("tuning database damaged: {}; not emptied ({}): while other processes have it open it stays as it "
+                "is, and rows are saved into it as far as they can be",
+                why, e.what());
+    }
+    return TuningDb(path);
+  }
+  log::warn("tuning database damaged: {}; a copy is kept as {} (with its -wal and -journal, if any), and {} was "
+            "emptied in place for new rows",
+            why, aside, path.string());
   return TuningDb(path);
 }
 

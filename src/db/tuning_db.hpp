@@ -60,12 +60,13 @@ class TuningDb {
   explicit TuningDb(const std::filesystem::path& path, OpenMode mode = OpenMode::kReadWrite);
   // An empty database in memory (shipped tables are imported into one).
   static TuningDb in_memory();
-  // Opens `path` to save rows, as the tuner does: a database SQLite finds damaged, at opening or
-  // by PRAGMA quick_check, is moved aside with its -wal, -shm and -journal to
-  // <name>.corrupt-<UTC time> (kept, never deleted) and a new one made in its place, with a
-  // warning naming both. Under an exclusive lock (<path>.locks/recover.lock), and only if the
-  // damaged file is still the one at `path`: processes that found the same damage move it once.
-  // A damaged file this process cannot write or move throws CorruptDatabase.
+  // Opens `path` to save rows, as the tuner does. A database SQLite finds damaged, at opening or by
+  // PRAGMA quick_check, is copied with its -wal and -journal to <name>.corrupt-<UTC time> (never
+  // over an earlier copy) and emptied in place (Connection::reset), with a warning naming both;
+  // under an exclusive lock (<path>.locks/recover.lock), checked again once it is held, so
+  // processes that found the same damage empty it once. Where other processes have it open it
+  // stays as it is (no copy), said once, and is returned. A damaged file this process cannot
+  // write throws CorruptDatabase.
   static TuningDb open_for_saving(const std::filesystem::path& path);
 
   const std::string& path() const { return conn_.path(); }

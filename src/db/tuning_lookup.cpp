@@ -39,15 +39,19 @@ TuningLookup::TuningLookup(std::filesystem::path user_db, std::filesystem::path 
 
 std::optional<TuningDb>& TuningLookup::user_db() {
   if (user_path_.empty()) return user_;
-  // Ranks that waited on a tuning lock while another moved a damaged file aside read the new one:
-  // otherwise each would tune the problem again.
-  if (user_tried_ && !user_ && fs::file_id(user_path_) != user_file_) user_tried_ = false;
+  // Ranks that waited on a tuning lock while another emptied a damaged file read the rows it then
+  // saved: otherwise each would tune the problem again.
+  if (user_damaged_ && fs::file_version(user_path_) != user_damaged_) {
+    user_tried_ = false;
+    user_damaged_.reset();
+  }
   if (!user_tried_) {
     user_tried_ = true;
-    user_file_ = fs::file_id(user_path_);
+    const std::optional<fs::FileVersion> version = fs::file_version(user_path_);
     try {
       user_.emplace(user_path_);
     } catch (const Error& e) {
+      if (dynamic_cast<const CorruptDatabase*>(&e)) user_damaged_ = version;
       log::warn("tuning lookup: user database skipped: {}", e.what());
     }
   }
@@ -83,6 +87,7 @@ std::optional<TuningRow> TuningLookup::guarded(std::optional<TuningDb>& db, cons
     return query(*db);
   } catch (const Error& e) {
     log::warn("tuning lookup: {} {} skipped from now on: {}", what, db->path(), e.what());
+    if (&db == &user_ && dynamic_cast<const CorruptDatabase*>(&e)) user_damaged_ = fs::file_version(user_path_);
     db.reset();
     return std::nullopt;
   }
@@ -122,6 +127,13 @@ Resolved TuningLookup::resolve(const TuningKey& key, const TuningDb::RowFilter& 
   // The heuristic is the caller's code: run it without holding the lock.
   lock.unlock();
   return Resolved{heuristic_(key), Source::kHeuristic, std::nullopt};
+}
+
+void TuningLookup::close_user_db() {
+  std::lock_guard lock(mu_);
+  if (!user_) return;
+  user_.reset();
+  user_tried_ = false;
 }
 
 void TuningLookup::remember(const TuningRow& row) {

@@ -13,9 +13,9 @@
 // code, outside the template hash). Rows this build cannot read cost their own key alone: a
 // database file's are skipped as read, a shipped table's left out one by one at its import, each
 // logged (TuningDb::BadRows::kSkip). A database that cannot be opened, parsed or read is logged
-// once and skipped from then on, the user DB until its file is replaced (a damaged one moved aside
-// by a tuner, TuningDb::open_for_saving): a lookup never fails because of a database, it falls
-// through to the next level. A user DB this process cannot write is read all the same.
+// once and skipped from then on, a damaged user DB until its file changes (emptied by a tuner,
+// TuningDb::open_for_saving): a lookup never fails because of a database, it falls through to the
+// next level. A user DB this process cannot write is read all the same.
 // Databases are opened on first use, never at construction (the user DB is created if missing,
 // as the tuner would); do not carry a lookup that has resolved keys across fork(): SQLite
 // connections must not cross it.
@@ -66,6 +66,10 @@ class TuningLookup {
   // Puts a row (typically just tuned) in the in-process map, replacing that key's entry.
   void remember(const TuningRow& row);
 
+  // Closes the user DB if open; the next resolve opens it again. A tuner about to save lets go of
+  // it first: emptying a damaged file needs it alone (TuningDb::open_for_saving).
+  void close_user_db();
+
  private:
   // The databases, opened on first use; empty when absent or failed.
   std::optional<TuningDb>& user_db();
@@ -84,7 +88,7 @@ class TuningLookup {
   std::unordered_map<std::string, TuningRow> memory_;  // by key id
   std::optional<TuningDb> user_;
   bool user_tried_ = false;
-  std::optional<fs::FileId> user_file_;  // the file the user DB was opened from, or failed on
+  std::optional<fs::FileVersion> user_damaged_;  // the user DB's file when found damaged
   std::map<std::string, std::optional<TuningDb>> shipped_;  // by device; nullopt: none or failed
 };
 

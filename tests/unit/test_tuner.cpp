@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/fs.hpp"
+#include "db/sqlite.hpp"
 #include "db/tuning_db.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
@@ -590,7 +591,7 @@ TEST_CASE("tuned rows are not saved into another user's database, and nothing is
         }) == 0);
 }
 
-TEST_CASE("ranks finding a damaged user database tune a problem once: one moves it aside, the others read the new one",
+TEST_CASE("ranks finding a damaged user database tune a problem once: one empties it, the others read its rows",
           "[tuner][multiprocess]") {
   // Before, every rank tuned in turn under the lock, none could save, and so at every job start.
   TempDir dir("damaged-shared");
@@ -635,11 +636,49 @@ TEST_CASE("ranks finding a damaged user database tune a problem once: one moves 
   const std::string tuned_by = fs::read_all(marker).value_or("");
   CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
   CHECK(db::TuningDb(db_path).rows().size() == roles.size());
-  int aside = 0;
+  int copies = 0;
   for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-    aside += f.path().filename().string().rfind("tuning.sqlite.corrupt-", 0) == 0;
+    copies += f.path().filename().string().rfind("tuning.sqlite.corrupt-", 0) == 0;
   }
-  CHECK(aside == 1);
+  CHECK(copies == 1);
+}
+
+TEST_CASE("a plan's own lookup lets go of a malformed user database, so its tuner can empty it", "[tuner]") {
+  // A malformed file whose first pages are whole opens, and the lookup keeps it open: emptying it
+  // needs it alone.
+  TempDir dir("malformed-own");
+  const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());
+  const auto h200 = cuda::fabricated::h200();
+  {
+    db::TuningDb db(db_path);
+    for (int n = 0; n < 60; ++n) {
+      MoeProblem other = kProblem;
+      other.hidden = 1024 + 8 * n;
+      db.record(whole_row(Role::kFwdDown, other, gemm(128, 64, 32)));
+    }
+  }
+  // The candidates' root page: read only for a row found, and this plan's key has none.
+  const std::size_t page = static_cast<std::size_t>(
+      db::Connection(db_path, db::OpenMode::kReadOnly).query_int("PRAGMA page_size"));
+  const std::size_t root = static_cast<std::size_t>(db::Connection(db_path, db::OpenMode::kReadOnly)
+                                                        .query_int("SELECT rootpage FROM sqlite_master WHERE name = 'candidates'"));
+  std::string bytes = fs::read_all(db_path).value();
+  REQUIRE(bytes.size() >= root * page);
+  std::fill_n(bytes.begin() + static_cast<std::ptrdiff_t>((root - 1) * page), page, '\xa5');
+  fs::atomic_write(db_path, bytes);
+  db::TuningLookup lookup(db_path, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+  REQUIRE(lookup.resolve(tuning_key(Role::kFwdUp, kProblem, h200)).source == db::Resolved::Source::kHeuristic);
+  const TuneFn tune = [&](const std::vector<Role>& missing) {
+    std::vector<db::TuningRow> rows;
+    for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
+    return rows;
+  };
+  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, {}).size() == 1);
+  db::TuningDb db(db_path);
+  CHECK_NOTHROW(db.check_intact());
+  CHECK(db.lookup(tuning_key(Role::kFwdUp, kProblem, h200), db::current_provenance(0)));
+  CHECK(lookup.resolve(tuning_key(Role::kFwdUp, kProblem, h200)).source == db::Resolved::Source::kMemory);
 }
 
 TEST_CASE("a malformed MOEJIT_AUTOTUNE or tuning budget fails every resolve, covered by the tables or not",

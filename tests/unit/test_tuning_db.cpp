@@ -1369,8 +1369,8 @@ std::string damaged_database(const std::filesystem::path& path, int rows) {
   return bytes;
 }
 
-// The files moved aside: "<name>.corrupt-<time>" and its companions.
-std::vector<std::filesystem::path> moved_aside(const std::filesystem::path& path) {
+// The copies kept of a damaged database: "<name>.corrupt-<time>" and those of its journals.
+std::vector<std::filesystem::path> kept_copies(const std::filesystem::path& path) {
   std::vector<std::filesystem::path> out;
   for (const auto& f : std::filesystem::directory_iterator(path.parent_path())) {
     if (f.path().filename().string().rfind(path.filename().string() + ".corrupt-", 0) == 0) out.push_back(f.path());
@@ -1381,50 +1381,57 @@ std::vector<std::filesystem::path> moved_aside(const std::filesystem::path& path
 
 }  // namespace
 
-TEST_CASE("a damaged database opened to save rows is moved aside whole and a new one made in its place", "[db]") {
+TEST_CASE("a damaged database opened to save rows is copied aside and emptied in place, unless others have it open",
+          "[db]") {
   TempDir dir("damaged");
   const TuningRow row = row_for(key_at(64), 128, 0.5);
 
-  // Not a database at all (SQLITE_NOTADB).
+  // Not a database at all (SQLITE_NOTADB). Emptied in place: the file other processes may be
+  // opening stays the same one.
   const auto junk = dir / "junk.sqlite";
   fs::atomic_write(junk, std::string(4096, 'x'));
-  CHECK_THROWS_AS(TuningDb(junk), CorruptDatabase);  // a plain open moves nothing
+  const auto inode = fs::file_version(junk)->inode;
+  CHECK_THROWS_AS(TuningDb(junk), CorruptDatabase);  // a plain open changes nothing
   TuningDb::open_for_saving(junk).record(row);
-  std::vector<std::filesystem::path> aside = moved_aside(junk);
-  REQUIRE(aside.size() == 1);
-  CHECK(std::regex_match(aside[0].filename().string(), std::regex(R"(junk\.sqlite\.corrupt-\d{8}T\d{6}Z)")));
-  CHECK(fs::read_all(aside[0]) == std::string(4096, 'x'));
+  std::vector<std::filesystem::path> kept = kept_copies(junk);
+  REQUIRE(kept.size() == 1);
+  CHECK(std::regex_match(kept[0].filename().string(), std::regex(R"(junk\.sqlite\.corrupt-\d{8}T\d{6}Z)")));
+  CHECK(fs::read_all(kept[0]) == std::string(4096, 'x'));
+  CHECK(fs::file_version(junk)->inode == inode);
   CHECK(TuningDb(junk).lookup(row.key, kFresh));
 
   // Malformed inside (SQLITE_CORRUPT) where opening does not look: PRAGMA quick_check finds it.
-  // Another connection holds it, so its -wal and -shm are there: they go with it, under its name.
+  // While another connection has it open it is left as it is, and no copy piles up.
   const auto malformed = dir / "malformed.sqlite";
   const std::string bytes = damaged_database(malformed, 60);
   CHECK_THROWS_AS(TuningDb(malformed).check_intact(), CorruptDatabase);
-  const Connection holder(malformed, OpenMode::kReadWrite);
-  holder.query_int("SELECT count(*) FROM sqlite_master");
-  REQUIRE(exists_beside(malformed, "-wal"));
+  {
+    const Connection holder(malformed, OpenMode::kReadWrite);
+    holder.query_int("SELECT count(*) FROM sqlite_master");
+    CHECK_THROWS_AS(TuningDb::open_for_saving(malformed).check_intact(), CorruptDatabase);
+    CHECK(kept_copies(malformed).empty());
+  }
   CHECK(TuningDb::open_for_saving(malformed).rows().empty());
-  aside = moved_aside(malformed);
-  REQUIRE(aside.size() == 3);
-  CHECK(fs::read_all(aside[0]) == bytes);
-  CHECK(aside[1] == aside[0].string() + "-shm");
-  CHECK(aside[2] == aside[0].string() + "-wal");
+  kept = kept_copies(malformed);
+  REQUIRE(kept.size() == 1);
+  CHECK(fs::read_all(kept[0]) == bytes);
+  CHECK_NOTHROW(TuningDb(malformed).check_intact());
 
-  // Found damaged again, likely in the same second: no move overwrites an earlier one.
+  // Found damaged again, likely in the same second: no copy is written over an earlier one.
   fs::atomic_write(junk, std::string(4096, 'y'));
   TuningDb::open_for_saving(junk);
   fs::atomic_write(junk, std::string(4096, 'z'));
   TuningDb::open_for_saving(junk);
-  std::multiset<std::string> kept;
-  for (const auto& f : moved_aside(junk)) kept.insert(fs::read_all(f).value_or(""));
-  CHECK(kept == std::multiset<std::string>{std::string(4096, 'x'), std::string(4096, 'y'), std::string(4096, 'z')});
+  std::multiset<std::string> contents;
+  for (const auto& f : kept_copies(junk)) contents.insert(fs::read_all(f).value_or(""));
+  CHECK(contents == std::multiset<std::string>{std::string(4096, 'x'), std::string(4096, 'y'), std::string(4096, 'z')});
 }
 
-TEST_CASE("processes finding one damaged database move it aside once and all save into the new one", "[db]") {
+TEST_CASE("processes finding one damaged database empty it once and all save into it", "[db]") {
   TempDir dir("damaged-ranks");
   const auto path = dir / "tuning.sqlite";
   fs::atomic_write(path, std::string(8192, 'x'));
+  const auto inode = fs::file_version(path)->inode;
   constexpr int kChildren = 6;
   int go[2];
   REQUIRE(::pipe(go) == 0);
@@ -1454,11 +1461,13 @@ TEST_CASE("processes finding one damaged database move it aside once and all sav
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
-  // A second move would have taken the new database, with the rows saved into it, aside.
-  const auto aside = moved_aside(path);
-  REQUIRE(aside.size() == 1);
-  CHECK(fs::read_all(aside[0]) == std::string(8192, 'x'));
+  // Emptied twice, it would have lost the rows saved in between, and kept a second copy.
+  const auto kept = kept_copies(path);
+  REQUIRE(kept.size() == 1);
+  CHECK(fs::read_all(kept[0]) == std::string(8192, 'x'));
+  CHECK(fs::file_version(path)->inode == inode);
   CHECK(TuningDb(path).rows().size() == kChildren);
+  CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA integrity_check") == "ok");
 }
 
 TEST_CASE("moejit db import, merge and prune refuse a damaged database and leave it as it was", "[db][cli]") {

@@ -137,7 +137,7 @@ int run_tune(int argc, char** argv, int start) {
   // first call, a budget) is tuned again, its winner an incumbent.
   std::map<std::string, db::TuningRow> stored;
   const db::Provenance current = db::current_provenance(first.driver_version);
-  // Opened as a plan's tuner opens it (a damaged file is moved aside), and refused before any
+  // Opened as a plan's tuner opens it (a damaged file is emptied, a copy kept), and refused before any
   // tuning where the rows could not be saved.
   const db::TuningDb target = db::TuningDb::open_for_saving(db_path);
   if (target.read_only()) {
