@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "core/env.hpp"
@@ -63,6 +65,11 @@ std::vector<db::TuningRow> save(const std::filesystem::path& user_db, db::Tuning
 
 }  // namespace
 
+std::chrono::seconds tuning_lock_timeout(double budget_s) {
+  const auto budget = std::chrono::seconds(static_cast<long long>(std::ceil(budget_s))) + std::chrono::minutes(1);
+  return std::max<std::chrono::seconds>(kTuningLockTimeout, budget);
+}
+
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
                                        const db::TuningDb::RowFilter& accept) {
@@ -73,7 +80,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
               "unset, no private folder in the temporary folder");
   } else {
     try {
-      lock.emplace(tuning_lock_path(*user_db, problem, device), kTuningLockTimeout);
+      lock.emplace(tuning_lock_path(*user_db, problem, device), tuning_lock_timeout(env::tune_budget_s()));
     } catch (const IoError& e) {
       log::warn("tuning without a cross-process lock: {}", e.what());
     }

@@ -1,7 +1,7 @@
 // Tuning shared by the processes of one host: the roles of a problem are tuned by whichever
 // process takes the problem's file lock first; the others wait on the lock and then read the
 // rows it wrote to the user database. A crashed holder releases the lock with its process; a
-// holder that hangs is waited for kTuningLockTimeout, then this process tunes without the lock
+// holder that hangs is waited for tuning_lock_timeout, then this process tunes without the lock
 // (the database's transactions keep both writers' rows whole).
 #pragma once
 
@@ -18,6 +18,12 @@ namespace moejit {
 
 // Several times a cold self-tune of the largest shipped shapes (~20 s).
 inline constexpr std::chrono::minutes kTuningLockTimeout{5};
+
+// How long a process waits on another's tuning of the same problem: kTuningLockTimeout, or the
+// holder's budget (MOEJIT_TUNE_BUDGET_S, read here, the same for the processes of one job) and a
+// minute more where that is longer. Waiters that gave up on a holder still inside its budget
+// would tune beside it on the same GPU, each timing the other's kernels into its own.
+std::chrono::seconds tuning_lock_timeout(double budget_s);
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/fs.hpp"
 #include "db/sqlite.hpp"
 #include "db/tuning_db.hpp"
@@ -846,4 +847,13 @@ TEST_CASE("the GEMM roles' H200 defaults run close to every shipped row's winner
     INFO(group << ": " << sum_rows.second << " rows");
     CHECK(std::exp(sum_rows.first / sum_rows.second) <= 1.06);
   }
+}
+
+TEST_CASE("a process waits on another's tuning five minutes, or the holder's budget and a minute more", "[tuner]") {
+  CHECK(tuning_lock_timeout(60) == std::chrono::minutes(5));
+  CHECK(tuning_lock_timeout(0.5) == std::chrono::minutes(5));
+  CHECK(tuning_lock_timeout(240) == std::chrono::minutes(5));
+  CHECK(tuning_lock_timeout(600) == std::chrono::seconds(660));
+  CHECK(tuning_lock_timeout(599.2) == std::chrono::seconds(660));
+  CHECK(tuning_lock_timeout(env::kMaxTuneBudgetS) == std::chrono::seconds(1000060));
 }
