@@ -414,11 +414,6 @@ void initialise(const Connection& conn) {
   }
   conn.set_journal_mode();
   if (version == kSchemaVersion) return;
-  // A read-only file of an older schema is read through a migrated copy (open_connection), so
-  // only version 0 gets here.
-  if (conn.read_only()) {
-    throw DatabaseError(fmt::format("{}: not a moejit tuning database (schema version 0)", conn.path()));
-  }
   Transaction t(conn, Transaction::Kind::kWrite);
   version = conn.query_int("PRAGMA user_version");
   check_not_newer(conn.path(), version);
@@ -430,12 +425,14 @@ void initialise(const Connection& conn) {
 }
 
 // Read-only opens of an older schema read a migrated copy in memory: inspecting a file (moejit db
-// list, export, or merging it into another) never changes it.
+// list, export, or merging it into another) never changes it. So do those of an empty file (version
+// 0; one with another program's tables is refused there as here): another process may be creating
+// it, and until its first commit it reads as a database without rows.
 Connection open_connection(const std::filesystem::path& path, OpenMode mode) {
   Connection conn(path, mode);
   if (!conn.read_only()) return conn;
   const long long version = conn.query_int("PRAGMA user_version");
-  return version > 0 && version < kSchemaVersion ? conn.memory_copy() : std::move(conn);
+  return version >= 0 && version < kSchemaVersion ? conn.memory_copy() : std::move(conn);
 }
 
 // <name>.corrupt-<UTC time>, with a count after it where that name is taken (the same second), so

@@ -254,7 +254,13 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   CHECK_THROWS_AS(TuningDb(path), DatabaseError);
   CHECK_THROWS_WITH(TuningDb(path, OpenMode::kReadOnly), Catch::Contains("newer moejit"));
 
-  // Read-only never creates a schema: an empty SQLite file is not a tuning database.
+  // Read-only never writes a schema: a file without one (another process creating it) reads as
+  // a database without rows, and stays as it was.
+  const auto fresh = dir / "fresh.sqlite";
+  std::ofstream(fresh).close();
+  CHECK(TuningDb(fresh, OpenMode::kReadOnly).rows().empty());
+  CHECK(std::filesystem::file_size(fresh) == 0);
+  // One with another program's tables is not a tuning database.
   const auto empty = dir / "empty.sqlite";
   Connection(empty, OpenMode::kReadWrite).exec("CREATE TABLE other (x INTEGER)");
   CHECK_THROWS_WITH(TuningDb(empty, OpenMode::kReadOnly), Catch::Contains("not a moejit tuning database"));
