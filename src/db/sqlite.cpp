@@ -173,6 +173,10 @@ void Connection::set_journal_mode() const {
   // With WAL, NORMAL loses no committed data on a process crash, only on power loss, and saves an
   // fsync per commit.
   exec("PRAGMA synchronous=NORMAL");
+  // A -wal grown by one large transaction (an import, a rollback after a full disk) is cut back
+  // to this at the next checkpoint; otherwise it keeps its largest size while any process keeps
+  // the file open (a plan's lookup does for the process's life).
+  exec("PRAGMA journal_size_limit=4194304");
   // WAL lets readers proceed while one writer commits. Switching a new file to it needs an
   // exclusive lock, and SQLite answers SQLITE_BUSY at once, without the busy handler, while
   // other processes are opening the same file: retry for as long as the busy timeout.

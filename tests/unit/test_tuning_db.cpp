@@ -272,6 +272,10 @@ TEST_CASE("the schema version is recorded and a newer schema is refused", "[db]"
   CHECK(Connection(empty, OpenMode::kReadOnly).query_text("PRAGMA journal_mode") == "delete");
   // Our own file is switched to WAL.
   CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA journal_mode") == "wal");
+  // Its -wal is cut back to 4 MiB at a checkpoint, not kept at its largest.
+  const Connection ours(path, OpenMode::kReadWrite);
+  ours.set_journal_mode();
+  CHECK(ours.query_int("PRAGMA journal_size_limit") == 4194304);
 
   // A file that is not SQLite at all names the file.
   const auto junk = dir / "junk.sqlite";
