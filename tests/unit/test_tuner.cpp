@@ -99,6 +99,34 @@ TunePlanRequest request_of(const MoeProblem& problem) {
   return r;
 }
 
+
+// Runs `child` in `n` processes forked at once (its result their exit code, 3 where it throws)
+// and checks that each exited 0; then how many lines `marker` holds (one per process that tuned).
+long tuned_in_children(int n, const std::string& marker, const std::function<int()>& child) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 3;
+      try {
+        rc = child();
+      } catch (...) {
+      }
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const std::string tuned_by = fs::read_all(marker).value_or("");
+  return std::count(tuned_by.begin(), tuned_by.end(), '\n');
+}
+
 }  // namespace
 
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
@@ -337,48 +365,27 @@ TEST_CASE("processes starting together tune a problem once and share its rows", 
   const auto h200 = cuda::fabricated::h200();
   const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown};
   const std::string marker = (dir / "tuned_by").string();
-  constexpr int kChildren = 4;
-  std::vector<pid_t> pids;
-  for (int i = 0; i < kChildren; ++i) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        db::TuningLookup lookup(dir / "tuning.sqlite", "", db::current_provenance(0),
-                                [](const db::TuningKey&) { return TileConfig{}; });
-        const TuneFn fake = [&](const std::vector<Role>& missing) {
-          std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // others pile up on the lock
-          std::vector<db::TuningRow> rows;
-          for (Role role : missing) {
-            db::TuningRow row;
-            row.key = tuning_key(role, kProblem, h200);
-            row.winner = gemm(128, 64, 32);
-            row.median_ms = 0.5;
-            row.candidates = {timed(row.winner, 0.5), timed(gemm(128, 128, 32), 0.7)};
-            row.provenance = db::current_provenance(0);
-            rows.push_back(row);
-          }
-          return rows;
-        };
-        const auto rows = tune_shared(kProblem, h200, roles, lookup, fake, {});
-        rc = rows.size() == roles.size() && rows[0].winner == gemm(128, 64, 32) ? 0 : 2;
-      } catch (...) {
-        rc = 3;
-      }
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
-  const std::string tuned_by = fs::read_all(marker).value_or("");
-  CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
+  CHECK(tuned_in_children(4, marker, [&] {
+          db::TuningLookup lookup(dir / "tuning.sqlite", "", db::current_provenance(0),
+                                  [](const db::TuningKey&) { return TileConfig{}; });
+          const TuneFn fake = [&](const std::vector<Role>& missing) {
+            std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));  // others pile up on the lock
+            std::vector<db::TuningRow> rows;
+            for (Role role : missing) {
+              db::TuningRow row;
+              row.key = tuning_key(role, kProblem, h200);
+              row.winner = gemm(128, 64, 32);
+              row.median_ms = 0.5;
+              row.candidates = {timed(row.winner, 0.5), timed(gemm(128, 128, 32), 0.7)};
+              row.provenance = db::current_provenance(0);
+              rows.push_back(row);
+            }
+            return rows;
+          };
+          const auto rows = tune_shared(kProblem, h200, roles, lookup, fake, {});
+          return rows.size() == roles.size() && rows[0].winner == gemm(128, 64, 32) ? 0 : 2;
+        }) == 1);
   CHECK(db::TuningDb(dir / "tuning.sqlite").rows().size() == roles.size());
 }
 
@@ -602,40 +609,20 @@ TEST_CASE("ranks finding a damaged user database tune a problem once: one emptie
   const auto h200 = cuda::fabricated::h200();
   const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown};
   const std::string marker = (dir / "tuned_by").string();
-  constexpr int kChildren = 4;
-  std::vector<pid_t> pids;
-  for (int i = 0; i < kChildren; ++i) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        db::TuningLookup lookup(db_path, "", db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
-        // As the resolver does before tuning: the damaged file is skipped.
-        lookup.resolve(tuning_key(Role::kFwdUp, kProblem, h200));
-        const TuneFn fake = [&](const std::vector<Role>& missing) {
-          std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          std::vector<db::TuningRow> rows;
-          for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
-          return rows;
-        };
-        rc = tune_shared(kProblem, h200, roles, lookup, fake, {}).size() == roles.size() ? 0 : 2;
-      } catch (...) {
-        rc = 3;
-      }
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
-  const std::string tuned_by = fs::read_all(marker).value_or("");
-  CHECK(std::count(tuned_by.begin(), tuned_by.end(), '\n') == 1);
+  CHECK(tuned_in_children(4, marker, [&] {
+          db::TuningLookup lookup(db_path, "", db::current_provenance(0),
+                                  [](const db::TuningKey&) { return TileConfig{}; });
+          // As the resolver does before tuning: the damaged file is skipped.
+          lookup.resolve(tuning_key(Role::kFwdUp, kProblem, h200));
+          const TuneFn fake = [&](const std::vector<Role>& missing) {
+            std::ofstream(marker, std::ios::app) << ::getpid() << "\n";
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            std::vector<db::TuningRow> rows;
+            for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
+            return rows;
+          };
+          return tune_shared(kProblem, h200, roles, lookup, fake, {}).size() == roles.size() ? 0 : 2;
+        }) == 1);
   CHECK(db::TuningDb(db_path).rows().size() == roles.size());
   int copies = 0;
   for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
