@@ -1271,6 +1271,18 @@ void prepare_folder(const std::filesystem::path& dir, std::filesystem::perms mod
   std::filesystem::permissions(dir, mode);
 }
 
+// The owner's database in a folder of the given mode, holding `first`; `later`, a row of another
+// key, for the owner to write after a reader.
+struct OwnersDatabase {
+  OwnersDatabase(const std::string& tag, std::filesystem::perms mode) : dir(tag), path(dir / "tuning.sqlite") {
+    prepare_folder(dir.path(), mode);
+    REQUIRE(moejit::test::as_owner([&] { TuningDb(path).record(first); }) == 0);
+  }
+  TempDir dir;
+  std::filesystem::path path;
+  TuningRow first = row_for(key_at(64), 128, 0.5), later = row_for(key_at(128), 64, 0.4);
+};
+
 }  // namespace
 
 TEST_CASE("another user's database in a folder users share is read, never written, and its owner still writes",
@@ -1282,12 +1294,9 @@ TEST_CASE("another user's database in a folder users share is read, never writte
     WARN("skipped: running as root, and the kernel lets no child take another user");
     return;
   }
-  TempDir dir("team");
   using perms = std::filesystem::perms;
-  prepare_folder(dir.path(), perms::all | perms::sticky_bit);
-  const auto path = dir / "tuning.sqlite";
-  const TuningRow first = row_for(key_at(64), 128, 0.5), later = row_for(key_at(128), 64, 0.4);
-  REQUIRE(as_owner([&] { TuningDb(path).record(first); }) == 0);
+  const OwnersDatabase team("team", perms::all | perms::sticky_bit);
+  const auto& [dir, path, first, later] = team;
 
   CHECK(as_reader(path, [&] {
           TuningDb db(path);
@@ -1319,13 +1328,10 @@ TEST_CASE("a database in a folder this process cannot write is read: the file al
     WARN("skipped: running as root, and the kernel lets no child take another user");
     return;
   }
-  TempDir dir("read-only-folder");
   using perms = std::filesystem::perms;
-  prepare_folder(dir.path(), perms::owner_all | perms::group_read | perms::group_exec | perms::others_read |
-                                 perms::others_exec);
-  const auto path = dir / "tuning.sqlite";
-  const TuningRow first = row_for(key_at(64), 128, 0.5), later = row_for(key_at(128), 64, 0.4);
-  REQUIRE(as_owner([&] { TuningDb(path).record(first); }) == 0);
+  const OwnersDatabase image("read-only-folder", perms::owner_all | perms::group_read | perms::group_exec |
+                                                     perms::others_read | perms::others_exec);
+  const auto& [dir, path, first, later] = image;
   const auto reads = [&](std::size_t rows) {
     return [&, rows] {
       for (const OpenMode mode : {OpenMode::kReadWrite, OpenMode::kReadOnly}) {
