@@ -20,8 +20,8 @@ namespace moejit {
 inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
 // How long a process waits on another's tuning of the same problem: kTuningLockTimeout, or the
-// holder's budget (MOEJIT_TUNE_BUDGET_S, read here, the same for the processes of one job) and a
-// minute more where that is longer. Waiters that gave up on a holder still inside its budget
+// holder's budget (MOEJIT_TUNE_BUDGET_S, which tune_shared reads; the same for the processes of
+// one job) and a minute more where that is longer. Waiters that gave up on a holder still inside its budget
 // would tune beside it on the same GPU, each timing the other's kernels into its own.
 std::chrono::seconds tuning_lock_timeout(double budget_s);
 

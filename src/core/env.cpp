@@ -45,7 +45,8 @@ std::optional<std::string> get(const char* name) {
     std::lock_guard<std::mutex> lock(o.mu);
     if (auto it = o.values.find(std::string_view(name)); it != o.values.end()) value = it->second;
   }
-  // Outside the lock: a child forked while another thread held it would wait on it for ever.
+  // Outside the lock, which stays held only for the map's lookup: a child forked while another
+  // thread holds it waits on it for ever, so the hold is kept short.
   if (!value) {
     const char* v = std::getenv(name);
     value = v == nullptr ? "" : v;

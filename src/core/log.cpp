@@ -17,10 +17,11 @@ bool enabled(env::LogLevel level) {
 }
 
 bool first_time(const std::string& key) {
-  static std::mutex mu;
-  static std::set<std::string> seen;
-  std::lock_guard<std::mutex> lock(mu);
-  return seen.insert(key).second;
+  // Never destroyed: a thread still logging while the process exits must not find them gone.
+  static std::mutex* mu = new std::mutex;
+  static std::set<std::string>* seen = new std::set<std::string>;
+  std::lock_guard<std::mutex> lock(*mu);
+  return seen->insert(key).second;
 }
 
 ScopedLevel::ScopedLevel(env::LogLevel level) : previous_(std::exchange(t_level, static_cast<int>(level))) {}

@@ -61,7 +61,22 @@ std::string uri_of(const std::filesystem::path& path) {
   return uri;
 }
 
-bool damaged(int rc) { return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB; }
+// SQLite's file header, the first 16 bytes of every database file.
+constexpr char kSqliteHeader[] = "SQLite format 3";
+
+// Damage: SQLite's CORRUPT, or NOTADB of a file that starts as a database does. Any other file it
+// calls not a database is another program's (a mistyped MOEJIT_DB): refused and left as it is,
+// never emptied as damage.
+bool damaged(int rc, const std::string& path) {
+  if ((rc & 0xff) == SQLITE_CORRUPT) return true;
+  if ((rc & 0xff) != SQLITE_NOTADB) return false;
+  char head[sizeof kSqliteHeader] = {};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const ssize_t n = ::read(fd, head, sizeof head);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof head) && std::memcmp(head, kSqliteHeader, sizeof head) == 0;
+}
 
 }  // namespace
 
@@ -146,7 +161,7 @@ Connection Connection::memory_copy() const {
   sqlite3_backup_finish(backup);
   if (rc != SQLITE_DONE) {
     const std::string message = fmt::format("{}: cannot copy into memory: {}", path_, sqlite3_errstr(rc));
-    if (damaged(rc)) throw CorruptDatabase(message);
+    if (damaged(rc, path_)) throw CorruptDatabase(message);
     throw DatabaseError(message);
   }
   c.path_ = path_ + " (read through a copy in memory)";
@@ -249,7 +264,7 @@ void Connection::close() noexcept {
 
 void Connection::fail(std::string_view what) const {
   const std::string message = fmt::format("{}: {}: {}", path_, what, db_ ? sqlite3_errmsg(db_) : "not open");
-  if (db_ && damaged(sqlite3_errcode(db_))) throw CorruptDatabase(message);
+  if (db_ && damaged(sqlite3_errcode(db_), path_)) throw CorruptDatabase(message);
   throw DatabaseError(message);
 }
 

@@ -424,13 +424,15 @@ void initialise(const Connection& conn) {
   t.commit();
 }
 
-// Read-only opens of an older schema read a migrated copy in memory: inspecting a file (moejit db
-// list, export, or merging it into another) never changes it. So do those of an empty file (version
-// 0; one with another program's tables is refused there as here): another process may be creating
-// it, and until its first commit it reads as a database without rows.
+// Read-only opens (kReadOnly) of an older schema read a migrated copy in memory: inspecting a file
+// (moejit db list, export, or merging it into another) never changes it. So do those of an empty
+// file (version 0; one with another program's tables is refused there as here): another process
+// may be creating it, and until its first commit it reads as a database without rows. Not a
+// kReadWrite open this process cannot write: rows saved into a copy would vanish while every
+// command said they were saved, so its migration's write transaction fails, saying why.
 Connection open_connection(const std::filesystem::path& path, OpenMode mode) {
   Connection conn(path, mode);
-  if (!conn.read_only()) return conn;
+  if (mode != OpenMode::kReadOnly) return conn;
   const long long version = conn.query_int("PRAGMA user_version");
   return version >= 0 && version < kSchemaVersion ? conn.memory_copy() : std::move(conn);
 }

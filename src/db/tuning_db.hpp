@@ -1,7 +1,7 @@
 // The tuning database: one SQLite file holding the winner of every tuning key and every
 // candidate's result, per build that tuned it. Several processes may write the same file at
-// once (WAL, busy timeout, BEGIN IMMEDIATE): eight ranks tuning on one host neither corrupt it
-// nor lose rows.
+// once (WAL on a local file system, the rollback journal on a network one; busy timeout, BEGIN
+// IMMEDIATE): eight ranks tuning on one host neither corrupt it nor lose rows.
 //
 // Schema (version kSchemaVersion, kept in PRAGMA user_version):
 //   winners((key_id, template_hash, nvrtc_version) PK, the key's fields as columns, the winner

@@ -34,8 +34,9 @@ std::uint64_t get_u64(const std::string& s, std::size_t at) {
 }
 
 StoreBackoff& store_backoff() {
-  static StoreBackoff backoff;
-  return backoff;
+  // Never destroyed, as the kernel cache: a thread still compiling while the process exits stores.
+  static StoreBackoff* backoff = new StoreBackoff;
+  return *backoff;
 }
 
 bool is_hex_digits(std::string_view s) {

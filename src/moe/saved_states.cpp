@@ -35,7 +35,11 @@ void SavedStates::record(const void* saved, std::size_t bytes, const MoeProblem&
 }
 
 void SavedStates::record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
-  entries_[reinterpret_cast<std::uintptr_t>(saved)] = Entry{problem, bytes, state, next_order_++};
+  const auto at = reinterpret_cast<std::uintptr_t>(saved);
+  // The written-over records inside the new state (overwrite() keeps their address) go: one left
+  // there would hide this state from a later write's look back.
+  entries_.erase(entries_.upper_bound(at), entries_.lower_bound(at + bytes));
+  entries_[at] = Entry{problem, bytes, state, next_order_++};
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
   orders.reserve(entries_.size());

@@ -37,8 +37,9 @@ class SavedStates {
   // An exact match is not enough: a forward's out or workspace, or a state of another problem
   // starting inside the buffer, would leave the routing tables garbage under a record that says
   // complete. A lost state's record shrinks to its address alone (0 bytes), and a later write over
-  // that address forgets it; so recorded states never overlap (each is recorded after its own
-  // write), and the scan is a lookup plus the records the write covers, however many there are.
+  // that address, or a state recorded over it, forgets it; so recorded states never overlap and
+  // none lies inside another (each is recorded after its own write), and the scan is a lookup plus
+  // the records the write covers, however many there are.
   void overwrite(const std::vector<TensorRegion>& tensors, const void* kept);
 
   enum class Use { kRead, kConsume };

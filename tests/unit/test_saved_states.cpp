@@ -188,6 +188,13 @@ TEST_CASE("states written over are forgotten at the next write over them, so the
   CHECK_THAT(refusal(states, address(500), p), Catch::Contains("wrote over part of it"));
   CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process"));
   CHECK_THAT(refusal(states, address(kStates), p), Catch::StartsWith("saved: no forward() of this process"));
+  // A state written over a smaller one that began inside it, then a write into it past that
+  // address: the old record, left at its address, must not hide the new state from the look back.
+  states.record(address(3001), kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"saved", address(3000), 4 * kBytes, 256, true}}, nullptr);
+  states.record(address(3000), 4 * kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"out", address(3002), 16, 16, true}}, nullptr);
+  CHECK_THAT(refusal(states, address(3000), p), Catch::Contains("wrote over part of it"));
   // A state adopted where a larger one began reaches no further than its own bytes.
   states.record(address(2000), 4 * kBytes, p, SavedStates::State::kComplete);
   states.overwrite({{"saved", address(2000), kBytes, 256, true}}, nullptr);

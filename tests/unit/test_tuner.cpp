@@ -605,7 +605,8 @@ TEST_CASE("ranks finding a damaged user database tune a problem once: one emptie
   TempDir dir("damaged-shared");
   const auto db_path = dir / "tuning.sqlite";
   ScopedEnv db_env("MOEJIT_DB", db_path.string());
-  fs::atomic_write(db_path, std::string(8192, 'x'));
+  // A database's header, then garbage: damage (another program's file would be left alone).
+  fs::atomic_write(db_path, std::string("SQLite format 3\0", 16) + std::string(8192 - 16, 'x'));
   const auto h200 = cuda::fabricated::h200();
   const std::vector<Role> roles = {Role::kFwdUp, Role::kFwdDown};
   const std::string marker = (dir / "tuned_by").string();

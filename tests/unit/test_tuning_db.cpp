@@ -1395,6 +1395,12 @@ std::vector<std::filesystem::path> kept_copies(const std::filesystem::path& path
   return out;
 }
 
+// `size` bytes that start as a database file does (SQLite's header) and go on as `fill`: a
+// database whose header is whole and the rest not (SQLite calls it not a database).
+std::string broken_database(std::size_t size, char fill) {
+  return std::string("SQLite format 3\0", 16) + std::string(size - 16, fill);
+}
+
 }  // namespace
 
 TEST_CASE("a damaged database opened to save rows is copied aside and emptied in place, unless others have it open",
@@ -1402,17 +1408,17 @@ TEST_CASE("a damaged database opened to save rows is copied aside and emptied in
   TempDir dir("damaged");
   const TuningRow row = row_for(key_at(64), 128, 0.5);
 
-  // Not a database at all (SQLITE_NOTADB). Emptied in place: the file other processes may be
-  // opening stays the same one.
+  // A database's header, then garbage (SQLITE_NOTADB). Emptied in place: the file other processes
+  // may be opening stays the same one.
   const auto junk = dir / "junk.sqlite";
-  fs::atomic_write(junk, std::string(4096, 'x'));
+  fs::atomic_write(junk, broken_database(4096, 'x'));
   const auto inode = fs::file_version(junk)->inode;
   CHECK_THROWS_AS(TuningDb(junk), CorruptDatabase);  // a plain open changes nothing
   TuningDb::open_for_saving(junk).record(row);
   std::vector<std::filesystem::path> kept = kept_copies(junk);
   REQUIRE(kept.size() == 1);
   CHECK(std::regex_match(kept[0].filename().string(), std::regex(R"(junk\.sqlite\.corrupt-\d{8}T\d{6}Z)")));
-  CHECK(fs::read_all(kept[0]) == std::string(4096, 'x'));
+  CHECK(fs::read_all(kept[0]) == broken_database(4096, 'x'));
   CHECK(fs::file_version(junk)->inode == inode);
   CHECK(TuningDb(junk).lookup(row.key, kFresh));
 
@@ -1434,19 +1440,35 @@ TEST_CASE("a damaged database opened to save rows is copied aside and emptied in
   CHECK_NOTHROW(TuningDb(malformed).check_intact());
 
   // Found damaged again, likely in the same second: no copy is written over an earlier one.
-  fs::atomic_write(junk, std::string(4096, 'y'));
+  fs::atomic_write(junk, broken_database(4096, 'y'));
   TuningDb::open_for_saving(junk);
-  fs::atomic_write(junk, std::string(4096, 'z'));
+  fs::atomic_write(junk, broken_database(4096, 'z'));
   TuningDb::open_for_saving(junk);
   std::multiset<std::string> contents;
   for (const auto& f : kept_copies(junk)) contents.insert(fs::read_all(f).value_or(""));
-  CHECK(contents == std::multiset<std::string>{std::string(4096, 'x'), std::string(4096, 'y'), std::string(4096, 'z')});
+  CHECK(contents == std::multiset<std::string>{broken_database(4096, 'x'), broken_database(4096, 'y'),
+                                               broken_database(4096, 'z')});
+
+  // Another program's file, not a database at all (a mistyped MOEJIT_DB): refused, never emptied.
+  const auto other = dir / "export.json";
+  const std::string text = "{\"rows\": []}\n" + std::string(4096, ' ');
+  fs::atomic_write(other, text);
+  try {
+    TuningDb::open_for_saving(other);
+    FAIL("opened");
+  } catch (const CorruptDatabase& e) {
+    FAIL("taken for damage: " << e.what());
+  } catch (const DatabaseError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("file is not a database"));
+  }
+  CHECK(fs::read_all(other) == text);
+  CHECK(kept_copies(other).empty());
 }
 
 TEST_CASE("processes finding one damaged database empty it once and all save into it", "[db]") {
   TempDir dir("damaged-ranks");
   const auto path = dir / "tuning.sqlite";
-  fs::atomic_write(path, std::string(8192, 'x'));
+  fs::atomic_write(path, broken_database(8192, 'x'));
   const auto inode = fs::file_version(path)->inode;
   constexpr int kChildren = 6;
   int go[2];
@@ -1480,7 +1502,7 @@ TEST_CASE("processes finding one damaged database empty it once and all save int
   // Emptied twice, it would have lost the rows saved in between, and kept a second copy.
   const auto kept = kept_copies(path);
   REQUIRE(kept.size() == 1);
-  CHECK(fs::read_all(kept[0]) == std::string(8192, 'x'));
+  CHECK(fs::read_all(kept[0]) == broken_database(8192, 'x'));
   CHECK(fs::file_version(path)->inode == inode);
   CHECK(TuningDb(path).rows().size() == kChildren);
   CHECK(Connection(path, OpenMode::kReadOnly).query_text("PRAGMA integrity_check") == "ok");

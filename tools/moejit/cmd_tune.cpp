@@ -139,14 +139,18 @@ int run_tune(int argc, char** argv, int start) {
   const db::Provenance current = db::current_provenance(first.driver_version);
   // Opened as a plan's tuner opens it (a damaged file is emptied, a copy kept), and refused before any
   // tuning where the rows could not be saved.
-  const db::TuningDb target = db::TuningDb::open_for_saving(db_path);
-  if (target.read_only()) {
-    throw DatabaseError(fmt::format("cannot save tuned rows to {}: {}", db_path.string(), target.read_only_reason()));
-  }
-  for (auto& row : target.rows()) {
-    if (db::is_stale(row, current)) continue;
-    incumbents[row.key.id()] = row.winner;
-    stored.emplace(row.key.id(), std::move(row));
+  {
+    // Closed before tuning: a plan's tuner on this host may need the file alone to empty it.
+    const db::TuningDb target = db::TuningDb::open_for_saving(db_path);
+    if (target.read_only()) {
+      throw DatabaseError(
+          fmt::format("cannot save tuned rows to {}: {}", db_path.string(), target.read_only_reason()));
+    }
+    for (auto& row : target.rows()) {
+      if (db::is_stale(row, current)) continue;
+      incumbents[row.key.id()] = row.winner;
+      stored.emplace(row.key.id(), std::move(row));
+    }
   }
   const std::vector<TuneItem> items = plan_tuning(req, first, stored);
   fmt::print("tuning {} item(s) on {} GPU(s) ({}) into {}\n", items.size(), devices.size(), first.name,
