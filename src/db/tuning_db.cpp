@@ -457,17 +457,25 @@ std::string aside_name(const std::filesystem::path& path) {
 }
 
 // Copies the damaged database and its journals to one free name beside it; returns that name.
-// Throws IoError, having copied what it could, before anything is emptied.
+// Throws IoError before anything is emptied, the copies it made removed again: a full disk would
+// otherwise gather a partial copy at every save. A journal gone meanwhile (a checkpoint removed
+// it) is nothing to copy.
 std::string keep_copy(const std::filesystem::path& path, std::vector<std::string>& written) {
   const std::string aside = aside_name(path);
-  for (const char* suffix : kKept) {
-    const std::string from = path.string() + suffix;
-    std::error_code ec;
-    if (*suffix && !std::filesystem::exists(from, ec)) continue;
-    const std::optional<std::string> bytes = fs::read_all(from);
-    if (!bytes) throw IoError(fmt::format("cannot read {} to keep a copy", from));
-    fs::atomic_write(aside + suffix, *bytes);
-    written.push_back(aside + suffix);
+  try {
+    for (const char* suffix : kKept) {
+      const std::string from = path.string() + suffix;
+      const std::optional<std::string> bytes = fs::read_all(from);
+      std::error_code ec;
+      if (!bytes && *suffix && !std::filesystem::exists(from, ec)) continue;
+      if (!bytes) throw IoError(fmt::format("cannot read {} to keep a copy", from));
+      fs::atomic_write(aside + suffix, *bytes);
+      written.push_back(aside + suffix);
+    }
+  } catch (...) {
+    for (const std::string& copy : written) fs::remove_quietly(copy);
+    written.clear();
+    throw;
   }
   return aside;
 }
