@@ -61,6 +61,13 @@ inline bool users_available() {
   return !running_as_root() || run_as_user(kOwnerUid, [] {}) == 0;
 }
 
+// Ends the test case where it cannot take other users, saying why (Catch's WARN, at the use).
+#define MOEJIT_REQUIRE_USERS()                                                          \
+  if (!::moejit::test::users_available()) {                                           \
+    WARN("skipped: running as root, and the kernel lets no child take another user"); \
+    return;                                                                           \
+  }
+
 // Runs `body` as the files' owner: kOwnerUid as root, this user otherwise. Returns run_as_user's code.
 inline int as_owner(const std::function<void()>& body) {
   return run_as_user(running_as_root() ? std::optional<uid_t>(kOwnerUid) : std::nullopt, body);

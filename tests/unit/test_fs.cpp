@@ -44,10 +44,7 @@ TEST_CASE("a file lock held elsewhere times out with an IoError instead of waiti
 
 TEST_CASE("a lock file another user made is locked through a read-only descriptor", "[fs]") {
   // A second user sharing the database folder got EACCES and tuned without the lock, every plan.
-  if (!test::users_available()) {
-    WARN("skipped: running as root, and the kernel lets no child take another user");
-    return;
-  }
+  MOEJIT_REQUIRE_USERS();
   test::TempDir dir("lock-other");
   const auto path = dir / "key.lock";
   auto holder = std::make_unique<fs::FileLock>(path, 1000ms);

@@ -567,10 +567,7 @@ TEST_CASE("a plan's tuned rows are saved in one transaction; a row that cannot b
 }
 
 TEST_CASE("tuned rows are not saved into another user's database, and nothing is made beside it", "[tuner]") {
-  if (!test::users_available()) {
-    WARN("skipped: running as root, and the kernel lets no child take another user");
-    return;
-  }
+  MOEJIT_REQUIRE_USERS();
   TempDir dir("not-mine");
   using perms = std::filesystem::perms;
   if (test::running_as_root()) REQUIRE(::chown(dir.path().c_str(), test::kOwnerUid, test::kOwnerUid) == 0);

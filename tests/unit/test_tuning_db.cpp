@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -38,6 +39,43 @@ using namespace moejit::db;
 using moejit::test::TempDir;
 
 namespace {
+
+// Forks `n` children and releases them together through a pipe, so their opens race; each runs
+// child(c) as its exit code (1 where it throws, the message on stderr). Returns their exit codes,
+// -1 for one that did not exit. A failed fork releases and reaps those made before it.
+std::vector<int> run_together(int n, const std::function<int(int)>& child) {
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  std::vector<pid_t> children;
+  bool forked = true;
+  for (int c = 0; c < n && forked; ++c) {
+    const pid_t pid = ::fork();
+    forked = pid >= 0;
+    if (pid == 0) {
+      ::close(go[1]);
+      char byte;
+      while (::read(go[0], &byte, 1) < 0) {}  // returns 0 once the parent closes its end
+      int code = 1;
+      try {
+        code = child(c);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", c, e.what());
+      } catch (...) {
+      }
+      ::_exit(code);
+    }
+    if (forked) children.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);
+  std::vector<int> codes;
+  for (pid_t pid : children) {
+    int status = 0;
+    codes.push_back(::waitpid(pid, &status, 0) == pid && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+  REQUIRE(forked);
+  return codes;
+}
 
 const Provenance kFresh{"13.0", 13000, "templates-now", "0.1.0", "2025-06-01T12:00:00Z"};
 
@@ -939,35 +977,16 @@ TEST_CASE("processes opening a database that does not exist yet all get it, none
   int refused = 0;
   for (int round = 0; round < kRounds; ++round) {
     const auto path = dir / fmt::format("round{}.sqlite", round);
-    int go[2];
-    REQUIRE(::pipe(go) == 0);
-    std::vector<pid_t> children;
-    for (int c = 0; c < kChildren; ++c) {
-      const pid_t pid = ::fork();
-      REQUIRE(pid >= 0);
-      if (pid == 0) {
-        ::close(go[1]);
-        char byte;
-        while (::read(go[0], &byte, 1) < 0) {}  // returns 0 once the parent closes its end
-        try {
-          TuningDb db(path);
-          ::_exit(db.schema_version() == kSchemaVersion ? 0 : 2);
-        } catch (const std::exception& e) {
-          try {
-            fs::atomic_write(dir / fmt::format("error{}-{}", round, c), e.what());
-          } catch (...) {
-          }
-          ::_exit(1);
-        }
+    const std::vector<int> codes = run_together(kChildren, [&](int c) {
+      try {
+        return TuningDb(path).schema_version() == kSchemaVersion ? 0 : 2;
+      } catch (const std::exception& e) {
+        fs::atomic_write(dir / fmt::format("error{}-{}", round, c), e.what());
+        return 1;
       }
-      children.push_back(pid);
-    }
-    ::close(go[0]);
-    ::close(go[1]);
+    });
     for (int c = 0; c < kChildren; ++c) {
-      int status = 0;
-      REQUIRE(::waitpid(children[c], &status, 0) == children[c]);
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (codes[c] == 0) continue;
       ++refused;
       FAIL_CHECK("round " << round << ", child " << c << ": "
                           << fs::read_all(dir / fmt::format("error{}-{}", round, c)).value_or("no message"));
@@ -1290,10 +1309,7 @@ TEST_CASE("another user's database in a folder users share is read, never writte
   // A team database, mode 0644, in a writable sticky folder. SQLite opened it read-write, fell back
   // to read-only without saying so, and, the file being in WAL mode, made a -wal and -shm of this
   // user's that stopped the owner writing even after this process had gone.
-  if (!moejit::test::users_available()) {
-    WARN("skipped: running as root, and the kernel lets no child take another user");
-    return;
-  }
+  MOEJIT_REQUIRE_USERS();
   using perms = std::filesystem::perms;
   const OwnersDatabase team("team", perms::all | perms::sticky_bit);
   const auto& [dir, path, first, later] = team;
@@ -1324,10 +1340,7 @@ TEST_CASE("a database in a folder this process cannot write is read: the file al
           "[db]") {
   // A container image or a read-only mount. `PRAGMA synchronous` and the read itself failed with
   // "attempt to write a readonly database": lookups skipped the level, db list and export failed.
-  if (!moejit::test::users_available()) {
-    WARN("skipped: running as root, and the kernel lets no child take another user");
-    return;
-  }
+  MOEJIT_REQUIRE_USERS();
   using perms = std::filesystem::perms;
   const OwnersDatabase image("read-only-folder", perms::owner_all | perms::group_read | perms::group_exec |
                                                      perms::others_read | perms::others_exec);
@@ -1471,34 +1484,11 @@ TEST_CASE("processes finding one damaged database empty it once and all save int
   fs::atomic_write(path, broken_database(8192, 'x'));
   const auto inode = fs::file_version(path)->inode;
   constexpr int kChildren = 6;
-  int go[2];
-  REQUIRE(::pipe(go) == 0);
-  std::vector<pid_t> children;
-  for (int c = 0; c < kChildren; ++c) {
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(go[1]);
-      char byte;
-      while (::read(go[0], &byte, 1) < 0) {}
-      try {
-        TuningDb::open_for_saving(path).record(row_for(key_at(64, 1024 + 8 * c), 128, 0.5));
-        ::_exit(0);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", c, e.what());
-        ::_exit(1);
-      }
-    }
-    children.push_back(pid);
-  }
-  ::close(go[0]);
-  ::close(go[1]);
-  for (pid_t pid : children) {
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  const std::vector<int> codes = run_together(kChildren, [&](int c) {
+    TuningDb::open_for_saving(path).record(row_for(key_at(64, 1024 + 8 * c), 128, 0.5));
+    return 0;
+  });
+  CHECK(codes == std::vector<int>(kChildren, 0));
   // Emptied twice, it would have lost the rows saved in between, and kept a second copy.
   const auto kept = kept_copies(path);
   REQUIRE(kept.size() == 1);
