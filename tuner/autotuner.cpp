@@ -13,6 +13,7 @@
 #include "moe/kernel_specs.hpp"
 #include "tuner/config_space.hpp"
 #include "tuner/prune.hpp"
+#include "tuner/shared_tuning.hpp"
 #include "tuner/tuning_keys.hpp"
 #include "tuner/tuning_session.hpp"
 #include "tuner/winner.hpp"
@@ -39,7 +40,7 @@ db::CandidateResult rejected(const TileConfig& c, std::string reason) { return {
 std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                     const std::vector<Role>& roles, const TuneOptions& options) {
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.budget_s));
+  auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.budget_s));
   auto say = [&](const std::string& line) {
     if (options.progress) options.progress(line);
   };
@@ -86,6 +87,11 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   say(fmt::format("compiled {} kernels in {:.1f} s", specs.size(),
                   std::chrono::duration<double>(Clock::now() - start).count()));
 
+  // Compiled above without it: only the GPU's timings must not overlap. The wait is another
+  // tuner's time, not this one's budget.
+  const auto waiting = Clock::now();
+  const std::optional<fs::FileLock> gpu_lock = lock_gpu_timing(device, options.budget_s);
+  deadline += Clock::now() - waiting;
   TuningSession session(problem, device);
   std::map<Role, TuningSession::RoleKernel> primed;
   for (const auto& [r, c] : defaults) primed[r] = {c, &cache.load(role_kernel_spec(r, c, problem, arch))};
@@ -118,8 +124,8 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
       }
       const TuningSession::RoleKernel k{c, kernel};
       // A candidate that leaves some of its outputs unwritten would otherwise match the
-      // reference's values still there.
-      if (i > 0) session.poison(rc.role);
+      // reference's values still there; the reference's own show as non-finite in its snapshot.
+      session.poison(rc.role);
       session.run(rc.role, k);
       if (options.inspect) {
         const std::vector<TuningSession::Span> outputs = session.outputs_of(rc.role);
@@ -128,7 +134,12 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         }
       }
       if (i == 0) {
-        session.snapshot(rc.role);
+        // Every candidate is checked against this output: one with values left unwritten or not
+        // finite would pass any candidate (a NaN ratio) or none, so the tune stops here.
+        if (const double bad = session.snapshot(rc.role); bad > 0) {
+          throw InternalError(fmt::format("{}'s reference config {} left {:.0f} output values unwritten or not finite",
+                                          role_name(rc.role), c.name(), bad));
+        }
       } else if (const double diff = session.diff(rc.role); !(diff <= kTuneTolerance)) {
         rc.results.push_back(rejected(c, fmt::format("output differs from the reference config by {:.3g}", diff)));
         // Later roles read these outputs: the reference's go back.

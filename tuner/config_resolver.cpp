@@ -84,8 +84,16 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   std::map<Role, db::Resolved> fallback;
   std::vector<Role> missing;
   // A stored winner that no longer passes pruning, or that the role's space does not hold, is
-  // passed over at every level, to fall back instead of failing the plan.
-  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) { return winner_legal(row, shape, device); };
+  // passed over at every level, to fall back instead of failing the plan. Said at info level: a
+  // nearest-bucket scan passes over other buckets' rows as a matter of course.
+  const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) {
+    if (winner_legal(row, shape, device)) return true;
+    if (log::first_time(fmt::format("passed over {} {} {}", row.key.id(), row.winner.name(), problem.tokens))) {
+      log::info("passing over the stored winner {} of {} at T={}: pruned or outside the config space here",
+                row.winner.name(), row.key.id(), problem.tokens);
+    }
+    return false;
+  };
   for (Role r : roles_of(problem.mode)) {
     if (auto c = override_for(r, shape, device, options)) {
       out[r] = {*c, "override"};

@@ -30,7 +30,8 @@ namespace {
 
 // Records the tuned rows in the user database, in one transaction: a busy timeout or a full disk
 // saves none of them rather than the ones before it. Returns the rows to run: each tuned row, or
-// the stored row kept in its place. `moejit tune` takes no tuning lock: a whole row it recorded
+// the stored row kept in its place. `moejit tune` takes no problem's lock (only the GPU's, around
+// its timings): a whole row it recorded
 // while this process's partial tune ran (the first call's narrower space, or cut short by the
 // budget) stays, and this process runs it too. A stored row `accept` refuses is replaced: kept, it
 // would be dropped by the caller, and every plan would tune again and drop its result. (Rows are
@@ -64,6 +65,19 @@ std::vector<db::TuningRow> save(const std::filesystem::path& user_db, db::Tuning
 }
 
 }  // namespace
+
+std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s) {
+  if (device.uuid.empty()) return std::nullopt;
+  const std::optional<std::filesystem::path> dir = env::gpu_lock_dir();
+  if (!dir) return std::nullopt;  // env says why, once
+  try {
+    return std::optional<fs::FileLock>(std::in_place, *dir / ("gpu-" + device.uuid + ".lock"),
+                                       tuning_lock_timeout(budget_s));
+  } catch (const IoError& e) {
+    if (log::first_time("gpu timing lock " + device.uuid)) log::warn("timing without the GPU's lock: {}", e.what());
+  }
+  return std::nullopt;
+}
 
 std::chrono::seconds tuning_lock_timeout(double budget_s) {
   const auto budget = std::chrono::seconds(static_cast<long long>(std::ceil(budget_s))) + std::chrono::minutes(1);

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <vector>
 
+#include "core/fs.hpp"
 #include "cuda/device.hpp"
 #include "db/tuning_lookup.hpp"
 #include "moejit/moejit.hpp"
@@ -24,6 +26,14 @@ inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 // one job) and a minute more where that is longer. Waiters that gave up on a holder still inside its budget
 // would tune beside it on the same GPU, each timing the other's kernels into its own.
 std::chrono::seconds tuning_lock_timeout(double budget_s);
+
+// The host's lock on timing one GPU, held while a tuner times candidates on it (not while it
+// compiles them): two threads or processes tuning different problems on one GPU, or `moejit
+// tune` beside a plan's self-tune, would each time the other's kernels into its own. Named by the
+// GPU's UUID under env::gpu_lock_dir(), so GPUs of one host (and MIG instances of one) are tuned
+// at once. Waited for as the problem's lock is (tuning_lock_timeout), then timed without it, said
+// once; nothing for a fabricated device or where the folder cannot be had.
+std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s);
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 

@@ -1,6 +1,7 @@
 #include "tuner/tuning_session.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -43,7 +44,20 @@ char* at(const cuda::DeviceBuffer& b, std::size_t offset) { return b.as<char>() 
 // Where each output's copy starts in the snapshot: 256-byte aligned, as the buffers it copies.
 std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+constexpr std::size_t kMaxCheckChunks = 256, kMinCheckChunk = 16384;
+
+// ||got - want|| / ||want|| of one chunk's sums; a NaN (a NaN or an infinity in the reference) is
+// returned as infinity, since max() would drop it.
+double chunk_ratio(double diff2, double want2) {
+  const double r = std::sqrt(diff2) / std::max(std::sqrt(want2), 1e-30);
+  return std::isnan(r) ? std::numeric_limits<double>::infinity() : r;
+}
+
 }  // namespace
+
+std::size_t check_chunk_elements(std::size_t count) {
+  return std::max(kMinCheckChunk, (count + kMaxCheckChunks - 1) / kMaxCheckChunks);
+}
 
 TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device)
     : problem_(problem),
@@ -71,7 +85,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   fwd_ws_ = alloc(layout_.forward_bytes);
   bwd_ws_ = alloc(layout_.backward_bytes);
   flush_ = alloc(2 * static_cast<std::size_t>(device.l2_bytes));
-  sums_ = alloc(3 * sizeof(double));
+  sums_ = alloc(3 * kMaxCheckChunks * sizeof(double));
   x_rows_ = alloc(TK * H * 2);
   d_out_rows_ = alloc(TK * H * 2);
   weighted_act_ = alloc(TK * I * 2);
@@ -293,13 +307,57 @@ std::vector<TuningSession::Span> TuningSession::outputs_of(Role role) const {
   }
 }
 
-void TuningSession::snapshot(Role role) {
+double TuningSession::snapshot(Role role) {
   std::size_t offset = 0;
   for (const Span& s : outputs_of(role)) {
     MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(snapshot_.get() + offset, s.ptr, s.bytes, stream_.get()));
     offset += round_up(s.bytes);
   }
   stream_.synchronize();
+  if (role == Role::kRouting) return 0;
+  double non_finite = 0;
+  offset = 0;
+  for (const Span& s : outputs_of(role)) {
+    const CUdeviceptr copy = snapshot_.get() + offset;
+    offset += round_up(s.bytes);
+    // The copy against itself: the kernel counts the non-finite values of its first operand.
+    for (const std::array<double, 3>& sums : chunk_sums(s, copy, copy)) non_finite += sums[2];
+  }
+  return non_finite;
+}
+
+std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUdeviceptr got, CUdeviceptr want) {
+  const cuda::Driver& d = cuda::driver();
+  const std::size_t count = s.bytes / (s.fp32 ? sizeof(float) : 2);
+  const std::size_t chunk = check_chunk_elements(count);
+  const std::size_t chunks = std::max<std::size_t>(1, (count + chunk - 1) / chunk);
+  std::vector<std::array<double, 3>> sums(chunks, {0, 0, 0});
+  if (s.fp32) {
+    // Few values (a pair's score-gradient slots, one per 64 columns of I): compared here rather
+    // than by a kernel of their own.
+    std::vector<float> g(count), w(count);
+    MOEJIT_CU(d.cuMemcpyDtoH(g.data(), got, s.bytes));
+    MOEJIT_CU(d.cuMemcpyDtoH(w.data(), want, s.bytes));
+    for (std::size_t i = 0; i < count; ++i) {
+      std::array<double, 3>& c = sums[i / chunk];
+      if (!std::isfinite(g[i])) c[2] += 1;
+      c[0] += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
+      c[1] += static_cast<double>(w[i]) * w[i];
+    }
+    return sums;
+  }
+  MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, chunks * 3 * sizeof(double), stream_.get()));
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t first = c * chunk, n = std::min(chunk, count - first);
+    RelDiffParams p{reinterpret_cast<const void*>(got + 2 * first), reinterpret_cast<const void*>(want + 2 * first),
+                    static_cast<long long>(n), sums_.as<double>() + 3 * c};
+    void* args[] = {&p};
+    const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (n + 255) / 256);
+    utility_->launch(kRelDiff, {static_cast<unsigned>(blocks)}, {256}, 0, stream_.get(), args);
+  }
+  stream_.synchronize();
+  sums_.download(sums.data(), chunks * 3 * sizeof(double));
+  return sums;
 }
 
 void TuningSession::poison(Role role) {
@@ -324,29 +382,10 @@ double TuningSession::diff(Role role) {
       if (got_bytes != want_bytes) return std::numeric_limits<double>::infinity();
       continue;
     }
-    double sums[3] = {0, 0, 0};  // sum of squared differences, of squared references, non-finite count
-    if (s.fp32) {
-      // Few values (a pair's score-gradient slots, one per 64 columns of I): compared here
-      // rather than by a kernel of their own.
-      std::vector<float> got(s.bytes / sizeof(float)), ref(got.size());
-      MOEJIT_CU(d.cuMemcpyDtoH(got.data(), s.ptr, s.bytes));
-      MOEJIT_CU(d.cuMemcpyDtoH(ref.data(), want, s.bytes));
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        if (!std::isfinite(got[i])) ++sums[2];
-        sums[0] += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-        sums[1] += static_cast<double>(ref[i]) * ref[i];
-      }
-    } else {
-      MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, sums_.bytes(), stream_.get()));
-      RelDiffParams p{reinterpret_cast<const void*>(s.ptr), reinterpret_cast<const void*>(want),
-                      static_cast<long long>(s.bytes / 2), sums_.as<double>()};
-      void* args[] = {&p};
-      utility_->launch(kRelDiff, {static_cast<unsigned>(device_.sm_count * 4)}, {256}, 0, stream_.get(), args);
-      stream_.synchronize();
-      sums_.download(sums, sizeof sums);
+    for (const std::array<double, 3>& c : chunk_sums(s, s.ptr, want)) {
+      if (c[2] > 0) return std::numeric_limits<double>::infinity();
+      worst = std::max(worst, chunk_ratio(c[0], c[1]));
     }
-    if (sums[2] > 0) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, std::sqrt(sums[0]) / std::max(std::sqrt(sums[1]), 1e-30));
   }
   return worst;
 }

@@ -3,6 +3,7 @@
 // one candidate kernel. Tuning never touches a caller's buffers.
 #pragma once
 
+#include <array>
 #include <map>
 #include <vector>
 
@@ -20,6 +21,12 @@ struct Timing {
   double median_ms = 0;
   double spread_ms = 0;  // max - min over the repetitions
 };
+
+// Elements of each chunk diff() weighs alone, for an output of `count` elements: at most 256
+// chunks, none under 16384 elements. One relative L2 norm over a whole output hid a few wrong rows
+// or one wrong tile (3 rows of fwd_down's 65536 at T=8192 came to 0.0094 against a bound of 0.01);
+// per chunk they stand out, while rounding differences stay near 0.002 in any chunk this large.
+std::size_t check_chunk_elements(std::size_t count);
 
 class TuningSession {
  public:
@@ -51,14 +58,17 @@ class TuningSession {
   // `rounds` rounds), so a clock change under the power cap hits them alike. One Timing each.
   std::vector<Timing> time(Role role, const std::vector<RoleKernel>& kernels, int rounds, bool sustained = false);
 
-  // Keeps a copy of the role's current outputs as the reference for diff().
-  void snapshot(Role role);
+  // Keeps a copy of the role's current outputs as the reference for diff(). Returns how many of
+  // their values are not finite (routing's integers: 0): a reference run after poison() that
+  // leaves any is itself wrong, and nothing can be checked against it.
+  double snapshot(Role role);
   // Fills the role's outputs with 0xff bytes (NaN in every dtype), so that diff() finds any the
   // next run leaves unwritten. Routing is left alone: its tables are sized for the most tiles any
   // routing can need, and the entries past this routing's are nobody's output.
   void poison(Role role);
-  // The largest relative L2 difference of the role's outputs to the snapshot; infinity when an
-  // output has a non-finite value (routing: 0 when identical, infinity otherwise).
+  // The largest relative L2 difference to the snapshot over the chunks of the role's outputs
+  // (check_chunk_elements); infinity when an output has a non-finite value or a difference
+  // that is not a number (routing: 0 when identical, infinity otherwise).
   double diff(Role role);
 
   const MoeShape& shape() const { return shape_; }
@@ -74,6 +84,9 @@ class TuningSession {
 
  private:
   void launch(Role role, const RoleKernel& k);
+  // Per chunk of `s` (check_chunk_elements): sum of (got - want)^2, sum of want^2, and the
+  // non-finite values of got. `got` and `want` hold s.bytes each.
+  std::vector<std::array<double, 3>> chunk_sums(const Span& s, CUdeviceptr got, CUdeviceptr want);
   void scatter(params::GatherSum& params);
 
   MoeProblem problem_;

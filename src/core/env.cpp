@@ -157,6 +157,11 @@ std::optional<std::filesystem::path> user_db_path() {
   return std::nullopt;
 }
 
+std::optional<std::filesystem::path> gpu_lock_dir() {
+  if (auto root = private_temp_root()) return *root / "gpu-locks";
+  return std::nullopt;
+}
+
 std::filesystem::path shipped_db_dir() {
   if (auto v = get("MOEJIT_SHIPPED_DB_DIR")) return *v;
   return MOEJIT_SOURCE_DB_DIR;

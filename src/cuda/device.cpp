@@ -60,6 +60,9 @@ DeviceInfo query_device(int ordinal) {
   size_t total = 0;
   MOEJIT_CU(d.cuDeviceTotalMem(&total, dev));
   info.total_memory = static_cast<long long>(total);
+  CUuuid uuid{};
+  MOEJIT_CU(d.cuDeviceGetUuid(&uuid, dev));
+  for (char byte : uuid.bytes) info.uuid += fmt::format("{:02x}", static_cast<unsigned char>(byte));
   info.driver_version = d.version;
   info.ordinal = ordinal;
   return info;

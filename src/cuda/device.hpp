@@ -20,6 +20,7 @@ struct DeviceInfo {
   long long total_memory = 0;
   int driver_version = 0;      // 0 when fabricated
   int ordinal = -1;            // the visible device's index; -1 when fabricated
+  std::string uuid;            // 32 hex digits, the same in every process of the host; empty when fabricated
 
   // NVRTC target: "sm_90a" for the architecture-specific features of sm_90/100/103/110/120/121,
   // "sm_80" style otherwise.

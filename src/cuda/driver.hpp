@@ -14,7 +14,7 @@ namespace moejit::cuda {
 #define MOEJIT_DRIVER_FUNCTIONS(X)                                                         \
   X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                    \
   X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetAttribute)             \
-  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)              \
+  X(cuDeviceTotalMem) X(cuDeviceGetUuid) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) \
   X(cuCtxGetCurrent) X(cuCtxSetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuCtxGetId) \
   X(cuCtxPushCurrent) X(cuCtxPopCurrent)                                                    \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)                              \
@@ -24,7 +24,7 @@ namespace moejit::cuda {
   X(cuMemsetD8Async) X(cuMemsetD32Async)                                                    \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamIsCapturing)        \
   X(cuStreamGetCtx)                                                                         \
-  X(cuStreamBeginCapture) X(cuStreamEndCapture)                                             \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuThreadExchangeStreamCaptureMode)         \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
   X(cuGraphGetNodes)                                                                        \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \

@@ -144,6 +144,14 @@ float Event::elapsed_since(const Event& start) const {
   return ms;
 }
 
+CaptureModeGuard::CaptureModeGuard(CUstreamCaptureMode mode) : previous_(mode) {
+  MOEJIT_CU(driver().cuThreadExchangeStreamCaptureMode(&previous_));
+}
+
+CaptureModeGuard::~CaptureModeGuard() {
+  warn_on_failure(driver().cuThreadExchangeStreamCaptureMode(&previous_), "cuThreadExchangeStreamCaptureMode");
+}
+
 Stream::Stream() { MOEJIT_CU(driver().cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING)); }
 
 Stream::Stream(CUcontext context) {

@@ -63,6 +63,21 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
+// Sets this thread's stream-capture mode for its lifetime, then restores the one before. A plan
+// is built under the relaxed mode, as PyTorch's allocator allocates: while another thread
+// captures a graph in the global mode, this thread's allocations, module loads and
+// synchronisations would otherwise fail and invalidate that capture.
+class CaptureModeGuard {
+ public:
+  explicit CaptureModeGuard(CUstreamCaptureMode mode);
+  ~CaptureModeGuard();
+  CaptureModeGuard(const CaptureModeGuard&) = delete;
+  CaptureModeGuard& operator=(const CaptureModeGuard&) = delete;
+
+ private:
+  CUstreamCaptureMode previous_;
+};
+
 // A process-unique id of the current context (current_context()). Unlike the CUcontext pointer it is never reused
 // when a context is destroyed and another created (e.g. a primary context released and retained
 // again), so it can key per-context state such as loaded modules.

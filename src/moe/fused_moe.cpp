@@ -138,6 +138,7 @@ struct FusedMoe::Impl {
 
 FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(std::make_unique<Impl>()) {
   validate_problem(problem);
+  const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
   Impl& s = *impl_;
   s.problem = problem;
   s.options = options;

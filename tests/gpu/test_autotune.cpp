@@ -7,9 +7,11 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "db/tuning_db.hpp"
@@ -82,17 +84,24 @@ void write_bf16(CUdeviceptr to, const std::vector<double>& values) {
   MOEJIT_CU(d.cuCtxSynchronize());
 }
 
-// `want` with its first elements scaled by 17/16 (in bf16), as many as take ||got - want|| /
-// ||want|| to `target`; returns that ratio, exact for the values written.
+// `want` with the first elements of each chunk the tuner weighs alone (check_chunk_elements)
+// scaled by 17/16 (in bf16), as many as take that chunk's ||got - want|| / ||want|| to
+// `target`; returns the largest such ratio, exact for the values written.
 double scaled_until(const std::vector<double>& want, double target, std::vector<double>& got) {
-  double want2 = 0, diff2 = 0;
-  for (double v : want) want2 += v * v;
   got = want;
-  for (std::size_t i = 0; i < got.size() && diff2 < target * target * want2; ++i) {
-    got[i] = round_to(DType::kBF16, want[i] * 17 / 16);
-    diff2 += (got[i] - want[i]) * (got[i] - want[i]);
+  const std::size_t chunk = check_chunk_elements(want.size());
+  double worst = 0;
+  for (std::size_t first = 0; first < want.size(); first += chunk) {
+    const std::size_t end = std::min(want.size(), first + chunk);
+    double want2 = 0, diff2 = 0;
+    for (std::size_t i = first; i < end; ++i) want2 += want[i] * want[i];
+    for (std::size_t i = first; i < end && diff2 < target * target * want2; ++i) {
+      got[i] = round_to(DType::kBF16, want[i] * 17 / 16);
+      diff2 += (got[i] - want[i]) * (got[i] - want[i]);
+    }
+    worst = std::max(worst, std::sqrt(diff2 / want2));
   }
-  return std::sqrt(diff2 / want2);
+  return worst;
 }
 
 }  // namespace
@@ -222,6 +231,54 @@ TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune
   check_outputs(*run, data);  // the replay's own outputs
 }
 
+TEST_CASE("a plan tuned while another thread captures a graph in global mode builds, and the capture survives",
+          "[gpu][tune][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("capture-other");
+  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  const CaseData data = make_case(kSpec);
+  MemoryPlan memory;
+  {
+    ScopedEnv off("MOEJIT_AUTOTUNE", "0");  // buffer sizes only; nothing tuned here
+    memory = FusedMoe(kProblem).memory();
+  }
+  // Allocated before the capture: this thread's own allocations are refused while it captures.
+  auto run = std::make_unique<DeviceRun>(data, memory);
+  cuda::Stream captured;
+  const cuda::Driver& d = cuda::driver();
+  // PyTorch's default capture mode. A global capture forbids other threads' allocations, module
+  // loads and synchronisations; the cold plan's tuning makes all three, and each failed with
+  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidated the capture.
+  MOEJIT_CU(d.cuStreamBeginCapture(captured.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+  std::unique_ptr<FusedMoe> plan;
+  std::string failure;
+  const CUcontext context = cuda::current_context();
+  std::thread builder([&] {
+    try {
+      MOEJIT_CU(cuda::driver().cuCtxSetCurrent(context));
+      plan = std::make_unique<FusedMoe>(kProblem);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  });
+  builder.join();
+  CUgraph graph = nullptr;
+  const CUresult ended = d.cuStreamEndCapture(captured.get(), &graph);
+  CHECK(ended == CUDA_SUCCESS);
+  if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
+  REQUIRE(failure.empty());
+  REQUIRE(plan);
+  for (const auto& [role, source] : plan->config_sources()) {
+    INFO(role);
+    CHECK(source == "tuned");
+  }
+  cuda::Stream stream;
+  plan->forward(run->forward_args(stream.get()));
+  plan->backward(run->backward_args(stream.get()));
+  stream.synchronize();
+  check_outputs(*run, data);
+}
+
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
@@ -280,7 +337,7 @@ TEST_CASE("the tuner's poison shows an output left unwritten, and each role's re
     for (const auto& [role, kernel] : primed) {
       if (role == Role::kRouting) continue;
       INFO(mode_name(mode) << " " << role_name(role));
-      session.snapshot(role);
+      CHECK(session.snapshot(role) == 0);
       session.poison(role);
       CHECK(std::isinf(session.diff(role)));
       session.run(role, kernel);
@@ -343,6 +400,80 @@ TEST_CASE("a candidate just inside the tuner's tolerance is kept, one just outsi
   REQUIRE_THAT(outside.reason, Catch::StartsWith("output differs from the reference config by "));
   // The difference it reports (3 significant digits) is the one written.
   CHECK(std::stod(outside.reason.substr(outside.reason.rfind(' ') + 1)) == Approx(victims[1].reached).epsilon(0.01));
+}
+
+TEST_CASE("a candidate wrong in one chunk of an output is rejected though the whole output is within bounds",
+          "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  const std::string reference = default_config(Role::kFwdDown, shape, gpu->info).name();
+  // fwd_down's y here is [1024, 128]: 8 chunks of 16384. The victim's y is the reference's with
+  // leading elements of chunk 3 zeroed until ||y - y_ref|| / ||y_ref|| over all of y reaches half
+  // the bound, which one norm over the output passed: in that chunk alone it is about 1.4 times
+  // the bound.
+  std::vector<double> want;
+  std::string victim;
+  double whole = 0, in_chunk = 0;
+  TuneOptions options;
+  options.inspect = [&](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
+    if (output != 0) return;
+    if (c.name() == reference) {
+      want = read_bf16(out, bytes / 2);
+      return;
+    }
+    if (victim.empty()) victim = c.name();
+    if (c.name() != victim) return;
+    const std::size_t chunk = check_chunk_elements(want.size()), first = 3 * chunk;
+    REQUIRE(want.size() >= 4 * chunk);
+    double want2 = 0, chunk2 = 0, diff2 = 0;
+    for (double v : want) want2 += v * v;
+    for (std::size_t i = first; i < first + chunk; ++i) chunk2 += want[i] * want[i];
+    std::vector<double> got = want;
+    const double half = 0.5 * kTuneTolerance;
+    for (std::size_t i = first; i < first + chunk && diff2 + want[i] * want[i] < half * half * want2; ++i) {
+      diff2 += want[i] * want[i];
+      got[i] = 0;
+    }
+    whole = std::sqrt(diff2 / want2);
+    in_chunk = std::sqrt(diff2 / chunk2);
+    write_bf16(out, got);
+  };
+  const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
+  REQUIRE(rows.size() == 1);
+  REQUIRE_FALSE(victim.empty());
+  INFO(victim << ": " << whole << " over y, " << in_chunk << " in its chunk");
+  REQUIRE(whole < kTuneTolerance);
+  REQUIRE(in_chunk > kTuneTolerance);
+  const auto it = std::find_if(rows[0].candidates.begin(), rows[0].candidates.end(),
+                               [&](const db::CandidateResult& c) { return c.config.name() == victim; });
+  REQUIRE(it != rows[0].candidates.end());
+  CHECK(it->rejected);
+  CHECK_THAT(it->reason, Catch::Contains("differs from the reference"));
+  CHECK(rows[0].winner.name() != victim);
+}
+
+TEST_CASE("a reference config whose output holds a NaN stops the tune", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  const std::string reference = default_config(Role::kFwdDown, shape, gpu->info).name();
+  // A NaN in the reference made every candidate's ratio NaN, which the largest-ratio search
+  // dropped: any candidate passed.
+  TuneOptions options;
+  options.inspect = [&](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
+    if (output != 0 || c.name() != reference) return;
+    std::vector<double> y = read_bf16(out, bytes / 2);
+    y[y.size() / 2] = std::numeric_limits<double>::quiet_NaN();
+    write_bf16(out, y);
+  };
+  try {
+    autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
+    FAIL("the tune went on against a reference holding a NaN");
+  } catch (const InternalError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("fwd_down's reference config " + reference) &&
+                             Catch::Contains("1 output values unwritten or not finite"));
+  }
 }
 
 TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {

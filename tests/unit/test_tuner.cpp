@@ -2,6 +2,8 @@
 // list (resume, dedupe, shards), and tuning shared across processes with fabricated timings.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +32,7 @@
 #include "tuner/shared_tuning.hpp"
 #include "tuner/tune_plan.hpp"
 #include "tuner/tuning_keys.hpp"
+#include "tuner/tuning_session.hpp"
 #include "tuner/winner.hpp"
 
 using namespace moejit;
@@ -128,6 +131,20 @@ long tuned_in_children(int n, const std::string& marker, const std::function<int
 }
 
 }  // namespace
+
+TEST_CASE("the tuner's check weighs an output in at most 256 chunks of at least 16384 elements", "[tuner]") {
+  CHECK(check_chunk_elements(0) == 16384);
+  CHECK(check_chunk_elements(1) == 16384);
+  CHECK(check_chunk_elements(131072) == 16384);        // the GPU tests' fwd_down: 8 chunks
+  CHECK(check_chunk_elements(256 * 16384) == 16384);   // 256 chunks
+  CHECK(check_chunk_elements(256 * 16384 + 1) == 16385);
+  // fwd_down's y at the default shape, T=32768: 256 chunks of 1024 rows of 2048.
+  CHECK(check_chunk_elements(262144ull * 2048) == 1024 * 2048);
+  for (std::size_t count : {1ull, 16385ull, 1000003ull, 4194305ull, 536870912ull, 536870913ull}) {
+    const std::size_t chunk = check_chunk_elements(count);
+    CHECK((count + chunk - 1) / chunk <= 256);
+  }
+}
 
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
   std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
@@ -832,6 +849,33 @@ TEST_CASE("the GEMM roles' H200 defaults run close to every shipped row's winner
     INFO(group << ": " << sum_rows.second << " rows");
     CHECK(std::exp(sum_rows.first / sum_rows.second) <= 1.06);
   }
+}
+
+TEST_CASE("one GPU's timings take a host-wide lock named by its UUID; a fabricated device takes none", "[tuner]") {
+  TempDir tmp("gpu-lock");
+  ScopedEnv at("TMPDIR", tmp.path().string());
+  cuda::DeviceInfo gpu = cuda::fabricated::h200();
+  CHECK_FALSE(lock_gpu_timing(gpu, 60).has_value());  // no UUID: nothing to name it by
+  gpu.uuid = "0123456789abcdef0123456789abcdef";
+  const std::filesystem::path file = *env::gpu_lock_dir() / ("gpu-" + gpu.uuid + ".lock");
+  CHECK(file.parent_path().parent_path().parent_path() == tmp.path());
+  const auto try_lock = [&] {
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const bool got = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    return got;
+  };
+  {
+    const std::optional<fs::FileLock> held = lock_gpu_timing(gpu, 60);
+    REQUIRE(held.has_value());
+    CHECK_FALSE(try_lock());  // another open file description, as another process or thread has
+  }
+  CHECK(try_lock());
+  cuda::DeviceInfo other = gpu;
+  other.uuid = "fedcba9876543210fedcba9876543210";
+  const std::optional<fs::FileLock> first = lock_gpu_timing(gpu, 60), second = lock_gpu_timing(other, 60);
+  CHECK((first.has_value() && second.has_value()));  // two GPUs are tuned at once
 }
 
 TEST_CASE("a process waits on another's tuning five minutes, or the holder's budget and a minute more", "[tuner]") {
