@@ -13,8 +13,9 @@ file(WRITE ${OUTPUT}.tmp
 "#include \"jit/embedded_templates.hpp\"\n\n"
 "namespace moejit::jit {\n"
 "const std::vector<TemplateFile>& embedded_template_files() {\n"
-"  static const std::vector<TemplateFile> files = {\n${_body}  };\n"
-"  return files;\n"
+"  // Never destroyed: a thread still compiling while the process exits reads it.\n"
+"  static const auto* files = new std::vector<TemplateFile>{\n${_body}  };\n"
+"  return *files;\n"
 "}\n"
 "}  // namespace moejit::jit\n")
 file(COPY_FILE ${OUTPUT}.tmp ${OUTPUT} ONLY_IF_DIFFERENT)

@@ -21,15 +21,17 @@
 namespace moejit {
 
 db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<db::TuningLookup>> lookups;
+  // Never destroyed, as the kernel cache: a thread still resolving when the process exits (a
+  // Python daemon thread, say) must not find the lookups and their SQLite connections closed.
+  static std::mutex* mu = new std::mutex;
+  static auto* lookups = new std::map<std::string, std::unique_ptr<db::TuningLookup>>;
   const db::Provenance current = db::current_provenance(device.driver_version);
   // No user database path: the lookup reads the shipped tables alone (an empty path).
   const std::filesystem::path user_db = env::user_db_path().value_or(std::filesystem::path());
   const std::string id = user_db.string() + "|" + env::shipped_db_dir().string() + "|" + current.template_hash + "|" +
                          current.nvrtc_version;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& slot = lookups[id];
+  std::lock_guard<std::mutex> lock(*mu);
+  auto& slot = (*lookups)[id];
   if (!slot) {
     // The heuristic level is handled by the resolver (it needs the problem's real shape).
     slot = std::make_unique<db::TuningLookup>(user_db, env::shipped_db_dir(), current,

@@ -66,8 +66,10 @@ LoadResult load() {
 }
 
 const LoadResult& loaded() {
-  static const LoadResult result = load();
-  return result;
+  // Never destroyed: a thread still launching or building a plan while the process exits calls
+  // driver().
+  static const auto* result = new LoadResult(load());
+  return *result;
 }
 
 }  // namespace

@@ -124,12 +124,13 @@ DiskLookup DiskCache::load(const KernelKey& key, CompiledKernel& out) const {
 DiskCache DiskCache::of_this_build(std::filesystem::path root) {
   // What changes every kernel besides its spec: NVRTC, its options (the arch aside) and, for
   // changes of code generation, the library's version.
-  static const std::string build = [] {
+  // Never destroyed, as the kernel cache: a thread starting a build while the process exits reads it.
+  static const auto* build = new std::string([] {
     std::string rest = nvrtc_build_id() + "\n" + kLibraryVersion;
     for (const std::string& option : nvrtc_options("")) rest += "\n" + option;
     return build_folder_name(template_hash(), rest);
-  }();
-  return DiskCache(std::move(root), build);
+  }());
+  return DiskCache(std::move(root), *build);
 }
 
 std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for) const noexcept {

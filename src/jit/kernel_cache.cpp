@@ -30,11 +30,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // Swept once per process and folder (DiskCache::sweep).
 void sweep_cache_folder(const DiskCache& disk) {
-  static std::mutex mu;
-  static std::set<std::filesystem::path> swept;
+  // Never destroyed, as the kernel cache: a thread starting a build while the process exits reads it.
+  static std::mutex* mu = new std::mutex;
+  static auto* swept = new std::set<std::filesystem::path>;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!swept.insert(disk.root()).second) return;
+    std::lock_guard<std::mutex> lock(*mu);
+    if (!swept->insert(disk.root()).second) return;
   }
   disk.sweep();
 }
@@ -50,8 +51,9 @@ class CompileSlot {
 
  private:
   static std::counting_semaphore<>& slots() {
-    static std::counting_semaphore<> s(std::max(1u, std::thread::hardware_concurrency()));
-    return s;
+    // Never destroyed, as the kernel cache: a thread compiling while the process exits holds a slot.
+    static auto* s = new std::counting_semaphore<>(std::max(1u, std::thread::hardware_concurrency()));
+    return *s;
   }
 };
 

@@ -76,12 +76,14 @@ const std::vector<int>& nvrtc_target_ccs() {
 }
 
 const std::string& nvrtc_version() {
-  static const std::string v = [] {
+  // Never destroyed: tuning lookups read it, also on a thread building a plan while the process
+  // exits.
+  static const auto* v = new std::string([] {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     return fmt::format("{}.{}", major, minor);
-  }();
-  return v;
+  }());
+  return *v;
 }
 
 namespace {
@@ -127,7 +129,9 @@ int find_object(dl_phdr_info* info, std::size_t, void* data) {
 }  // namespace
 
 const std::string& nvrtc_build_id() {
-  static const std::string id = [] {
+  // Never destroyed: every kernel cache request reads it, also on a thread building a plan while
+  // the process exits.
+  static const auto* id = new std::string([] {
     ObjectSearch search{reinterpret_cast<std::uintptr_t>(&nvrtcVersion)};
     dl_iterate_phdr(find_object, &search);
     if (!search.build_id.empty()) return fmt::format("{} {}", nvrtc_version(), search.build_id);
@@ -140,8 +144,8 @@ const std::string& nvrtc_build_id() {
       bytes = std::filesystem::file_size(std::filesystem::canonical(info.dli_fname, ec), ec);
     }
     return fmt::format("{} size {}", nvrtc_version(), ec ? 0 : bytes);
-  }();
-  return id;
+  }());
+  return *id;
 }
 
 std::vector<std::string> nvrtc_options(const std::string& arch) {

@@ -7,28 +7,30 @@
 namespace moejit::jit {
 
 std::vector<KernelResources> parse_ptxas_info(const std::string& log) {
-  static const std::regex entry(R"(Compiling entry function '([^']+)')");
-  static const std::regex frame(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-  static const std::regex regs(R"(Used (\d+) registers)");
-  static const std::regex smem(R"((\d+) bytes smem)");
+  // Never destroyed: a thread still compiling when the process exits parses its log with them.
+  static const auto* entry = new std::regex(R"(Compiling entry function '([^']+)')");
+  static const auto* frame =
+      new std::regex(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  static const auto* regs = new std::regex(R"(Used (\d+) registers)");
+  static const auto* smem = new std::regex(R"((\d+) bytes smem)");
   std::vector<KernelResources> out;
   std::istringstream in(log);
   std::string line;
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_search(line, m, entry)) {
+    if (std::regex_search(line, m, *entry)) {
       out.push_back({m[1].str()});
       continue;
     }
     if (out.empty()) continue;
     KernelResources& k = out.back();
-    if (std::regex_search(line, m, frame)) {
+    if (std::regex_search(line, m, *frame)) {
       k.stack_bytes = std::stoi(m[1].str());
       k.spill_store_bytes = std::stoi(m[2].str());
       k.spill_load_bytes = std::stoi(m[3].str());
     }
-    if (std::regex_search(line, m, regs)) k.registers = std::stoi(m[1].str());
-    if (line.find("Used") != std::string::npos && std::regex_search(line, m, smem)) {
+    if (std::regex_search(line, m, *regs)) k.registers = std::stoi(m[1].str());
+    if (line.find("Used") != std::string::npos && std::regex_search(line, m, *smem)) {
       k.static_smem_bytes = std::stoi(m[1].str());
     }
   }
@@ -36,13 +38,14 @@ std::vector<KernelResources> parse_ptxas_info(const std::string& log) {
 }
 
 std::vector<std::string> parse_performance_losses(const std::string& log) {
-  static const std::regex loss(R"((\(C\d+\))? ?Potential Performance Loss: (.*))");
+  // Never destroyed, as parse_ptxas_info's.
+  static const auto* loss = new std::regex(R"((\(C\d+\))? ?Potential Performance Loss: (.*))");
   std::vector<std::string> out;
   std::istringstream in(log);
   std::string line;
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_search(line, m, loss)) out.push_back(m[1].matched ? m[1].str() + " " + m[2].str() : m[2].str());
+    if (std::regex_search(line, m, *loss)) out.push_back(m[1].matched ? m[1].str() + " " + m[2].str() : m[2].str());
   }
   return out;
 }

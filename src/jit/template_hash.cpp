@@ -49,12 +49,14 @@ std::string template_code(std::string_view source) {
 }
 
 const std::string& template_hash() {
-  static const std::string hash = [] {
+  // Never destroyed: every kernel cache request and tuning lookup reads it, also on a thread
+  // building a plan while the process exits.
+  static const auto* hash = new std::string([] {
     Hasher h;
     for (const TemplateFile& f : embedded_template_files()) h.field(f.name).field(template_code(f.content));
     return h.hex();
-  }();
-  return hash;
+  }());
+  return *hash;
 }
 
 }  // namespace moejit::jit
