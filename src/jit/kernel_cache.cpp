@@ -209,6 +209,8 @@ std::vector<CompileResult> KernelCache::compile_all(const std::vector<KernelSpec
   } catch (const std::exception& e) {
     settings_error = e.what();
   }
+  // Where memory runs out for the result itself (copying the spec or a message) no failure can
+  // be recorded: that std::bad_alloc goes to parallel_for, which rethrows it once all jobs are done.
   parallel_for(specs.size(), jobs, [&](std::size_t i) {
     CompileResult& r = results[i];
     r.spec = specs[i];

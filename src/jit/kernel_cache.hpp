@@ -65,8 +65,9 @@ class KernelCache {
   std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin = nullptr);
 
   // Every spec on up to `jobs` threads, which read no environment variable (the calling thread
-  // reads them once). Failures are reported per spec, never thrown. NVRTC runs on at most as
-  // many threads at once in the whole process as the machine has hardware threads.
+  // reads them once). Failures are reported per spec, never thrown, save std::bad_alloc where
+  // host memory runs out for the result itself (thrown once every spec's job is done). NVRTC runs
+  // on at most as many threads at once in the whole process as the machine has hardware threads.
   std::vector<CompileResult> compile_all(const std::vector<KernelSpec>& specs, unsigned jobs);
 
   // Loads the kernel into the current context once and returns it. Refuses (UnsupportedError)
