@@ -459,6 +459,15 @@ TuningDb::Saved TuningDb::record_all(const std::vector<TuningRow>& rows, const K
     if (std::optional<TuningRow> kept = write_unless_kept(conn_, rows[r], keep)) saved.rows[r] = std::move(*kept);
   }
   t.commit();
+  // The rows go into the main file now, as far as readers allow, not at a last close: a process's
+  // lookup keeps its connection open for good (never destroyed, so exit cannot free it under a
+  // thread still using it), and another user's reader opens the file immutable, reading the main
+  // file alone. A no-op under the rollback journal; a failure leaves them in the -wal, still saved.
+  try {
+    conn_.exec("PRAGMA wal_checkpoint(PASSIVE)");
+  } catch (const DatabaseError& e) {
+    log::debug("{}: checkpoint after saving: {}", path(), e.what());
+  }
   return saved;
 }
 

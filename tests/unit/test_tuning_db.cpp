@@ -1221,6 +1221,19 @@ TEST_CASE("every shipped table in db/ was tuned with this build's templates, one
   CHECK(tables > 0);
 }
 
+TEST_CASE("saved rows reach the main file while another connection of the process stays open", "[db]") {
+  // A plan's lookup keeps its connection for the process's life, so no last close checkpoints;
+  // another user's reader opens the file immutable and reads the main file alone.
+  TempDir dir("checkpoint");
+  const auto path = dir / "tuning.sqlite";
+  TuningDb(path).record(row_for(key_at(64), 128, 0.5));
+  const TuningDb lookup(path, OpenMode::kReadOnly);
+  CHECK(lookup.rows().size() == 1);
+  TuningDb::open_for_saving(path).record_all({row_for(key_at(128), 64, 0.25), row_for(key_at(256), 64, 0.75)});
+  const Connection immutable(path, Access::kImmutable);
+  CHECK(immutable.query_int("SELECT count(*) FROM winners") == 3);
+}
+
 TEST_CASE("a file this process cannot write is opened immutable, making nothing beside it; the URI keeps odd paths",
           "[db]") {
   // The decision alone: as root, access() calls every file writable, so the cases are spelt out.
