@@ -90,8 +90,8 @@ moejit_status moejit_forward(moejit_plan* plan, const void* x, const void* w1, c
  * MOEJIT_ERROR_STATE for a `saved` no forward of this process wrote (since
  * 0.2.0: its routing tables would send the kernels' reads and writes anywhere), one a forward
  * stopped in part-way, one a memory-efficient backward consumed, one another problem's forward
- * wrote last, or (since 0.3.0) one a later call wrote over in part (FusedMoe::backward in
- * moejit.hpp). */
+ * wrote last, or (since 0.3.0) one a later call wrote over in part, or one written in another
+ * CUDA context than the plan's, e.g. before a reset (FusedMoe::backward in moejit.hpp). */
 moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* x, const void* w1, const void* w2,
                               const int32_t* topk_ids, const void* topk_weights, void* saved, size_t saved_bytes,
                               void* dx, void* dw1, void* dw2, void* d_topk_weights, void* workspace,

@@ -142,21 +142,24 @@ class FusedMoe {
   // problem: a buffer no forward() of this process wrote, a second backward over
   // memory-efficient state, a forward() into it that threw after enqueuing (check_expert_ids'
   // rejection, a failed launch), a forward of another problem (another plan's T, say) that
-  // wrote it last, or a later call that wrote over part of it (its out, workspace or gradients,
-  // or another state starting inside the buffer). That check is the process's record of the
-  // calls on each `saved` address, across plans: it cannot see CUDA graph replays or copies. A
-  // forward captured into a graph is recorded as it is captured, so a backward() after a replay
-  // is judged by that record (declare the replayed state with adopt_saved where calls since the
-  // capture wrote over it), and one before any replay is not refused. A state copied to a new
-  // address is checked by what that address last held: see adopt_saved.
+  // wrote it last, a later call that wrote over part of it (its out, workspace or gradients,
+  // or another state starting inside the buffer), or a forward in another CUDA context than this
+  // plan's (one since reset or destroyed, whose address a new allocation got). That check is the
+  // process's record of the calls on each `saved` address, across plans and contexts: it cannot
+  // see CUDA graph replays or copies. A forward captured into a graph is recorded as it is
+  // captured, so a backward() after a replay is judged by that record (declare the replayed state
+  // with adopt_saved where calls since the capture wrote over it), and one before any replay is
+  // not refused. A state copied to a new address is checked by what that address last held: see
+  // adopt_saved.
   void backward(const BackwardArgs& args);
   // Declares that `saved` holds a state a forward() of this problem completed, copied there
   // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does, or from
   // another process), so that backward() takes it; states the copy wrote over are lost, as after a
-  // forward. The PyTorch front end declares the states it gets as copies (save_on_cpu's,
-  // AOTAutograd's), of its problem's size; a forward's own state, still at its address, it leaves
-  // to the record. Unchecked: a buffer declared so that holds no such state sends the
-  // kernels' reads and writes wherever its routing tables point.
+  // forward. Recorded for this plan's context, as its forward's are. The PyTorch front end
+  // declares the states it gets as copies (save_on_cpu's, AOTAutograd's), of its problem's size; a
+  // forward's own state, still at its address, it leaves to the record. Unchecked: a buffer
+  // declared so that holds no such state sends the kernels' reads and writes wherever its routing
+  // tables point.
   void adopt_saved(const void* saved);
 
   struct Impl;

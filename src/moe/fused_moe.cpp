@@ -88,9 +88,10 @@ struct FusedMoe::Impl {
     return {stream, cuda::green_sm_count(owner.green), device.sm_count};
   }
 
-  // Inference writes no saved state: a buffer passed there anyway keeps what it held.
+  // Inference writes no saved state: a buffer passed there anyway keeps what it held. Recorded in
+  // the plan's context, the one its backward checks.
   void record_saved(const void* saved, SavedStates::State state) const {
-    if (memory.saved_bytes > 0) SavedStates::instance().record(saved, memory.saved_bytes, problem, state);
+    if (memory.saved_bytes > 0) SavedStates::instance().record(context, saved, memory.saved_bytes, problem, state);
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -241,7 +242,7 @@ void FusedMoe::backward(const BackwardArgs& a) {
   // first launch on, even one that fails later, the state is gone. No InvalidArgument, StateError
   // or NoDeviceError after this: the PyTorch front end takes those as refusals that left the
   // state whole (python/moejit/torch/ops.py).
-  SavedStates::instance().use(a.saved, s.problem,
+  SavedStates::instance().use(s.context, a.saved, s.problem,
                               s.problem.mode == Mode::kMemoryEfficient ? SavedStates::Use::kConsume
                                                                        : SavedStates::Use::kRead);
   SavedStates::instance().overwrite(tensors, a.saved);

@@ -29,17 +29,19 @@ SavedStates& SavedStates::instance() {
   return *states;
 }
 
-void SavedStates::record(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
+void SavedStates::record(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem,
+                         State state) {
   std::lock_guard lock(mu_);
-  record_locked(saved, bytes, problem, state);
+  record_locked(context, saved, bytes, problem, state);
 }
 
-void SavedStates::record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state) {
+void SavedStates::record_locked(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem,
+                                State state) {
   const auto at = reinterpret_cast<std::uintptr_t>(saved);
   // The written-over records inside the new state (overwrite() keeps their address) go: one left
   // there would hide this state from a later write's look back.
   entries_.erase(entries_.upper_bound(at), entries_.lower_bound(at + bytes));
-  entries_[at] = Entry{problem, bytes, state, next_order_++};
+  entries_[at] = Entry{context, problem, bytes, state, next_order_++};
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
   orders.reserve(entries_.size());
@@ -73,7 +75,7 @@ void SavedStates::overwrite(const std::vector<TensorRegion>& tensors, const void
   }
 }
 
-void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
+void SavedStates::use(ContextId context, const void* saved, const MoeProblem& problem, Use use) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
   if (it == entries_.end()) {
@@ -82,6 +84,13 @@ void SavedStates::use(const void* saved, const MoeProblem& problem, Use use) {
         "declare a state copied here with adopt_saved()");
   }
   Entry& e = it->second;
+  // Before the state: a record of another context says nothing of this context's memory there,
+  // whatever state it holds.
+  if (e.context != context) {
+    throw StateError(
+        "saved: it was written in another CUDA context than this plan's (one since reset or destroyed, whose "
+        "address a new allocation took, say); run forward() again first");
+  }
   std::string why;
   switch (e.state) {
     case State::kPartial:

@@ -1,6 +1,6 @@
 // What this process knows of the saved-state buffers its forwards wrote, across every plan: a
-// backward takes only a buffer recorded as holding a complete state of its own problem.
-// Thread-safe.
+// backward takes only a buffer recorded as holding a complete state of its own problem, written
+// in its own CUDA context. Thread-safe.
 //
 // Refused: an address no forward recorded (its routing tables would be whatever the memory
 // held, and the kernels index with them: a read or write past any buffer), a forward into it
@@ -9,6 +9,13 @@
 // reads elsewhere, and a state that a later call of the process wrote over in part (its out or
 // workspace, or another state starting elsewhere in the buffer). A state copied to a new address
 // (PyTorch's save_on_cpu brings one back elsewhere) is recorded by FusedMoe::adopt_saved.
+//
+// Also refused: a state recorded in another CUDA context (by cuCtxGetId, never reused). A context
+// reset or destroyed takes its memory with it, and a new context's allocation often gets the same
+// address; the record would otherwise call that fresh memory complete. Records are still one map
+// by address across contexts: the process has one address space (UVA) over every device and
+// context, so bytes written at an address are those bytes whichever context wrote them, and a
+// write overlapping another context's record marks it as any other.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +36,12 @@ class SavedStates {
   // Process-wide: plans share states (Python's backward may run another plan of the problem).
   static SavedStates& instance();
 
-  // `bytes`: the state's size (the plan's saved_bytes), what a later write may overlap.
-  void record(const void* saved, std::size_t bytes, const MoeProblem& problem, State state);
+  // cuda::current_context_id() of the plan's context.
+  using ContextId = unsigned long long;
+
+  // `bytes`: the state's size (the plan's saved_bytes), what a later write may overlap. Replaces
+  // the record at `saved` whatever context made it: after a reset, the new context's state there.
+  void record(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem, State state);
 
   // A call is about to write its `written` tensors: every state recorded in bytes they overlap is
   // lost (kOverwritten), except the one at `kept` (a backward's own state, which `use` judges).
@@ -39,15 +50,17 @@ class SavedStates {
   // complete. A lost state's record shrinks to its address alone (0 bytes), and a later write over
   // that address, or a state recorded over it, forgets it; so recorded states never overlap and
   // none lies inside another (each is recorded after its own write), and the scan is a lookup plus
-  // the records the write covers, however many there are.
+  // the records the write covers, however many there are. Every context's records: one address is
+  // one memory in the process.
   void overwrite(const std::vector<TensorRegion>& tensors, const void* kept);
 
   enum class Use { kRead, kConsume };
-  // Throws StateError ("saved: ...") for a buffer never recorded, or recorded as partial,
-  // consumed, or complete for another problem. A use refreshes the record; kConsume records it
-  // consumed under the same lock, so of two memory-efficient backwards given one buffer at once,
-  // one runs and the other is refused.
-  void use(const void* saved, const MoeProblem& problem, Use use);
+  // Throws StateError ("saved: ...") for a buffer never recorded, recorded in another context than
+  // `context`, or recorded as partial, consumed, or complete for another problem. A refused use
+  // changes nothing. A use refreshes the record; kConsume records it consumed under the same lock,
+  // so of two memory-efficient backwards given one buffer at once, one runs and the other is
+  // refused.
+  void use(ContextId context, const void* saved, const MoeProblem& problem, Use use);
 
   // At most this many buffers are remembered; past it the half least recently recorded or used
   // is forgotten (and refused after), so a process whose allocator hands out ever new addresses
@@ -57,12 +70,14 @@ class SavedStates {
 
  private:
   struct Entry {
+    ContextId context = 0;
     MoeProblem problem;
     std::size_t bytes = 0;
     State state = State::kComplete;
     std::uint64_t order = 0;  // when recorded, for forgetting the oldest
   };
-  void record_locked(const void* saved, std::size_t bytes, const MoeProblem& problem, State state);
+  void record_locked(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem,
+                     State state);
 
   std::mutex mu_;
   std::map<std::uintptr_t, Entry> entries_;  // by address, so overlaps are a range scan

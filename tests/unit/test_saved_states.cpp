@@ -18,15 +18,22 @@ namespace {
 // Buffers 256 bytes apart, each holding a state of kBytes.
 const void* address(std::uintptr_t n) { return reinterpret_cast<const void*>(n << 8); }
 constexpr std::size_t kBytes = 256;
+// Context ids as cuCtxGetId gives them: a context reset or destroyed and made again gets a new one.
+constexpr SavedStates::ContextId kContext = 1, kNewContext = 2;
 
-std::string refusal(SavedStates& states, const void* saved, const MoeProblem& p,
-                    SavedStates::Use use = SavedStates::Use::kRead) {
+std::string refusal_in(SavedStates::ContextId context, SavedStates& states, const void* saved, const MoeProblem& p,
+                       SavedStates::Use use = SavedStates::Use::kRead) {
   try {
-    states.use(saved, p, use);
+    states.use(context, saved, p, use);
   } catch (const StateError& e) {
     return e.what();
   }
   return "";
+}
+
+std::string refusal(SavedStates& states, const void* saved, const MoeProblem& p,
+                    SavedStates::Use use = SavedStates::Use::kRead) {
+  return refusal_in(kContext, states, saved, p, use);
 }
 
 }  // namespace
@@ -44,19 +51,19 @@ TEST_CASE("a backward refuses a saved buffer known to hold no complete state of 
   CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process wrote a state at "
                                                                "this address") &&
                                                  Catch::Contains("adopt_saved()"));
-  states.record(address(1), kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kComplete);
   CHECK(refusal(states, address(1), p).empty());
   // Another problem's complete state: its layout differs.
   CHECK_THAT(refusal(states, address(1), other_t),
              Catch::StartsWith("saved: it holds the state of another problem's forward() (T=1024, E=128, H=2048, "
                                "I=768, K=8, bf16, train)"));
   CHECK_THAT(refusal(states, address(1), other_mode), Catch::Contains("another problem"));
-  states.record(address(2), kBytes, p, SavedStates::State::kPartial);
+  states.record(kContext, address(2), kBytes, p, SavedStates::State::kPartial);
   CHECK_THAT(refusal(states, address(2), p), Catch::StartsWith("saved: a forward() into it stopped part-way"));
-  states.record(address(3), kBytes, other_mode, SavedStates::State::kConsumed);
+  states.record(kContext, address(3), kBytes, other_mode, SavedStates::State::kConsumed);
   CHECK_THAT(refusal(states, address(3), other_mode), Catch::Contains("already consumed"));
   // A forward that completes makes the buffer usable again.
-  states.record(address(3), kBytes, other_mode, SavedStates::State::kComplete);
+  states.record(kContext, address(3), kBytes, other_mode, SavedStates::State::kComplete);
   CHECK(refusal(states, address(3), other_mode).empty());
   // Consuming is a use: once, then refused; a buffer never recorded is not consumed either.
   CHECK(refusal(states, address(3), other_mode, SavedStates::Use::kConsume).empty());
@@ -74,11 +81,11 @@ TEST_CASE("the saved-state record stays bounded, forgetting the least recently r
   const auto forgotten = [&](std::uintptr_t n) {
     return refusal(states, address(n), p).starts_with("saved: no forward() of this process");
   };
-  states.record(address(1), kBytes, p, SavedStates::State::kComplete);
-  for (std::uintptr_t n = 2; n <= SavedStates::kCapacity; ++n) states.record(address(n), kBytes, p, SavedStates::State::kPartial);
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kComplete);
+  for (std::uintptr_t n = 2; n <= SavedStates::kCapacity; ++n) states.record(kContext, address(n), kBytes, p, SavedStates::State::kPartial);
   // A backward's use refreshes its state: the state recorded first then outlives those after it.
   CHECK(refusal(states, address(1), p).empty());
-  states.record(address(SavedStates::kCapacity + 1), kBytes, p, SavedStates::State::kPartial);
+  states.record(kContext, address(SavedStates::kCapacity + 1), kBytes, p, SavedStates::State::kPartial);
   CHECK(refusal(states, address(1), p).empty());
   CHECK(forgotten(2));
   CHECK(forgotten(SavedStates::kCapacity / 2));
@@ -86,9 +93,9 @@ TEST_CASE("the saved-state record stays bounded, forgetting the least recently r
   CHECK_THAT(refusal(states, address(SavedStates::kCapacity + 1), p), Catch::Contains("stopped part-way"));
   // Recording an address again refreshes it too: the next time the record fills, it outlives the
   // buffers recorded before it.
-  states.record(address(SavedStates::kCapacity / 2 + 10), kBytes, p, SavedStates::State::kPartial);
+  states.record(kContext, address(SavedStates::kCapacity / 2 + 10), kBytes, p, SavedStates::State::kPartial);
   for (std::uintptr_t n = 0; n < SavedStates::kCapacity / 2; ++n) {
-    states.record(address(1000000 + n), kBytes, p, SavedStates::State::kPartial);
+    states.record(kContext, address(1000000 + n), kBytes, p, SavedStates::State::kPartial);
   }
   CHECK(forgotten(SavedStates::kCapacity));
   CHECK_THAT(refusal(states, address(SavedStates::kCapacity / 2 + 10), p), Catch::Contains("stopped part-way"));
@@ -103,9 +110,9 @@ TEST_CASE("plans on many threads record and consult saved buffers at once", "[sa
     threads.emplace_back([&, t] {
       for (std::uintptr_t i = 0; i < 2000; ++i) {
         const void* saved = address(1 + t * 100 + i % 100);
-        states.record(saved, kBytes, p, SavedStates::State::kComplete);
+        states.record(kContext, saved, kBytes, p, SavedStates::State::kComplete);
         if (!refusal(states, saved, p).empty()) ++refused;  // no other thread writes this address
-        states.record(saved, kBytes, p, SavedStates::State::kConsumed);
+        states.record(kContext, saved, kBytes, p, SavedStates::State::kConsumed);
       }
     });
   }
@@ -119,7 +126,7 @@ TEST_CASE("of backwards consuming one buffer at once, exactly one runs", "[saved
   const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kMemoryEfficient};
   for (std::uintptr_t round = 0; round < 200; ++round) {
     const void* saved = address(1 + round);
-    states.record(saved, kBytes, p, SavedStates::State::kComplete);
+    states.record(kContext, saved, kBytes, p, SavedStates::State::kComplete);
     std::atomic<int> ran{0}, ready{0};
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {
@@ -141,7 +148,7 @@ TEST_CASE("a state that a later call writes over in part is refused; states besi
   const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
   const auto at = [](std::uintptr_t offset) { return reinterpret_cast<const void*>(0x100000 + offset); };
   // Three states of 4096 bytes, a gap of 4096 between each.
-  for (std::uintptr_t i = 0; i < 3; ++i) states.record(at(i * 8192), 4096, p, SavedStates::State::kComplete);
+  for (std::uintptr_t i = 0; i < 3; ++i) states.record(kContext, at(i * 8192), 4096, p, SavedStates::State::kComplete);
   // A forward's out inside the first state, past its start: an exact-address record misses it.
   states.overwrite({{"out", at(256), 512, 16, true}, {"x", at(8192), 4096, 16, false}}, nullptr);
   CHECK_THAT(refusal(states, at(0), p), Catch::StartsWith("saved: a later call of this process wrote over part of it"));
@@ -158,14 +165,14 @@ TEST_CASE("a state that a later call writes over in part is refused; states besi
   states.overwrite({{"dw1", at(12288), 4097, 16, true}}, at(0));
   CHECK_THAT(refusal(states, at(16384), p), Catch::Contains("wrote over part of it"));
   // Another forward recording its own state where one was written over makes it usable again.
-  states.record(at(16384), 4096, p, SavedStates::State::kComplete);
+  states.record(kContext, at(16384), 4096, p, SavedStates::State::kComplete);
   CHECK(refusal(states, at(16384), p).empty());
   // A state far larger than the others still counts from its start: found from a write near its end.
-  states.record(at(1 << 20), 1 << 20, p, SavedStates::State::kComplete);
+  states.record(kContext, at(1 << 20), 1 << 20, p, SavedStates::State::kComplete);
   states.overwrite({{"out", at((2 << 20) - 2), 2, 2, true}}, nullptr);
   CHECK_THAT(refusal(states, at(1 << 20), p), Catch::Contains("wrote over part of it"));
   // A null or empty tensor writes nothing.
-  states.record(at(0), 4096, p, SavedStates::State::kComplete);
+  states.record(kContext, at(0), 4096, p, SavedStates::State::kComplete);
   states.overwrite({{"dw1", nullptr, 0, 16, true}, {"dw2", at(0), 0, 16, true}}, nullptr);
   CHECK(refusal(states, at(0), p).empty());
 }
@@ -176,29 +183,93 @@ TEST_CASE("states written over are forgotten at the next write over them, so the
   // Many small states, then one large buffer written over all of them (a caching allocator
   // handing their memory to a new workspace).
   constexpr std::uintptr_t kStates = 1000;
-  for (std::uintptr_t n = 1; n <= kStates; ++n) states.record(address(n), kBytes, p, SavedStates::State::kComplete);
+  for (std::uintptr_t n = 1; n <= kStates; ++n) states.record(kContext, address(n), kBytes, p, SavedStates::State::kComplete);
   const std::vector<TensorRegion> big = {{"workspace", address(1), kStates * kBytes, 256, true}};
   states.overwrite(big, nullptr);
   CHECK_THAT(refusal(states, address(1), p), Catch::Contains("wrote over part of it"));
   CHECK_THAT(refusal(states, address(kStates), p), Catch::Contains("wrote over part of it"));
   // A state recorded inside the written-over range, then the range written again: the state is
   // written over, the older records forgotten.
-  states.record(address(500), kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(500), kBytes, p, SavedStates::State::kComplete);
   states.overwrite(big, nullptr);
   CHECK_THAT(refusal(states, address(500), p), Catch::Contains("wrote over part of it"));
   CHECK_THAT(refusal(states, address(1), p), Catch::StartsWith("saved: no forward() of this process"));
   CHECK_THAT(refusal(states, address(kStates), p), Catch::StartsWith("saved: no forward() of this process"));
   // A state written over a smaller one that began inside it, then a write into it past that
   // address: the old record, left at its address, must not hide the new state from the look back.
-  states.record(address(3001), kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(3001), kBytes, p, SavedStates::State::kComplete);
   states.overwrite({{"saved", address(3000), 4 * kBytes, 256, true}}, nullptr);
-  states.record(address(3000), 4 * kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(3000), 4 * kBytes, p, SavedStates::State::kComplete);
   states.overwrite({{"out", address(3002), 16, 16, true}}, nullptr);
   CHECK_THAT(refusal(states, address(3000), p), Catch::Contains("wrote over part of it"));
   // A state adopted where a larger one began reaches no further than its own bytes.
-  states.record(address(2000), 4 * kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(2000), 4 * kBytes, p, SavedStates::State::kComplete);
   states.overwrite({{"saved", address(2000), kBytes, 256, true}}, nullptr);
-  states.record(address(2000), kBytes, p, SavedStates::State::kComplete);
+  states.record(kContext, address(2000), kBytes, p, SavedStates::State::kComplete);
   states.overwrite({{"out", address(2002), 16, 16, true}}, nullptr);
   CHECK(refusal(states, address(2000), p).empty());
+}
+
+TEST_CASE("a state recorded in another CUDA context is refused; the new context's own state at its address replaces it",
+          "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kMemoryEfficient};
+  MoeProblem other_t = p;
+  other_t.tokens = 128;
+  // A forward in a context that is then reset: a new context's allocation at the same address
+  // holds none of its routing tables.
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kComplete);
+  CHECK_THAT(refusal_in(kNewContext, states, address(1), p),
+             Catch::StartsWith("saved: it was written in another CUDA context than this plan's"));
+  // Judged before the state: another context's partial or other problem's record says the same.
+  states.record(kContext, address(2), kBytes, other_t, SavedStates::State::kPartial);
+  CHECK_THAT(refusal_in(kNewContext, states, address(2), p), Catch::Contains("another CUDA context"));
+  // A refused consumer consumes nothing: the recording context still runs its backward, once.
+  CHECK_THAT(refusal_in(kNewContext, states, address(1), p, SavedStates::Use::kConsume),
+             Catch::Contains("another CUDA context"));
+  CHECK(refusal(states, address(1), p, SavedStates::Use::kConsume).empty());
+  CHECK_THAT(refusal(states, address(1), p), Catch::Contains("already consumed"));
+
+  // The new context's forward at the old address (its write, then its record) replaces the old
+  // record: no false refusal after a reset. The old context's use is refused in turn.
+  states.record(kContext, address(3), kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"saved", address(3), kBytes, 256, true}}, nullptr);
+  states.record(kNewContext, address(3), kBytes, p, SavedStates::State::kComplete);
+  CHECK(refusal_in(kNewContext, states, address(3), p).empty());
+  CHECK_THAT(refusal(states, address(3), p), Catch::Contains("another CUDA context"));
+  // Its forward stopping part-way there is that, in its own context.
+  states.overwrite({{"saved", address(3), kBytes, 256, true}}, nullptr);
+  states.record(kNewContext, address(3), kBytes, p, SavedStates::State::kPartial);
+  CHECK_THAT(refusal_in(kNewContext, states, address(3), p), Catch::StartsWith("saved: a forward() into it stopped"));
+  // A new state starting inside an old context's larger one: the old one is written over, as in
+  // one context, and the new one is whole.
+  states.record(kContext, address(10), 4 * kBytes, p, SavedStates::State::kComplete);
+  states.overwrite({{"saved", address(12), kBytes, 256, true}}, nullptr);
+  states.record(kNewContext, address(12), kBytes, p, SavedStates::State::kComplete);
+  CHECK_THAT(refusal(states, address(10), p), Catch::Contains("wrote over part of it"));
+  CHECK(refusal_in(kNewContext, states, address(12), p).empty());
+}
+
+TEST_CASE("a write in one context marks the states of any context it overlaps, and no others", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
+  const auto at = [](std::uintptr_t offset) { return reinterpret_cast<const void*>(0x200000 + offset); };
+  // Two states of the old context and one of the new, 4096 bytes each, a gap of 4096 between them.
+  states.record(kContext, at(0), 4096, p, SavedStates::State::kComplete);
+  states.record(kContext, at(8192), 4096, p, SavedStates::State::kComplete);
+  states.record(kNewContext, at(16384), 4096, p, SavedStates::State::kComplete);
+  // The new context's out inside the old context's first state: one address space (UVA), so those
+  // bytes are gone whichever context wrote them.
+  states.overwrite({{"out", at(256), 512, 16, true}}, nullptr);
+  CHECK_THAT(refusal(states, at(0), p), Catch::Contains("wrote over part of it"));
+  // A backward of the new context, its own state kept, its workspace filling the gap between the
+  // old context's states: neither is touched, nor usable from the new context.
+  states.overwrite({{"saved", at(16384), 4096, 256, true}, {"workspace", at(4096), 4096, 256, true}}, at(16384));
+  CHECK(refusal(states, at(8192), p).empty());
+  CHECK(refusal_in(kNewContext, states, at(16384), p).empty());
+  CHECK_THAT(refusal_in(kNewContext, states, at(8192), p), Catch::Contains("another CUDA context"));
+  // A write reaching one byte into it marks it.
+  states.overwrite({{"dx", at(12288 - 1), 2, 2, true}}, nullptr);
+  CHECK_THAT(refusal(states, at(8192), p), Catch::Contains("wrote over part of it"));
+  CHECK(refusal_in(kNewContext, states, at(16384), p).empty());
 }
