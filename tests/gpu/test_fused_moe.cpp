@@ -20,6 +20,7 @@
 #include "moe/routing.hpp"
 #include "moe/validate.hpp"
 #include "support/differences.hpp"
+#include "support/driver_symbol.hpp"
 #include "support/green_context.hpp"
 #include "support/gpu.hpp"
 #include "support/kernel_paths.hpp"
@@ -1225,6 +1226,69 @@ TEST_CASE("another context's memory or stream, or a saved state no forward of it
   plan.backward(bwd);
   stream.synchronize();
   CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
+}
+
+TEST_CASE("after a primary-context reset, a saved state of the old context is refused at its address; the new context's forward there runs",
+          "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const auto reset = reinterpret_cast<decltype(&::cuDevicePrimaryCtxReset)>(
+      test::driver_symbol(MOEJIT_TEST_SYMBOL(cuDevicePrimaryCtxReset)));
+  REQUIRE(reset != nullptr);
+  const CaseSpec spec{64, 8, 128, 64, 2};
+  const CaseData data = make_case(spec);
+  const MoeProblem problem = problem_of(spec, Mode::kTraining);
+  // Each context fresh from a reset (the memory of every earlier case gone), then the same plan
+  // and allocations in the same order: a fresh context tends to get the old one's addresses, as
+  // in a process that resets its device and carries on. Retained again after the reset, the
+  // primary context is a new one, with a new id.
+  const auto fresh_context = [&] {
+    MOEJIT_CU(reset(gpu->context.device()));
+    return std::make_unique<cuda::PrimaryContext>(gpu->info.ordinal);
+  };
+  void* old_saved = nullptr;
+  unsigned long long old_context = 0;
+  {
+    const auto context = fresh_context();
+    old_context = cuda::current_context_id();
+    FusedMoe plan(problem);
+    DeviceRun run(data, plan.memory());
+    cuda::Stream stream;
+    plan.forward(run.forward_args(stream.get()));
+    stream.synchronize();
+    old_saved = run.saved.as<void>();
+  }
+  const auto context = fresh_context();
+  REQUIRE(cuda::current_context_id() != old_context);
+  FusedMoe plan(problem);
+  DeviceRun run(data, plan.memory());
+  run.poison();
+  cuda::Stream stream;
+  const BackwardArgs bwd = run.backward_args(stream.get());
+  if (run.saved.as<void>() == old_saved) {
+    // The review's sequence: no forward in this context, and the old context's record at this
+    // address says complete over memory that holds none of its routing tables.
+    CHECK_THROWS_WITH(plan.backward(bwd), Catch::StartsWith("saved: it was written in another CUDA context"));
+  } else {
+    // The old address, wherever it lies now: not memory (InvalidArgument), inside another
+    // argument (InvalidArgument), or inside a buffer the backward does not take (StateError, the
+    // old record).
+    WARN("the new saved buffer is at " << run.saved.as<void>() << ", not at the old one's " << old_saved
+                                       << ": the old address is checked by itself");
+    BackwardArgs at_old = bwd;
+    at_old.saved = old_saved;
+    CHECK_THROWS_AS(plan.backward(at_old), Error);
+    // The new buffer without a forward: unrecorded, or recorded by an earlier case's context.
+    CHECK_THROWS_AS(plan.backward(bwd), StateError);
+  }
+  // Refused before anything was enqueued: dx still holds the poison.
+  stream.synchronize();
+  const std::vector<double> dx_refused = download(run.dx, spec.dtype, static_cast<std::size_t>(spec.tokens * spec.hidden));
+  CHECK(std::all_of(dx_refused.begin(), dx_refused.end(), [](double v) { return std::isnan(v); }));
+  // This context's forward records its own state there, replacing the old record: the backward runs.
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(bwd);
+  stream.synchronize();
+  check_outputs(outputs_of(run, spec, Mode::kTraining), reference_of(data));
 }
 
 TEST_CASE("a green context's stream runs a plan of its primary context, with either context current", "[gpu][moe]") {
