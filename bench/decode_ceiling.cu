@@ -25,11 +25,13 @@
 #include <random>
 #include <vector>
 
+#include "bf16x8.cuh"
 #include "event_timing.cuh"
 
 namespace {
 
 using bench_tool::check;
+using bench_tool::unpack;
 
 constexpr int kE = 128, kH = 2048, kI = 768, kK = 8;
 constexpr int kWarps = 8;                      // warps a block
@@ -53,15 +55,6 @@ struct Routing {
   const int* pair_token;  // [T*K], by sorted pair
   int touched;
 };
-
-__device__ __forceinline__ void unpack(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
 
 __device__ __forceinline__ uint4 load_stream(const __nv_bfloat16* p) {
   uint4 v;

@@ -24,11 +24,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16x8.cuh"
 #include "event_timing.cuh"
 
 namespace {
 
 using bench_tool::check;
+using bench_tool::unpack;
 using bench_tool::median_ms;
 
 constexpr int kE = 128, kH = 2048, kK = 8;
@@ -42,15 +44,6 @@ __device__ __forceinline__ void red_v4_bf16x2(__nv_bfloat16* p, uint4 v) {
   asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w)
                : "memory");
-}
-
-__device__ __forceinline__ void unpack(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
 }
 
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
