@@ -39,6 +39,15 @@ class Fd {
   int fd_;
 };
 
+// What a file that is not a regular one is, for messages.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
 // What marks atomic_write's temporary files, which remove_stale_temp_files looks for.
 constexpr std::string_view kTempInfix = ".tmp.";
 
@@ -77,17 +86,22 @@ constexpr int kTempNameAttempts = 16;
 void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   std::filesystem::path tmp;
   int fd = -1, error = ENOENT;
+  std::error_code folder_error;  // of the last attempt to make the folder
   for (int attempt = 0; fd < 0 && attempt < kTempNameAttempts; ++attempt) {
     // Made again after ENOENT: another process may remove the folder once it is empty (the
     // kernel cache's sweep of another build's folder) between making it and opening the file.
     if (error == ENOENT && target.has_parent_path()) {
-      std::error_code ec;
-      std::filesystem::create_directories(target.parent_path(), ec);
+      std::filesystem::create_directories(target.parent_path(), folder_error);
     }
     tmp = unique_temp_name(target);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     error = fd < 0 ? errno : 0;
     if (fd < 0 && error != EEXIST && error != ENOENT) break;
+  }
+  // The file's ENOENT only says the folder is missing; making it says why (EACCES, EROFS).
+  if (fd < 0 && error == ENOENT && folder_error) {
+    throw IoError(fmt::format("cannot create the folder {}: {}", target.parent_path().string(),
+                              folder_error.message()));
   }
   if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(error)));
   std::size_t done = 0;
@@ -118,7 +132,13 @@ void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
 }
 
 std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
-                             const std::function<bool(const std::string& name)>& name_matches) noexcept {
+                             const std::function<bool(const std::string& name)>& name_matches,
+                             std::vector<std::string>* errors) noexcept {
+  const auto report = [errors](const char* what, const std::filesystem::path& path, std::error_code ec) {
+    if (errors != nullptr && ec != std::errc::no_such_file_or_directory) {
+      errors->push_back(fmt::format("cannot {} {}: {}", what, path.string(), ec.message()));
+    }
+  };
   std::error_code ec;
   std::size_t removed = 0;
   const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
@@ -129,8 +149,18 @@ std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seco
     }
     std::error_code time_ec;
     const auto written = std::filesystem::last_write_time(it->path(), time_ec);
-    if (!time_ec && (older_than.count() == 0 || written < cutoff)) removed += remove_quietly(it->path());
+    if (time_ec) {
+      report("inspect", it->path(), time_ec);
+    } else if (older_than.count() == 0 || written < cutoff) {
+      std::error_code remove_ec;
+      if (std::filesystem::remove(it->path(), remove_ec)) {
+        ++removed;
+      } else if (remove_ec) {
+        report("remove", it->path(), remove_ec);
+      }
+    }
   }
+  if (ec) report("read", dir, ec);
   return removed;
 }
 
@@ -147,23 +177,30 @@ void refresh_write_time(const std::filesystem::path& path, std::chrono::seconds 
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
 }
 
-std::optional<std::string> read_all(const std::filesystem::path& path, std::optional<std::uintmax_t> max_bytes) {
+std::optional<std::string> read_all(const std::filesystem::path& path, std::optional<std::uintmax_t> max_bytes,
+                                    std::string* error) {
+  const auto fail = [error](std::string why) -> std::optional<std::string> {
+    if (error != nullptr) *error = std::move(why);
+    return std::nullopt;
+  };
   // O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting for one.
   const Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   struct stat st {};
-  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) return fail(errno_text());
+  if (!S_ISREG(st.st_mode)) return fail(fmt::format("{}, not a regular file", file_kind(st.st_mode)));
   const std::uintmax_t limit = max_bytes.value_or(std::numeric_limits<std::uintmax_t>::max());
-  if (static_cast<std::uintmax_t>(st.st_size) > limit) return std::nullopt;
+  const auto too_large = [&] { return fail(fmt::format("larger than {} bytes", limit)); };
+  if (static_cast<std::uintmax_t>(st.st_size) > limit) return too_large();
   std::string out;
   out.reserve(static_cast<std::size_t>(st.st_size));
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return std::nullopt;
+    if (n < 0) return fail(errno_text());
     if (n == 0) return out;
     // The file may grow while it is read.
-    if (static_cast<std::uintmax_t>(n) > limit - out.size()) return std::nullopt;
+    if (static_cast<std::uintmax_t>(n) > limit - out.size()) return too_large();
     out.append(buf, static_cast<std::size_t>(n));
   }
 }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moejit::fs {
 
@@ -17,10 +18,13 @@ namespace moejit::fs {
 void atomic_write(const std::filesystem::path& target, std::string_view bytes);
 
 // Removes the regular files (not symbolic links) directly in `dir` whose names `name_matches`
-// and whose last write is older than `older_than` (0: any), ignoring errors (the folder may not
-// exist yet, another process may remove a file first). Returns how many it removed.
+// and whose last write is older than `older_than` (0: any). Returns how many it removed. A folder
+// or file that is not there (not made yet, removed first by another process) is no error; the
+// others are appended to `errors` where given ("cannot read <dir>: <why>", "cannot remove <file>:
+// <why>"), and otherwise ignored.
 std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seconds older_than,
-                             const std::function<bool(const std::string& name)>& name_matches) noexcept;
+                             const std::function<bool(const std::string& name)>& name_matches,
+                             std::vector<std::string>* errors = nullptr) noexcept;
 
 // Removes the temporary files atomic_write left in `dir` (its writer died between creating and
 // renaming them) whose last write is older than `older_than`; a live writer's file is younger.
@@ -32,9 +36,10 @@ void refresh_write_time(const std::filesystem::path& path, std::chrono::seconds 
 
 // The whole file, or nullopt when it does not exist, cannot be read, is not a regular file (after
 // following symbolic links: a FIFO would block, a device never end) or holds more than
-// `max_bytes`.
+// `max_bytes`; then `error`, where given, says which ("a FIFO, not a regular file", strerror).
 std::optional<std::string> read_all(const std::filesystem::path& path,
-                                    std::optional<std::uintmax_t> max_bytes = std::nullopt);
+                                    std::optional<std::uintmax_t> max_bytes = std::nullopt,
+                                    std::string* error = nullptr);
 
 // Creates `dir` with mode 0700 unless it exists (its parent must), then checks that it is private
 // to this user: a directory, not a symbolic link, owned by the effective user and writable by no

@@ -214,6 +214,46 @@ TEST_CASE("read_all reads regular files, through symbolic links too, and refuses
   CHECK_FALSE(fs::read_all(dir / "link", 7));
 }
 
+TEST_CASE("read_all says why it read nothing", "[fs]") {
+  test::TempDir dir("read-why");
+  fs::atomic_write(dir / "plain", "contents");
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  const std::pair<std::filesystem::path, std::string> cases[] = {
+      {dir / "absent", "No such file or directory"},
+      {dir.path(), "a folder, not a regular file"},
+      {dir / "fifo", "a FIFO, not a regular file"},
+      {"/dev/null", "a device, not a regular file"},
+  };
+  for (const auto& [path, why] : cases) {
+    std::string error;
+    INFO(path);
+    CHECK_FALSE(fs::read_all(path, std::nullopt, &error));
+    CHECK(error == why);
+  }
+  std::string error;
+  CHECK_FALSE(fs::read_all(dir / "plain", 7, &error));
+  CHECK(error == "larger than 7 bytes");
+  error.clear();
+  CHECK(fs::read_all(dir / "plain", std::nullopt, &error) == "contents");
+  CHECK(error.empty());
+}
+
+TEST_CASE("atomic_write says why it cannot make the folder, not that the file's folder is missing", "[fs]") {
+  MOEJIT_REQUIRE_USERS();
+  test::TempDir dir("write-why");
+  CHECK(test::as_reader(dir.path(), [&] {
+          try {
+            fs::atomic_write(dir / "new" / "file", "x");
+            test::expect(false, "wrote into a folder it may not write");
+          } catch (const IoError& e) {
+            // Once "cannot create .../new/file.tmp...: No such file or directory".
+            test::expect(std::string(e.what()) == "cannot create the folder " + (dir / "new").string() +
+                                                       ": Permission denied",
+                         e.what());
+          }
+        }) == 0);
+}
+
 TEST_CASE("atomic_write steps over temporary files a dead process of the same pid left", "[fs]") {
   test::TempDir dir("reuse");
   // The next temporary name, from the message of a write whose rename fails (onto a folder).
