@@ -594,27 +594,26 @@ std::string TuningDb::export_json() const {
   return doc.dump(2) + "\n";
 }
 
-TuningDb::MergeStats TuningDb::import_json(const std::string& text, BadRows bad_rows) {
+TuningDb::ExportRows TuningDb::parse_export(const std::string& text, BadRows bad_rows, const std::string& source) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw DatabaseError(fmt::format("import into {}: not valid JSON: {}", path(), e.what()));
+    throw DatabaseError(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
-  if (!doc.is_object()) throw DatabaseError(fmt::format("import into {}: expected a JSON object", path()));
+  if (!doc.is_object()) throw DatabaseError(fmt::format("{}: expected a JSON object", source));
   if (!doc.contains("schema_version") || !doc["schema_version"].is_number_integer()) {
-    throw DatabaseError(fmt::format("import into {}: \"schema_version\" (an integer) is missing", path()));
+    throw DatabaseError(fmt::format("{}: \"schema_version\" (an integer) is missing", source));
   }
   const long long version = doc["schema_version"].get<long long>();
   if (version < 1 || version > kSchemaVersion) {
-    throw DatabaseError(fmt::format("import into {}: schema_version {} is not one this build reads (1 to {})", path(),
+    throw DatabaseError(fmt::format("{}: schema_version {} is not one this build reads (1 to {})", source,
                                     version, kSchemaVersion));
   }
   if (!doc.contains("rows") || !doc["rows"].is_array()) {
-    throw DatabaseError(fmt::format("import into {}: \"rows\" (an array) is missing", path()));
+    throw DatabaseError(fmt::format("{}: \"rows\" (an array) is missing", source));
   }
-  std::vector<TuningRow> rows;
-  std::vector<std::string> skipped;
+  ExportRows out;
   const nlohmann::json& items = doc["rows"];
   for (std::size_t n = 0; n < items.size(); ++n) {
     const auto bad = [&](const char* why) {
@@ -622,19 +621,24 @@ TuningDb::MergeStats TuningDb::import_json(const std::string& text, BadRows bad_
       const nlohmann::json* id = items[n].is_object() && items[n].contains("id") ? &items[n]["id"] : nullptr;
       const std::string row = id && id->is_string() ? fmt::format("rows[{}] ({})", n, id->get<std::string>())
                                                     : fmt::format("rows[{}]", n);
-      if (bad_rows == BadRows::kRefuse) throw DatabaseError(fmt::format("import into {}: {}: {}", path(), row, why));
-      skipped.push_back(fmt::format("{}: {}", row, why));
+      if (bad_rows == BadRows::kRefuse) throw DatabaseError(fmt::format("{}: {}: {}", source, row, why));
+      out.skipped.push_back(fmt::format("{}: {}", row, why));
     };
     try {
-      rows.push_back(items[n].get<TuningRow>());
+      out.rows.push_back(items[n].get<TuningRow>());
     } catch (const nlohmann::json::exception& e) {
       bad(e.what());
     } catch (const InvalidArgument& e) {
       bad(e.what());
     }
   }
-  MergeStats stats = merge_rows(rows);
-  stats.skipped = std::move(skipped);
+  return out;
+}
+
+TuningDb::MergeStats TuningDb::import_json(const std::string& text, BadRows bad_rows) {
+  ExportRows parsed = parse_export(text, bad_rows, "import into " + path());
+  MergeStats stats = merge_rows(parsed.rows);
+  stats.skipped = std::move(parsed.skipped);
   return stats;
 }
 

@@ -125,10 +125,18 @@ class TuningDb {
   // Diffable text: {"schema_version": N, "rows": [...]}, rows in rows()' order, object keys
   // sorted, indent 2, trailing newline.
   std::string export_json() const;
-  // Parses and validates all of `text` before writing anything, then merges (merge_rows).
-  // Throws DatabaseError naming the row and field that is wrong: for any such row under
-  // BadRows::kRefuse, and under either for a document that is not an export (not JSON, no
-  // readable schema_version, no rows array).
+  // The rows of an export, each parsed and validated, with no database: `moejit db import` reads a
+  // file whole before it opens (or creates) its target. Throws DatabaseError starting with
+  // `source` and naming the row and field that is wrong: for any such row under BadRows::kRefuse
+  // (else it is listed in `skipped`), and under either for a document that is not an export (not
+  // JSON, no readable schema_version, no rows array).
+  struct ExportRows {
+    std::vector<TuningRow> rows;
+    std::vector<std::string> skipped;  // as MergeStats::skipped
+  };
+  static ExportRows parse_export(const std::string& text, BadRows bad_rows, const std::string& source);
+  // parse_export's rows (its errors name "import into <path>"), merged (merge_rows): nothing is
+  // written unless all of `text` reads.
   MergeStats import_json(const std::string& text, BadRows bad_rows = BadRows::kRefuse);
 
  private:
