@@ -55,7 +55,7 @@ std::optional<std::string> get(const char* name) {
   return value;
 }
 
-long long parse_int(const char* name, const std::string& text) {
+long long parse_int(const std::string& name, const std::string& text) {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(text.c_str(), &end, 10);
@@ -63,13 +63,6 @@ long long parse_int(const char* name, const std::string& text) {
     throw InvalidArgument(name, "expected an integer, got '" + text + "'");
   }
   return x;
-}
-
-unsigned parse_jobs(const std::string& text) {
-  const long long v = parse_int("MOEJIT_JOBS", text);
-  if (v < 1) throw InvalidArgument("MOEJIT_JOBS", fmt::format("expected a positive count, got {}", v));
-  // More threads than any machine has cores only cost stacks.
-  return static_cast<unsigned>(std::min(v, 1024LL));
 }
 
 // The library's own variables, and how set_option checks a value: with the parser its accessor
@@ -86,7 +79,7 @@ constexpr Variable kVariables[] = {
     {"MOEJIT_DISK_CACHE", [](const std::string& v) { parse_int("MOEJIT_DISK_CACHE", v); }},
     {"MOEJIT_DB", nullptr},
     {"MOEJIT_SHIPPED_DB_DIR", nullptr},
-    {"MOEJIT_JOBS", [](const std::string& v) { parse_jobs(v); }},
+    {"MOEJIT_JOBS", [](const std::string& v) { parse_jobs(v, "MOEJIT_JOBS"); }},
     {"MOEJIT_LOG", nullptr},  // any other text than a level's name is warn
     {"MOEJIT_CUDA_DRIVER", nullptr},
     {"MOEJIT_AUTOTUNE", [](const std::string& v) { parse_int("MOEJIT_AUTOTUNE", v); }},
@@ -134,6 +127,26 @@ std::optional<std::filesystem::path> user_cache_root() {
 
 }  // namespace
 
+unsigned parse_jobs(const std::string& text, const std::string& what) {
+  const long long v = parse_int(what, text);
+  if (v < 1) throw InvalidArgument(what, fmt::format("expected a positive count, got {}", v));
+  return static_cast<unsigned>(std::min(v, 1024LL));
+}
+
+std::vector<std::string> setting_errors() {
+  std::vector<std::string> out;
+  for (const Variable& v : kVariables) {
+    const std::optional<std::string> value = get(std::string(v.name).c_str());
+    if (!v.check || !value) continue;
+    try {
+      v.check(*value);
+    } catch (const InvalidArgument& e) {
+      out.push_back(e.what());
+    }
+  }
+  return out;
+}
+
 std::optional<long long> get_int(const char* name) {
   auto v = get(name);
   if (!v) return std::nullopt;
@@ -168,7 +181,7 @@ std::filesystem::path shipped_db_dir() {
 }
 
 unsigned compile_jobs() {
-  if (auto v = get("MOEJIT_JOBS")) return parse_jobs(*v);
+  if (auto v = get("MOEJIT_JOBS")) return parse_jobs(*v, "MOEJIT_JOBS");
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : hw;
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace moejit::env {
 
@@ -43,6 +44,14 @@ double tune_budget_s();
 // tuner's deadline is a clock time point). Throws InvalidArgument naming `what` otherwise.
 inline constexpr double kMaxTuneBudgetS = 1e6;
 double parse_tune_budget_s(const std::string& text, const std::string& what);
+
+// MOEJIT_JOBS's count from text, a positive integer, capped at 1024 (more threads than any machine
+// has cores only cost stacks). Throws InvalidArgument naming `what` otherwise.
+unsigned parse_jobs(const std::string& text, const std::string& what);
+
+// Per library variable set to a value its accessor would refuse, what that accessor's
+// InvalidArgument says ("MOEJIT_JOBS: expected a positive count, got 0"); empty when none is.
+std::vector<std::string> setting_errors();
 
 // Parses an integer variable; nullopt when unset or empty. Throws InvalidArgument naming the
 // variable when it is set to something that is not an integer.

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
+#include <algorithm>
+#include <charconv>
+#include <string_view>
 
 #include "cuda/driver.hpp"
 #include "moejit/error.hpp"
@@ -17,15 +19,19 @@ std::string arch_for_cc(int cc) {
 }
 
 int cc_from_arch(const std::string& arch) {
-  std::string s = arch;
-  if (s.rfind("sm_", 0) == 0) s = s.substr(3);
-  if (!s.empty() && (s.back() == 'a' || s.back() == 'f')) s.pop_back();
-  char* end = nullptr;
-  long v = s.empty() ? 0 : std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < 50 || v > 200) {
+  // Checked whole: strtol took "sm_+90", "sm_ 90" and, without the prefix, "90".
+  std::string_view digits = arch;
+  const bool prefixed = digits.starts_with("sm_");
+  if (prefixed) digits.remove_prefix(3);
+  if (digits.ends_with('a')) digits.remove_suffix(1);
+  const bool all_digits =
+      !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  int v = 0;
+  if (!prefixed || !all_digits || std::from_chars(digits.data(), digits.data() + digits.size(), v).ec != std::errc() ||
+      v < 50 || v > 200) {
     throw InvalidArgument("arch", "expected an architecture like sm_90a or sm_80, got '" + arch + "'");
   }
-  return static_cast<int>(v);
+  return v;
 }
 
 std::string DeviceInfo::arch() const { return arch_for_cc(cc()); }

@@ -40,7 +40,8 @@ DeviceInfo query_current_device();
 
 // The NVRTC arch string for a compute capability (cc 90 -> "sm_90a").
 std::string arch_for_cc(int cc);
-// Parses "sm_90a", "sm_90", "90" into a compute capability (90); throws InvalidArgument.
+// Parses "sm_90a" or "sm_90" ("sm_", digits, an optional 'a') into a compute capability (90); throws
+// InvalidArgument for anything else.
 int cc_from_arch(const std::string& arch);
 
 // Fabricated descriptors with the published limits of each part.

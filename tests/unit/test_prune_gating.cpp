@@ -42,8 +42,13 @@ TEST_CASE("arch strings and compute capabilities", "[device]") {
   CHECK(fab::rtx5090().arch() == "sm_120a");
   CHECK(cuda::cc_from_arch("sm_90a") == 90);
   CHECK(cuda::cc_from_arch("sm_80") == 80);
-  CHECK(cuda::cc_from_arch("100") == 100);
-  CHECK_THROWS_AS(cuda::cc_from_arch("hopper"), InvalidArgument);
+  CHECK(cuda::cc_from_arch("sm_100a") == 100);
+  // Only "sm_", digits and an optional 'a': strtol's leniency let the first ones through.
+  for (const char* arch : {"100", "90", "sm_+90", "sm_ 90", "sm_-90", "sm_90 ", "sm_90b", "sm_90aa", "sm_90f", "sm_",
+                           "sm_a", "SM_90", "sm_99999999999", "sm_49", "hopper", ""}) {
+    INFO(arch);
+    CHECK_THROWS_AS(cuda::cc_from_arch(arch), InvalidArgument);
+  }
   CHECK(cuda::fabricated::for_arch("sm_90").arch() == "sm_90a");
   CHECK(cuda::fabricated::for_arch("sm_80").smem_optin_per_block == 166912);
   for (const char* consumer : {"sm_86", "sm_89"}) {
