@@ -1,5 +1,7 @@
 #include "jit/disk_cache.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -46,7 +48,8 @@ bool is_hex_digits(std::string_view s) {
 constexpr std::size_t kHashDigits = 16;
 
 // Calls fn(path, name) for each build's subfolder of `root`: named as one, a real folder, not a
-// symbolic link (another user's link in a shared folder must not lead a sweep elsewhere).
+// symbolic link (another user's link in a shared folder must not lead a sweep elsewhere). Errors
+// reading `root` are left to the callers, which read it for its own files first.
 template <typename Fn>
 void for_each_build_folder(const std::filesystem::path& root, Fn fn) {
   std::error_code ec;
@@ -133,22 +136,34 @@ DiskCache DiskCache::of_this_build(std::filesystem::path root) {
   return DiskCache(std::move(root), *build);
 }
 
-std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for) const noexcept {
+std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for,
+                                          std::vector<std::string>* errors) const noexcept {
   // The flat layout before build subfolders: every file there is another build's.
   fs::remove_stale_temp_files(root_, kDeadWriterAge);
-  std::size_t removed = fs::remove_old_files(root_, unused_for, is_cache_file_name);
+  std::size_t removed = fs::remove_old_files(root_, unused_for, is_cache_file_name, errors);
   for_each_build_folder(root_, [&](const std::filesystem::path& folder, const std::string& name) {
     fs::remove_stale_temp_files(folder, kDeadWriterAge);
     if (name == build_) return;
-    removed += fs::remove_old_files(folder, unused_for, is_cache_file_name);
+    removed += fs::remove_old_files(folder, unused_for, is_cache_file_name, errors);
+    // Removes a folder only once it is empty: files of other names (or in use) keep it.
     std::error_code remove_ec;
-    std::filesystem::remove(folder, remove_ec);  // removes a folder only once it is empty
+    std::filesystem::remove(folder, remove_ec);
+    if (errors != nullptr && remove_ec && remove_ec != std::errc::directory_not_empty &&
+        remove_ec != std::errc::file_exists && remove_ec != std::errc::no_such_file_or_directory) {
+      errors->push_back(fmt::format("cannot remove {}: {}", folder.string(), remove_ec.message()));
+    }
   });
   return removed;
 }
 
-std::vector<DiskCache::BuildFiles> DiskCache::builds() const {
+std::vector<DiskCache::BuildFiles> DiskCache::builds(std::vector<std::string>* errors) const {
   std::map<std::string, BuildFiles> found;
+  // A folder or file removed meanwhile (another process's sweep) is no error.
+  const auto report = [&](const std::filesystem::path& path, std::error_code ec) {
+    if (errors != nullptr && ec != std::errc::no_such_file_or_directory) {
+      errors->push_back(fmt::format("cannot read {}: {}", path.string(), ec.message()));
+    }
+  };
   const auto count = [&](const std::filesystem::path& dir, const std::string& build) {
     std::error_code ec;
     for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -158,8 +173,11 @@ std::vector<DiskCache::BuildFiles> DiskCache::builds() const {
         continue;
       }
       const auto bytes = it->file_size(file_ec);
-      const auto written = it->last_write_time(file_ec);
-      if (file_ec) continue;  // removed meanwhile
+      const auto written = file_ec ? std::filesystem::file_time_type{} : it->last_write_time(file_ec);
+      if (file_ec) {
+        report(it->path(), file_ec);
+        continue;
+      }
       BuildFiles& b = found[build];
       b.build = build;
       // file_time_type{} is the clock's epoch (2174 in libstdc++), not the earliest time.
@@ -167,6 +185,7 @@ std::vector<DiskCache::BuildFiles> DiskCache::builds() const {
       ++b.files;
       b.bytes += bytes;
     }
+    if (ec) report(dir, ec);
   };
   count(root_, "");
   for_each_build_folder(root_, count);
@@ -193,31 +212,35 @@ bool DiskCache::is_cache_file_name(const std::string& name) {
   return name[hash_at - 1] == '.' && is_hex_digits(std::string_view(name).substr(hash_at, kHashDigits));
 }
 
-bool StoreBackoff::paused(const std::filesystem::path& dir, Clock::time_point now) {
+std::optional<std::string> StoreBackoff::paused(const std::filesystem::path& dir, Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = until_.find(dir);
-  return it != until_.end() && now < it->second;
+  const auto it = pauses_.find(dir);
+  if (it == pauses_.end() || now >= it->second.until) return std::nullopt;
+  return it->second.why;
 }
 
-bool StoreBackoff::failed(const std::filesystem::path& dir, Clock::time_point now) {
+bool StoreBackoff::failed(const std::filesystem::path& dir, Clock::time_point now, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  const bool first = !until_.contains(dir);
-  until_[dir] = now + kPause;
+  const bool first = !pauses_.contains(dir);
+  pauses_[dir] = {now + kPause, why};
   return first;
 }
 
-void DiskCache::store(const CompiledKernel& kernel) const {
-  if (store_backoff().paused(folder(), StoreBackoff::Clock::now())) return;
+std::optional<std::string> DiskCache::store(const CompiledKernel& kernel) const {
+  // Not tried: the failure that paused the folder is why this kernel is not stored either.
+  if (auto why = store_backoff().paused(folder(), StoreBackoff::Clock::now())) return why;
   try {
     fs::atomic_write(path_of(kernel.key), encode(kernel));
+    return std::nullopt;
   } catch (const std::exception& e) {  // best effort: the kernel compiled, whatever the store met
-    if (store_backoff().failed(folder(), StoreBackoff::Clock::now())) {
+    if (store_backoff().failed(folder(), StoreBackoff::Clock::now(), e.what())) {
       log::warn("kernel cache not written: {}; no kernels are stored in {} by this process for {} minutes, then "
                 "it tries again",
                 e.what(), folder().string(), StoreBackoff::kPause.count());
     } else {
       log::debug("kernel cache not written again: {}", e.what());
     }
+    return e.what();
   }
 }
 

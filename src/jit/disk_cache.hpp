@@ -26,13 +26,19 @@ class StoreBackoff {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::minutes kPause{10};
-  bool paused(const std::filesystem::path& dir, Clock::time_point now);
-  // Pauses `dir` for kPause from `now`; whether it is the folder's first failure (to warn once).
-  bool failed(const std::filesystem::path& dir, Clock::time_point now);
+  // While `dir` is paused, the failure that paused it; nullopt otherwise.
+  std::optional<std::string> paused(const std::filesystem::path& dir, Clock::time_point now);
+  // Pauses `dir` for kPause from `now` after the failure `why`; whether it is the folder's first
+  // failure (to warn once).
+  bool failed(const std::filesystem::path& dir, Clock::time_point now, const std::string& why);
 
  private:
+  struct Pause {
+    Clock::time_point until;
+    std::string why;
+  };
   std::mutex mu_;
-  std::map<std::filesystem::path, Clock::time_point> until_;
+  std::map<std::filesystem::path, Pause> pauses_;
 };
 
 class DiskCache {
@@ -49,8 +55,10 @@ class DiskCache {
   // Best effort: any failure to write (an unwritable folder, a full disk) is logged, not thrown,
   // since compiling still worked. After a failure in a folder, this process stores nothing there
   // for StoreBackoff::kPause (loads are still tried), then tries again: the warning comes once per
-  // folder, and a disk freed or a mount back later is used again by a long-lived process.
-  void store(const CompiledKernel& kernel) const;
+  // folder, and a disk freed or a mount back later is used again by a long-lived process. Returns
+  // nullopt once stored, else why not (for `moejit compile`, whose job the store is): in a paused
+  // folder, the failure that paused it.
+  std::optional<std::string> store(const CompiledKernel& kernel) const;
 
   std::filesystem::path folder() const { return root_ / build_; }
   std::filesystem::path path_of(const KernelKey& key) const { return folder() / (key.stem() + ".cubin"); }
@@ -67,8 +75,10 @@ class DiskCache {
   static constexpr std::chrono::hours kDeadWriterAge{1};
   void sweep() const noexcept { remove_other_builds(kUnusedAge); }
   // The sweep's removal of other builds' cache files, those unused for `unused_for` (0: all, as
-  // `moejit cache prune` asks); returns how many cache files it removed.
-  std::size_t remove_other_builds(std::chrono::seconds unused_for) const noexcept;
+  // `moejit cache prune` asks); returns how many cache files it removed. What it could not read or
+  // remove goes to `errors` where given (fs::remove_old_files), and is otherwise ignored.
+  std::size_t remove_other_builds(std::chrono::seconds unused_for,
+                                  std::vector<std::string>* errors = nullptr) const noexcept;
 
   // The cache files of one build in the folder, for `moejit cache list`.
   struct BuildFiles {
@@ -77,8 +87,9 @@ class DiskCache {
     std::uintmax_t bytes = 0;
     std::filesystem::file_time_type last_used{};  // the newest file's time
   };
-  // Each build with cache files, by name.
-  std::vector<BuildFiles> builds() const;
+  // Each build with cache files, by name. A folder or file it cannot read is left out, and said in
+  // `errors` where given ("cannot read <folder>: <why>"); one that is not there is no error.
+  std::vector<BuildFiles> builds(std::vector<std::string>* errors = nullptr) const;
   const std::string& build() const { return build_; }
 
   // Pure. "6900f36b2e760088-1f2e3d4c5b6a7988": the template hash, then a hash of the rest.

@@ -79,10 +79,12 @@ struct KernelCache::BuildSettings {
 
 namespace {
 
-// Disk, then NVRTC; stores what it compiled. Runs outside the cache lock.
+// Disk, then NVRTC; stores what it compiled, setting `not_stored` where that failed. Runs outside
+// the cache lock.
 std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const GeneratedUnit& unit,
                                             const std::vector<std::string>& options, const KernelKey& key,
-                                            const std::optional<std::filesystem::path>& disk_dir, Origin& origin) {
+                                            const std::optional<std::filesystem::path>& disk_dir, Origin& origin,
+                                            std::optional<std::string>& not_stored) {
   std::optional<DiskCache> disk;
   if (disk_dir) {
     disk.emplace(DiskCache::of_this_build(*disk_dir));
@@ -108,7 +110,7 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   if (out.log.find("warning") != std::string::npos) log::warn("{}: {}", spec.readable_name(), out.log);
   // ptxas reports a serialized wgmma pipeline or an ignored setmaxnreg only as an info line.
   for (const std::string& loss : kernel->performance_losses) log::warn("{}: ptxas: {}", spec.readable_name(), loss);
-  if (disk) disk->store(*kernel);
+  if (disk) not_stored = disk->store(*kernel);
   origin = Origin::kCompiled;
   return kernel;
 }
@@ -160,7 +162,8 @@ std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, O
 }
 
 std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, Origin* origin,
-                                                       const BuildSettings& settings) {
+                                                       const BuildSettings& settings,
+                                                       std::optional<std::string>* not_stored) {
   GeneratedUnit unit = generate_unit(spec);
   std::vector<std::string> options = nvrtc_options(spec.arch);
   KernelKey key = make_kernel_key(spec, unit, options, nvrtc_build_id(), template_hash());
@@ -185,9 +188,11 @@ std::shared_ptr<const CompiledKernel> KernelCache::get(const KernelSpec& spec, O
   }
   try {
     Origin o = Origin::kCompiled;
-    auto kernel = build(spec, unit, options, key, settings.disk_dir, o);
+    std::optional<std::string> store_failure;
+    auto kernel = build(spec, unit, options, key, settings.disk_dir, o, store_failure);
     promise.set_value(kernel);
     if (origin) *origin = o;
+    if (not_stored) *not_stored = std::move(store_failure);
     return kernel;
   } catch (...) {
     // A failed build is not cached: a later request (e.g. after fixing the environment) retries.
@@ -221,7 +226,7 @@ std::vector<CompileResult> KernelCache::compile_all(const std::vector<KernelSpec
     }
     log::ScopedLevel level(settings->log_level);
     try {
-      r.kernel = get(specs[i], &r.origin, *settings);
+      r.kernel = get(specs[i], &r.origin, *settings, &r.not_stored);
     } catch (const std::exception& e) {
       r.error = e.what();
     }

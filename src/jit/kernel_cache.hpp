@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -26,6 +27,9 @@ struct CompileResult {
   Origin origin = Origin::kCompiled;
   double wall_ms = 0;  // this request's cost
   std::string error;   // the CompileError message when kernel is null
+  // Why the kernel compiled for this request is not in the disk cache (DiskCache::store); none
+  // when it was stored, came from a cache, or the disk cache is off.
+  std::optional<std::string> not_stored;
 };
 
 struct Dim3 {
@@ -82,7 +86,8 @@ class KernelCache {
  private:
   KernelCache() = default;
   struct BuildSettings;
-  std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin, const BuildSettings& settings);
+  std::shared_ptr<const CompiledKernel> get(const KernelSpec& spec, Origin* origin, const BuildSettings& settings,
+                                            std::optional<std::string>* not_stored = nullptr);
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_future<std::shared_ptr<const CompiledKernel>>> compiled_;
   // Keyed by context id (cuda::current_context_id), never by the reusable CUcontext pointer.

@@ -423,12 +423,13 @@ TEST_CASE("a folder whose store failed is paused for a while, then tried again, 
   StoreBackoff backoff;
   const auto t0 = StoreBackoff::Clock::now();
   CHECK_FALSE(backoff.paused("/cache/a", t0));
-  CHECK(backoff.failed("/cache/a", t0));  // the first failure: warned
-  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause - std::chrono::seconds(1)));
+  CHECK(backoff.failed("/cache/a", t0, "disk full"));  // the first failure: warned
+  // The failure that paused the folder: what `moejit compile` says of the kernels it did not store.
+  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause - std::chrono::seconds(1)) == "disk full");
   CHECK_FALSE(backoff.paused("/cache/b", t0));  // other folders store on
   // Past the pause a store is tried again (a disk freed, a mount back); failing, it pauses again
   // without another warning.
   CHECK_FALSE(backoff.paused("/cache/a", t0 + StoreBackoff::kPause));
-  CHECK_FALSE(backoff.failed("/cache/a", t0 + StoreBackoff::kPause));
-  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause + std::chrono::minutes(1)));
+  CHECK_FALSE(backoff.failed("/cache/a", t0 + StoreBackoff::kPause, "read-only"));
+  CHECK(backoff.paused("/cache/a", t0 + StoreBackoff::kPause + std::chrono::minutes(1)) == "read-only");
 }
