@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -19,6 +21,7 @@
 #include "moe/memory_layout.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"
+#include "support/users.hpp"
 #include "tuner/prune.hpp"
 
 using moejit::test::cli;
@@ -173,8 +176,10 @@ TEST_CASE("a kernel cache folder that cannot be made is warned about once, not o
   auto r = run_command("MOEJIT_CACHE_DIR=/proc/moejit-nope/kernels " + cli() +
                        " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
   INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  // Compiled, but not stored: filling the cache was the command's job.
+  REQUIRE(r.exit_code == 1);
   CHECK_THAT(r.output, Catch::Contains("3 compiled") && Catch::Contains("0 failed"));
+  CHECK_THAT(r.output, Catch::Contains("3 compiled kernels not stored in the kernel cache: "));
   std::size_t warnings = 0;
   for (std::size_t at = 0; (at = r.output.find("kernel cache not written", at)) != std::string::npos; ++at) ++warnings;
   CHECK(warnings == 1);
@@ -316,8 +321,11 @@ TEST_CASE("moejit --help, each command's --help and README's CLI section list th
     if (command == "db" || command == "cache") continue;  // their options follow a subcommand
     for (const std::string& name : documented) {
       // The parser stops at the first unknown option: reaching the probe means --name was taken,
-      // and nothing runs.
-      const auto r = run_command(cli() + " " + command + " --" + name + "=1 --not-an-option");
+      // and nothing runs. A flag refuses the value, naming itself; without it, it is taken too.
+      auto r = run_command(cli() + " " + command + " --" + name + "=1 --not-an-option");
+      if (r.output.find("--" + name + ": takes no value") != std::string::npos) {
+        r = run_command(cli() + " " + command + " --" + name + " --not-an-option");
+      }
       INFO("--" << name << ": " << r.output);
       CHECK_THAT(r.output, Catch::Contains("--not-an-option: unknown option"));
     }
@@ -332,7 +340,9 @@ TEST_CASE("moejit rejects integers that do not fit, trailing text and empty list
   const std::pair<std::string, std::string> cases[] = {
       // 2^32 + 128 once wrapped to E=128.
       {compile + "--shape 4294967424,2048,768,8 --tokens 64", "--shape: 4294967424 is out of range"},
-      {compile + "--shape 8,256,128,2 --tokens 99999999999999999999", "--tokens: 99999999999999999999 is out of"},
+      {compile + "--shape 8,256,128,2 --tokens 99999999999999999999", "--tokens: 99999999999999999999 is too large"},
+      {compile + "--shape 8,256,128,2 --tokens -99999999999999999999",
+       "--tokens: -99999999999999999999 is out of range (at least 1)"},
       {compile + "--shape 8,256,128,2, --tokens 64", "--shape: empty item"},
       {compile + "--shape 8,256,128,2 --tokens 64 --jobs=", "--jobs: needs a value"},
       {compile + "--shape 8,256,128,2 --tokens 64 --jobs 2x", "--jobs: expected an integer, got '2x'"},
@@ -349,7 +359,8 @@ TEST_CASE("moejit rejects integers that do not fit, trailing text and empty list
       // Problems the library refuses are refused before anything compiles or tunes.
       {compile + "--shape 5000,2048,768,8 --tokens 64", "--shape: experts: must be in [1, 4096]"},
       {compile + "--shape 8,256,128,8 --tokens 4611686018427387904", "--tokens: tokens: tokens * topk"},
-      {tune + "--tokens 512,4611686018427387904", "--tokens: tokens: tokens * topk"},
+      {env + " tune --shape 8,256,128,2 --db /nonexistent/x.sqlite --tokens 512,4611686018427387904",
+       "--tokens: tokens: tokens * topk"},
       {env + " bench --shape 8,268435456,128,2 --tokens 64", "--shape: hidden: must stay below 2^28"},
       // A forgotten option name is not ignored: "4096" for "--tokens 4096".
       {compile + "--shape 8,256,128,2 4096", "4096: unexpected argument"},
@@ -439,4 +450,186 @@ TEST_CASE("moejit cache lists the kernel cache per build and prunes other builds
   CHECK(run_command(cli() + " cache frobnicate").exit_code == 2);
   CHECK(run_command(cli() + " cache").exit_code == 2);
   CHECK(run_command(cli() + " cache list extra --dir " + dir.path().string()).exit_code != 0);
+}
+
+TEST_CASE("moejit refuses a flag given a value and an option given twice, with exit code 2", "[cli]") {
+  const TempDir dir("cli-repeat");
+  const std::string env = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli();
+  const std::string db = " --db " + (dir / "x.sqlite").string();
+  const std::pair<std::string, std::string> cases[] = {
+      // The value was ignored and the flag turned on: "--force=false" forced.
+      {env + " tune --force=false" + db, "--force: takes no value, got 'false'"},
+      {env + " db list --stale=no" + db, "--stale: takes no value, got 'no'"},
+      {env + " db list --stale= " + db, "--stale: takes no value, got ''"},
+      {env + " tune --force --force" + db, "--force: given more than once"},
+      // The last value won.
+      {env + " tune --tokens 1024 --tokens 8192" + db, "--tokens: given more than once"},
+      {env + " db export --out a.json --out b.json" + db, "--out: given more than once"},
+      {env + " compile --arch sm_90a --arch=sm_80", "--arch: given more than once"},
+      {env + " cache list --dir " + dir.path().string() + " --dir " + dir.path().string(),
+       "--dir: given more than once"},
+  };
+  for (const auto& [command, message] : cases) {
+    const auto r = run_command(command);
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "x.sqlite"));
+}
+
+TEST_CASE("moejit refuses an empty --db rather than write into a temporary database SQLite deletes", "[cli]") {
+  const TempDir dir("cli-empty-db");
+  const std::string json = (dir / "rows.json").string();
+  std::ofstream(json) << R"({"schema_version": 4, "rows": []})";
+  for (const std::string& command : {"db import " + json, "db merge " + json, std::string("db list"),
+                                     std::string("db prune"), std::string("db export --out -"),
+                                     std::string("tune --shape 8,256,128,2 --tokens 512")}) {
+    for (const char* empty : {" --db=", " --db ''"}) {
+      const auto r = run_command("cd " + dir.path().string() + " && " + cli() + " " + command + empty);
+      INFO(command << empty << "\n" << r.output);
+      CHECK(r.exit_code == 2);
+      CHECK_THAT(r.output, Catch::Contains("--db: needs a value"));
+    }
+  }
+}
+
+TEST_CASE("moejit names the option the user typed in the library parsers' errors", "[cli]") {
+  const TempDir dir("cli-labels");
+  const std::string env = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli();
+  const std::string tune = env + " tune --shape 8,256,128,2 --tokens 512 --db /nonexistent/x.sqlite ";
+  const std::pair<std::string, std::string> cases[] = {
+      {tune + "--modes train,training", "--modes: unknown mode 'training'"},
+      {tune + "--roles routing,fwd", "--roles: unknown role 'fwd'"},
+      {tune + "--dtype fp8", "--dtype: unknown dtype 'fp8'"},
+      {env + " compile --arch sm_90a --role fwd", "--role: unknown role 'fwd'"},
+      {env + " compile --arch hopper", "--arch: expected an architecture like sm_90a or sm_80, got 'hopper'"},
+      {env + " grid --shape 8,256,128,2 --dtype fp8", "unknown option"},
+  };
+  for (const auto& [command, message] : cases) {
+    const auto r = run_command(command);
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+  }
+}
+
+TEST_CASE("moejit compile --arch takes sm_ and digits with an optional a, nothing else", "[cli]") {
+  for (const char* arch : {"sm_+90", "90", "'sm_ 90'", "sm_-90", "sm_90b", "sm_90aa", "sm_", "sm_a", "SM_90"}) {
+    const auto r = run_command(cli() + " compile --role routing --shape 8,256,128,2 --tokens 64 --arch " + arch);
+    INFO(arch << "\n" << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--arch: expected an architecture like sm_90a or sm_80"));
+  }
+}
+
+TEST_CASE("moejit compile --jobs is capped as MOEJIT_JOBS is, and the threads it used are printed", "[cli]") {
+  const TempDir dir("cli-jobs-cap");
+  const std::string compile = "MOEJIT_CACHE_DIR=" + dir.path().string() + " " + cli() +
+                              " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2 ";
+  // Three kernels: three threads, whatever the count asked.
+  for (const char* jobs : {"--jobs 4294967295", "--jobs 4294967296", "--jobs 1000000"}) {
+    const auto r = run_command(compile + jobs);
+    INFO(jobs << "\n" << r.output);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.output, Catch::Contains("3 compiled") || Catch::Contains("3 from cache"));
+    CHECK_THAT(r.output, Catch::Contains(" on 3 threads"));
+  }
+  auto r = run_command(compile + "--jobs 1");
+  CHECK_THAT(r.output, Catch::Contains(" on 1 thread\n"));
+  r = run_command(compile + "--jobs 0");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--jobs: expected a positive count, got 0"));
+}
+
+TEST_CASE("moejit compile exits 1 when the kernels it compiled cannot be stored, and says why", "[cli]") {
+  MOEJIT_REQUIRE_USERS();
+  const TempDir dir("cli-unwritable");
+  const std::string cache = (dir / "kernels").string();
+  // A folder the user may not write: the cache folder in it cannot be made (EACCES, once reported
+  // as the ENOENT of the file in the folder that was never made).
+  CHECK(moejit::test::as_reader(dir.path(), [&] {
+          const auto r = run_command("MOEJIT_CACHE_DIR=" + cache + " " + cli() +
+                                     " compile --arch sm_90a --role routing --tokens 64 --shape 8,256,128,2");
+          moejit::test::expect(r.exit_code == 1, "exit code " + std::to_string(r.exit_code) + "\n" + r.output);
+          moejit::test::expect(r.output.find("3 compiled kernels not stored in the kernel cache: cannot create the "
+                                             "folder " + cache) != std::string::npos &&
+                                   r.output.find("Permission denied") != std::string::npos &&
+                                   r.output.find("No such file") == std::string::npos,
+                               r.output);
+        }) == 0);
+  CHECK_FALSE(std::filesystem::exists(cache));
+}
+
+TEST_CASE("moejit cache list and prune report what they cannot read or remove, and exit 1", "[cli][cache]") {
+  MOEJIT_REQUIRE_USERS();
+  using moejit::test::expect;
+  using moejit::test::running_as_root;
+  namespace stdfs = std::filesystem;
+  const TempDir dir("cli-cache-denied");
+  const auto other = dir / "0123456789abcdef-fedcba9876543210";
+  stdfs::create_directories(other);
+  const auto file = other / "routing.a.sm_90a.0123456789abcdef.cubin";
+  std::ofstream(file) << "kernel";
+  const std::string list = cli() + " cache list --dir " + dir.path().string();
+  const std::string prune = cli() + " cache prune --dir " + dir.path().string();
+
+  // Prune as a user who may not write the folder: the file stays, and the command says so.
+  CHECK(moejit::test::as_reader(other, [&] {
+          const auto r = run_command(prune);
+          expect(r.exit_code == 1, "exit code " + std::to_string(r.exit_code) + "\n" + r.output);
+          expect(r.output.find("removed 0 kernel files") != std::string::npos &&
+                     r.output.find("moejit cache: cannot remove " + file.string() + ": Permission denied") !=
+                         std::string::npos,
+                 r.output);
+        }) == 0);
+  CHECK(stdfs::exists(file));
+
+  // List and prune a folder the user may not read: another user's 0700 folder as root, this
+  // user's own with its read bit off otherwise. It once listed as empty and pruned "0", exit 0.
+  stdfs::permissions(other, running_as_root() ? stdfs::perms::owner_all
+                                              : stdfs::perms::owner_write | stdfs::perms::owner_exec);
+  const int code = moejit::test::run_as_user(
+      running_as_root() ? std::optional<uid_t>(moejit::test::kReaderUid) : std::nullopt, [&] {
+        for (const std::string& command : {list, prune}) {
+          const auto r = run_command(command);
+          expect(r.exit_code == 1, command + ": exit code " + std::to_string(r.exit_code) + "\n" + r.output);
+          expect(r.output.find("moejit cache: cannot read " + other.string() + ": Permission denied") !=
+                     std::string::npos,
+                 r.output);
+        }
+      });
+  stdfs::permissions(other, stdfs::perms::owner_all);
+  CHECK(code == 0);
+  CHECK(stdfs::exists(file));
+  // Readable and writable again, both succeed.
+  CHECK(run_command(list).exit_code == 0);
+  CHECK(run_command(prune).exit_code == 0);
+  CHECK_FALSE(stdfs::exists(other));
+}
+
+TEST_CASE("moejit exits 1 when its output cannot be written", "[cli]") {
+  // Short outputs, which stdio writes only at exit.
+  for (const std::string command : {"grid", "info", "--help", "compile --help"}) {
+    // stdout alone to the full device: the message reaches the test through stderr.
+    const auto r = run_command(fmt::format("({} {} > /dev/full)", cli(), command));
+    INFO(command << "\n" << r.output);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.output, Catch::Contains("moejit: cannot write the output: No space left on device"));
+  }
+}
+
+TEST_CASE("moejit info reports every invalid setting, finishes, and exits 2", "[cli]") {
+  auto r = run_command("MOEJIT_DISK_CACHE=off MOEJIT_JOBS=0 MOEJIT_TUNE_BUDGET_S=soon " + cli() + " info");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Contains("kernel cache") && Catch::Contains("(MOEJIT_DISK_CACHE is invalid: below)") &&
+                           Catch::Contains("tuning db") && Catch::Contains("\ndevice "));
+  CHECK_THAT(r.output, Catch::Contains("\ninvalid       MOEJIT_DISK_CACHE: expected an integer, got 'off'\n") &&
+                           Catch::Contains("\ninvalid       MOEJIT_JOBS: expected a positive count, got 0\n") &&
+                           Catch::Contains("\ninvalid       MOEJIT_TUNE_BUDGET_S: expected seconds"));
+  r = run_command("MOEJIT_DISK_CACHE=0 " + cli() + " info");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("(disabled by MOEJIT_DISK_CACHE=0)") && !Catch::Contains("invalid"));
 }

@@ -2,6 +2,7 @@
 // and several processes writing one file at once. No GPU needed.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1527,4 +1528,108 @@ TEST_CASE("moejit db import, merge and prune refuse a damaged database and leave
     CHECK_THAT(r.output, Catch::Contains("quick_check") && Catch::Contains("nothing was written"));
     CHECK(fs::read_all(target) == bytes);
   }
+}
+
+TEST_CASE("a failed moejit db import or merge leaves no new database behind", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("db-no-target");
+  const auto target = dir / "new" / "target.sqlite";
+  const auto source = dir / "source.sqlite";
+  TuningDb(source).record(row_for(key_at(64), 128, 0.5));
+  auto doc = nlohmann::json::parse(TuningDb(source).export_json());
+  doc["rows"][0]["winner"]["arch_tag"] = "blackwell_gb";
+  const std::string bad_json = (dir / "bad.json").string(), newer_row = (dir / "newer.json").string();
+  fs::atomic_write(bad_json, "not json");
+  fs::atomic_write(newer_row, doc.dump());
+  const auto damaged = dir / "damaged.sqlite";
+  damaged_database(damaged, 60);
+  const std::pair<std::string, std::string> cases[] = {
+      {" db import " + bad_json, "import of " + bad_json + ": not valid JSON"},
+      {" db import " + newer_row, "import of " + newer_row + ": rows[0]"},
+      {" db merge " + damaged.string(), "malformed"},
+  };
+  for (const auto& [command, message] : cases) {
+    const auto r = run_command(cli() + command + " --db " + target.string());
+    INFO(command << ": " << r.output);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.output, Catch::Contains(message));
+    CHECK_FALSE(std::filesystem::exists(target.parent_path()));
+  }
+  // A --db that does not exist yet is made by a import or merge that reads its source.
+  const auto r = run_command(cli() + " db merge " + source.string() + " --db " + target.string());
+  CHECK(r.exit_code == 0);
+  CHECK(TuningDb(target).rows().size() == 1);
+}
+
+TEST_CASE("moejit db refuses a FIFO, a device or a folder as a database, at once", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("db-not-regular");
+  const std::string fifo = (dir / "fifo").string(), b = (dir / "b.sqlite").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string json = (dir / "rows.json").string();
+  fs::atomic_write(json, TuningDb::in_memory().export_json());
+  // SQLite waited for ever on a FIFO, and took a device for an empty database.
+  const std::pair<std::string, std::string> files[] = {
+      {fifo, "a FIFO"}, {"/dev/null", "a device"}, {"/dev/zero", "a device"}, {dir.path().string(), "a folder"}};
+  for (const auto& [file, kind] : files) {
+    for (const std::string& command :
+         {" db list --db " + file, " db export --out - --db " + file, " db prune --db " + file,
+          " db import " + json + " --db " + file, " db merge " + file + " --db " + b,
+          " tune --shape 8,256,128,2 --tokens 512 --db " + file}) {
+      const auto r = run_command("timeout 20 " + cli() + command);
+      INFO(command << ": " << r.output);
+      CHECK(r.exit_code == 1);
+      CHECK_THAT(r.output, Catch::Contains(file + " is " + kind + ", not a regular file: it cannot be a tuning database"));
+    }
+  }
+  CHECK_FALSE(std::filesystem::exists(b));
+}
+
+TEST_CASE("moejit db import and tune --incumbents say why they cannot read a file", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("db-unreadable-json");
+  const std::string fifo = (dir / "fifo").string(), b = (dir / "b.sqlite").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::pair<std::string, std::string> files[] = {
+      {(dir / "missing.json").string(), "No such file or directory"},
+      {"-", "No such file or directory"},  // a file name, not standard input
+      {fifo, "a FIFO, not a regular file"},
+      {dir.path().string(), "a folder, not a regular file"},
+  };
+  for (const auto& [file, why] : files) {
+    auto r = run_command("timeout 20 " + cli() + " db import " + file + " --db " + b);
+    INFO(file << ": " << r.output);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.output, Catch::Contains("cannot read " + file + ": " + why));
+    r = run_command("timeout 20 " + cli() + " tune --shape 8,256,128,2 --tokens 512 --db " + b + " --incumbents " + file);
+    CHECK(r.exit_code == 1);
+    CHECK_THAT(r.output, Catch::Contains("--incumbents: cannot read " + file + ": " + why));
+  }
+  CHECK_FALSE(std::filesystem::exists(b));
+}
+
+TEST_CASE("moejit db export refuses to write over the database or its sidecars", "[db][cli]") {
+  using moejit::test::cli;
+  using moejit::test::run_command;
+  TempDir dir("db-export-self");
+  const auto a = dir / "a.sqlite";
+  TuningDb(a).record(row_for(key_at(64), 128, 0.5));
+  const std::string bytes = fs::read_all(a).value();
+  std::filesystem::create_symlink(a, dir / "link");
+  for (const std::filesystem::path& out :
+       {a, dir / "." / "a.sqlite", dir / "link", dir / "a.sqlite-wal", dir / "a.sqlite-journal"}) {
+    const auto r = run_command(cli() + " db export --db " + a.string() + " --out " + out.string());
+    INFO(out << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.output, Catch::Contains("--out: " + out.string() + " is the database"));
+    CHECK(fs::read_all(a) == bytes);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "a.sqlite-wal"));
+  CHECK_FALSE(std::filesystem::exists(dir / "a.sqlite-journal"));
+  // Through the link, the database is named differently: still refused (above); another file is not.
+  CHECK(run_command(cli() + " db export --db " + (dir / "link").string() + " --out " + (dir / "a.json").string())
+            .exit_code == 0);
 }

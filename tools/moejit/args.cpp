@@ -9,11 +9,40 @@
 
 namespace moejit::cli {
 
+std::string message_of(const InvalidArgument& e) {
+  const std::string what = e.what();
+  const std::string prefix = e.argument() + ": ";
+  return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+}
+
 std::filesystem::path database_path(const Args& a) {
-  if (a.has("db")) return a.get("db");
-  if (auto user = env::user_db_path()) return *user;
-  throw InvalidArgument("--db", "no database named: pass --db, or set MOEJIT_DB (XDG_CACHE_HOME and HOME are unset "
-                                "and there is no private folder in the temporary folder)");
+  std::filesystem::path path;
+  if (a.has("db")) {
+    // SQLite takes "" for a private temporary database, deleted at close: every row written lost.
+    if (a.get("db").empty()) throw InvalidArgument("--db", "needs a value");
+    path = a.get("db");
+  } else if (auto user = env::user_db_path()) {
+    path = *user;
+  } else {
+    throw InvalidArgument("--db", "no database named: pass --db, or set MOEJIT_DB (XDG_CACHE_HOME and HOME are unset "
+                                  "and there is no private folder in the temporary folder)");
+  }
+  require_regular_file_if_any(path, "tuning database");
+  return path;
+}
+
+void require_regular_file_if_any(const std::filesystem::path& path, const char* what) {
+  using std::filesystem::file_type;
+  std::error_code ec;
+  const file_type type = std::filesystem::status(path, ec).type();
+  // A path that cannot be looked at is left to the open, which says why.
+  if (ec || type == file_type::not_found || type == file_type::regular) return;
+  const char* kind = type == file_type::directory                               ? "a folder"
+                     : type == file_type::fifo                                  ? "a FIFO"
+                     : type == file_type::block || type == file_type::character ? "a device"
+                     : type == file_type::socket                                ? "a socket"
+                                                                                : "something else";
+  throw IoError(fmt::format("{} is {}, not a regular file: it cannot be a {}", path.string(), kind, what));
 }
 
 std::string Args::get(const std::string& name, const std::string& fallback) const {
@@ -56,8 +85,13 @@ long long parse_int(const std::string& option, const std::string& text, long lon
     throw InvalidArgument(option, fmt::format("expected an integer, got '{}'", text));
   }
   if (ec == std::errc::result_out_of_range || v < lo || v > hi) {
-    throw InvalidArgument(option, hi == kNoMax ? fmt::format("{} is out of range (at least {})", text, lo)
-                                               : fmt::format("{} is out of range ({} to {})", text, lo, hi));
+    if (hi != kNoMax) throw InvalidArgument(option, fmt::format("{} is out of range ({} to {})", text, lo, hi));
+    // Without a maximum only a count past long long is too large (from_chars leaves v unset then:
+    // the sign tells which end it passed).
+    if (ec == std::errc::result_out_of_range && text[0] != '-') {
+      throw InvalidArgument(option, fmt::format("{} is too large", text));
+    }
+    throw InvalidArgument(option, fmt::format("{} is out of range (at least {})", text, lo));
   }
   return v;
 }
@@ -79,16 +113,19 @@ Args parse_args(int argc, char** argv, int start, const std::set<std::string>& f
       name = name.substr(0, eq);
       inline_value = true;
     }
+    if (!flags.count(name) && !valued.count(name)) throw InvalidArgument(s, "unknown option");
+    // A second value would silently replace the first ("--tokens 1024 --tokens 8192").
+    if (a.has(name)) throw InvalidArgument("--" + name, "given more than once");
     if (flags.count(name)) {
+      // "--force=false" would otherwise turn the flag on.
+      if (inline_value) throw InvalidArgument("--" + name, fmt::format("takes no value, got '{}'", value));
       a.options[name] = "";
-    } else if (valued.count(name)) {
+    } else {
       if (!inline_value) {
         if (i + 1 >= argc) throw InvalidArgument("--" + name, "needs a value");
         value = argv[++i];
       }
       a.options[name] = value;
-    } else {
-      throw InvalidArgument(s, "unknown option");
     }
   }
   return a;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -40,13 +41,21 @@ std::string day_of(std::filesystem::file_time_type t) {
   return fmt::format("{:%Y-%m-%d}", system);
 }
 
+// What could not be read or removed, on stderr; the exit code: 1 where there was any, since the
+// listing or the pruning is then incomplete.
+int report(const std::vector<std::string>& errors) {
+  for (const std::string& error : errors) fmt::print(stderr, "moejit cache: {}\n", error);
+  return errors.empty() ? 0 : 1;
+}
+
 int list(const Args& a) {
   const jit::DiskCache cache = cache_of(a);
   fmt::print("kernel cache: {}\n", cache.root().string());
-  const auto builds = cache.builds();
+  std::vector<std::string> errors;
+  const auto builds = cache.builds(&errors);
   if (builds.empty()) {
-    fmt::print("(empty)\n");
-    return 0;
+    fmt::print("{}\n", errors.empty() ? "(empty)" : "(nothing readable)");
+    return report(errors);
   }
   fmt::print("{:<36} {:>6} {:>8}  {}\n", "BUILD", "FILES", "MiB", "LAST USED");
   for (const auto& b : builds) {
@@ -54,15 +63,19 @@ int list(const Args& a) {
     fmt::print("{:<36} {:>6} {:>8.1f}  {:<10}{}\n", name, b.files, static_cast<double>(b.bytes) / (1 << 20),
                day_of(b.last_used), b.build == cache.build() ? "  this build" : "");
   }
-  return 0;
+  return report(errors);
 }
 
 int prune(const Args& a) {
   const jit::DiskCache cache = cache_of(a);
-  const std::size_t removed = cache.remove_other_builds(std::chrono::seconds(0));
+  std::vector<std::string> errors;
+  const std::size_t removed = cache.remove_other_builds(std::chrono::seconds(0), &errors);
   fmt::print("removed {} kernel files of other builds from {}; this build's are in {}/\n", removed,
              cache.root().string(), cache.build());
-  return 0;
+  if (!errors.empty()) {
+    fmt::print("{} error{}: other builds' files may remain\n", errors.size(), errors.size() == 1 ? "" : "s");
+  }
+  return report(errors);
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -58,7 +57,7 @@ cuda::DeviceInfo target_device(const Args& a) {
     require_buildable(d.cc(), fmt::format("the GPU here ({}, {})", d.name, d.arch()));
     return d;
   }
-  const int cc = cuda::cc_from_arch(a.get("arch"));
+  const int cc = as_option("--arch", [&] { return cuda::cc_from_arch(a.get("arch")); });
   require_buildable(cc, a.get("arch"));
   const std::string arch = cuda::arch_for_cc(cc);
   if (gpu) {
@@ -93,7 +92,7 @@ std::string mode_list(const std::vector<Mode>& modes) {
 // --role, else every role the modes run. A role none of them runs would compile nothing.
 std::vector<Role> selected_roles(const Args& a, const std::vector<Mode>& modes) {
   std::vector<Role> named(kAllRoles.begin(), kAllRoles.end());
-  if (a.has("role")) named = {parse_role(a.get("role"))};
+  if (a.has("role")) named = {as_option("--role", [&] { return parse_role(a.get("role")); })};
   std::vector<Role> out;
   for (Role r : named) {
     if (std::any_of(modes.begin(), modes.end(), [r](Mode m) { return runs(m, r); })) out.push_back(r);
@@ -173,8 +172,8 @@ int run_compile(int argc, char** argv, int start) {
   const std::vector<Mode> modes = modes_of(a);
   const std::vector<Role> roles = selected_roles(a, modes);
   // MOEJIT_JOBS is read only without --jobs, so a bad value there does not fail a call that names its count.
-  const auto jobs = static_cast<unsigned>(
-      a.has("jobs") ? a.get_int("jobs", 1, 1, std::numeric_limits<unsigned>::max()) : env::compile_jobs());
+  if (a.has("jobs") && a.get("jobs").empty()) throw InvalidArgument("--jobs", "needs a value");
+  const unsigned jobs = a.has("jobs") ? env::parse_jobs(a.get("jobs"), "--jobs") : env::compile_jobs();
 
   const auto cache_dir = env::kernel_cache_dir();
   fmt::print("target  {} ({})\nshape   E={} H={} I={} K={} T={} {}\nmodes   {}\ncache   {}\n\n", device.arch(),
@@ -202,8 +201,8 @@ int run_compile(int argc, char** argv, int start) {
   auto t0 = std::chrono::steady_clock::now();
   auto results = jit::KernelCache::instance().compile_all(specs, jobs);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int compiled = 0, cached = 0, failed = 0;
-  const jit::CompileResult* first_failure = nullptr;
+  int compiled = 0, cached = 0, failed = 0, not_stored = 0;
+  const jit::CompileResult *first_failure = nullptr, *first_not_stored = nullptr;
   for (const jit::CompileResult& r : results) {
     if (!r.kernel) {
       ++failed;
@@ -216,6 +215,11 @@ int run_compile(int argc, char** argv, int start) {
     const bool from_cache = r.origin != jit::Origin::kCompiled;
     (from_cache ? cached : compiled) += 1;
     std::string note = r.kernel->key.stem();
+    if (r.not_stored) {
+      ++not_stored;
+      if (first_not_stored == nullptr) first_not_stored = &r;
+      note += "  not stored";
+    }
     // The advisory's code, e.g. (C7515): a serialized wgmma pipeline (src/jit/ptxas_info.hpp).
     for (const std::string& loss : r.kernel->performance_losses) note += "  ptxas " + loss.substr(0, loss.find(' '));
     print_row(role_name(r.spec.role), r.spec.config.name(), from_cache ? "cached" : "compiled",
@@ -223,15 +227,22 @@ int run_compile(int argc, char** argv, int start) {
               std::to_string(r.kernel->max_spill_bytes()), std::to_string(r.kernel->max_stack_bytes()), note);
   }
   print_defaults(roles, modes, shape, device);
-  fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} threads\n", compiled, cached, pruned,
-             failed, wall, jobs);
+  // As parallel_for starts them: no more threads than kernels.
+  const std::size_t threads = std::clamp<std::size_t>(specs.size(), 1, jobs);
+  fmt::print("\n{} compiled, {} from cache, {} pruned, {} failed in {:.2f} s on {} thread{}\n", compiled, cached,
+             pruned, failed, wall, threads, threads == 1 ? "" : "s");
+  // Filling the cache is the command's job: a kernel it could not keep is a failure too.
+  if (first_not_stored != nullptr) {
+    fmt::print("{} compiled kernel{} not stored in the kernel cache: {}\n", not_stored, not_stored == 1 ? "" : "s",
+               *first_not_stored->not_stored);
+  }
   print_cache_costs(results);
   // The table shows each failure's first line; the first one's whole error (the NVRTC log) here.
   if (first_failure != nullptr) {
     fmt::print("\nfirst failure, {} {}:\n{}\n", role_name(first_failure->spec.role), first_failure->spec.config.name(),
                first_failure->error);
   }
-  return failed == 0 ? 0 : 1;
+  return failed == 0 && not_stored == 0 ? 0 : 1;
 }
 
 }  // namespace moejit::cli

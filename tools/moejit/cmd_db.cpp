@@ -30,11 +30,12 @@ void expect_positionals(const Args& a, const char* sub, std::size_t count, const
 // Opens an existing database read-only, so inspecting a file never creates or changes it.
 db::TuningDb open_existing(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path)) throw IoError(fmt::format("no tuning database at {}", path.string()));
+  require_regular_file_if_any(path, "tuning database");
   return db::TuningDb(path, db::OpenMode::kReadOnly);
 }
 
-// The database a command writes into, checked first: rows merged into a damaged file could be lost
-// with it, or make it worse.
+// The database a command writes into (database_path's, so a regular file where one exists),
+// checked first: rows merged into a damaged file could be lost with it, or make it worse.
 db::TuningDb open_target(const std::filesystem::path& path) {
   db::TuningDb target(path);
   try {
@@ -92,12 +93,31 @@ int list(const Args& a) {
   return 0;
 }
 
+// Whether `a` and `b` name one file: the same file where both exist, else the same path once
+// symbolic links are resolved (a database's -wal comes and goes).
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec)) return true;
+  const std::filesystem::path canonical_a = std::filesystem::weakly_canonical(a, ec);
+  if (ec) return false;
+  const std::filesystem::path canonical_b = std::filesystem::weakly_canonical(b, ec);
+  return !ec && canonical_a == canonical_b;
+}
+
 int export_rows(const Args& a) {
   expect_positionals(a, "export", 0, "no arguments");
   if (!a.has("out") || a.get("out").empty()) throw InvalidArgument("--out", "db export needs --out FILE (or '-')");
   const std::filesystem::path path = database_path(a);
-  const std::string text = open_existing(path).export_json();
   const std::string out = a.get("out");
+  // The JSON would replace the database, or a sidecar: its latest commits (-wal), the undo of an
+  // interrupted write (-journal), the WAL's index that its open connections share (-shm).
+  for (const std::string suffix : {"", "-wal", "-journal", "-shm"}) {
+    if (out != "-" && same_file(out, path.string() + suffix)) {
+      throw InvalidArgument("--out", fmt::format("{} is the database{}; export to another file", out,
+                                                 suffix.empty() ? " itself" : "'s " + suffix + " file"));
+    }
+  }
+  const std::string text = open_existing(path).export_json();
   if (out == "-") {
     if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
       throw IoError("cannot write the export to stdout");
@@ -109,21 +129,29 @@ int export_rows(const Args& a) {
   return 0;
 }
 
+// Import and merge read their source whole before opening the target, which creates a --db that
+// does not exist yet: a source that fails to read leaves no new file behind.
 int import_rows(const Args& a) {
   expect_positionals(a, "import", 1, "the JSON file to import");
+  const std::filesystem::path path = database_path(a);
   const std::string file = a.positional[0];
-  std::optional<std::string> text = fs::read_all(file);
-  if (!text) throw IoError(fmt::format("cannot read {}", file));
-  db::TuningDb target = open_target(database_path(a));
-  print_stats(fmt::format("imported {} into {}", file, target.path()), target.import_json(*text));
+  std::string why;
+  const std::optional<std::string> text = fs::read_all(file, std::nullopt, &why);
+  if (!text) throw IoError(fmt::format("cannot read {}: {}", file, why));
+  const db::TuningDb::ExportRows rows =
+      db::TuningDb::parse_export(*text, db::TuningDb::BadRows::kRefuse, fmt::format("import of {}", file));
+  db::TuningDb target = open_target(path);
+  print_stats(fmt::format("imported {} into {}", file, target.path()), target.merge_rows(rows.rows));
   return 0;
 }
 
 int merge(const Args& a) {
   expect_positionals(a, "merge", 1, "the database file to merge in");
+  const std::filesystem::path path = database_path(a);
   const db::TuningDb other = open_existing(a.positional[0]);
-  db::TuningDb target = open_target(database_path(a));
-  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge(other));
+  const std::vector<db::TuningRow> rows = other.rows();
+  db::TuningDb target = open_target(path);
+  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge_rows(rows));
   return 0;
 }
 

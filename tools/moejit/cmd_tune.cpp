@@ -64,8 +64,9 @@ std::map<std::string, TileConfig> prior_winners(const Args& a) {
   std::map<std::string, TileConfig> out;
   if (!a.has("incumbents")) return out;
   const std::string file = a.get("incumbents");
-  const std::optional<std::string> text = fs::read_all(file);
-  if (!text) throw IoError(fmt::format("--incumbents: cannot read {}", file));
+  std::string why;
+  const std::optional<std::string> text = fs::read_all(file, std::nullopt, &why);
+  if (!text) throw IoError(fmt::format("--incumbents: cannot read {}: {}", file, why));
   db::TuningDb table = db::TuningDb::in_memory();
   try {
     // A row this build cannot read is no incumbent; the rest of the table still are.
@@ -110,10 +111,12 @@ int run_tune(int argc, char** argv, int start) {
   req.dtype = dims.dtype;
   req.tokens = parse_tokens(a, dims, table_token_counts(dims.experts, dims.topk, kTableMaxTokens));
   const auto modes = a.has("modes") ? a.get_list("modes") : std::vector<std::string>{"train", "infer"};
-  for (const std::string& m : modes) req.modes.push_back(parse_mode(m));
+  for (const std::string& m : modes) req.modes.push_back(as_option("--modes", [&] { return parse_mode(m); }));
   // No --roles means every role; get_list rejects --roles= rather than read it as that default.
   if (a.has("roles")) {
-    for (const std::string& r : a.get_list("roles")) req.roles.push_back(parse_role(r));
+    for (const std::string& r : a.get_list("roles")) {
+      req.roles.push_back(as_option("--roles", [&] { return parse_role(r); }));
+    }
   }
   req.force = a.has("force");
   parse_shard(a, req);

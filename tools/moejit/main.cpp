@@ -1,4 +1,5 @@
 // moejit: inspect the device, fill the kernel cache, manage tuning databases.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -110,7 +111,10 @@ int help_or_unknown_subcommand(const char* command, const std::string& sub) {
 
 }  // namespace moejit::cli
 
-int main(int argc, char** argv) {
+namespace {
+
+// The command's exit code; what it printed may still wait in stdout's buffer.
+int dispatch(int argc, char** argv) {
   if (argc < 2 || is_help(argv[1]) || !std::strcmp(argv[1], "help")) {
     print_overview(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -138,4 +142,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moejit %s: %s\n", cmd, e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = dispatch(argc, argv);
+  // A short output is written only here, from stdio's buffer: a write that fails (a full disk) would
+  // otherwise pass unnoticed, with exit code 0.
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int error = errno;
+    std::fprintf(stderr, "moejit: cannot write the output%s%s\n", error ? ": " : "", error ? std::strerror(error) : "");
+    return code == 0 ? 1 : code;
+  }
+  return code;
 }

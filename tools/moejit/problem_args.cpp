@@ -31,7 +31,7 @@ MoeProblem parse_dims(const Args& a) {
     p.intermediate = static_cast<int>(v[2]);
     p.topk = static_cast<int>(v[3]);
   }
-  if (a.has("dtype")) p.dtype = parse_dtype(a.get("dtype"));
+  if (a.has("dtype")) p.dtype = as_option("--dtype", [&] { return parse_dtype(a.get("dtype")); });
   check_problem("--shape", p);
   return p;
 }
