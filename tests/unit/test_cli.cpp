@@ -633,3 +633,27 @@ TEST_CASE("moejit info reports every invalid setting, finishes, and exits 2", "[
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("(disabled by MOEJIT_DISK_CACHE=0)") && !Catch::Contains("invalid"));
 }
+
+TEST_CASE("moejit's --help and README's CLI section state the defaults", "[cli]") {
+  const std::string readme = readme_cli();
+  const std::pair<std::string, std::vector<std::string>> helps[] = {
+      {"compile", {"--tokens T           default 8192", "--shape E,H,I,K      default 128,2048,768,8",
+                   "--dtype D            default bf16", "default $MOEJIT_JOBS"}},
+      {"plan", {"--tokens T           default 8192", "--mode M             default train"}},
+      {"tune", {"--modes M,...        default train,infer (memeff only where named)"}},
+      {"bench", {"--tokens T,...       default 1024,8192,32768", "default train", "default 20"}},
+      {"db", {"a regular file"}},
+  };
+  for (const auto& [command, defaults] : helps) {
+    const std::string help = run_command(cli() + " " + command + " --help").output;
+    for (const std::string& text : defaults) {
+      INFO(command << " --help:\n" << help);
+      CHECK_THAT(help, Catch::Contains(text));
+    }
+  }
+  for (const char* text : {"T defaults to 8192, the mode to train", "without --modes, train and infer",
+                           "T defaults to 1024,8192,32768", "`--shape` defaults to", "`--dtype` to bf16",
+                           "import takes a regular file (not '-')"}) {
+    CHECK_THAT(readme, Catch::Contains(text));
+  }
+}

@@ -23,39 +23,66 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"info", run_info, "", "device, driver, NVRTC, cache and database paths", ""},
+    {"info", run_info, "", "device, driver, NVRTC, cache and database paths",
+     "  exit 2 when a MOEJIT_ variable holds a value moejit refuses, after the rest, each named\n"},
     {"compile", run_compile,
      "[--arch sm_90a] [--role R] [--shape E,H,I,K] [--tokens T] [--dtype bf16|fp16] [--mode train|infer|memeff]\n"
      "[--jobs N]",
      "prune and compile a role's configs into the kernel cache (no GPU needed)",
+     "  --arch A             sm_ and the digits of a compute capability, an optional a (sm_80, sm_90a);\n"
+     "                       default the GPU here's\n"
+     "  --role R             default every role the modes run\n"
+     "  --tokens T           default 8192\n"
      "  --mode M             only the kernels plans of mode M load; default all three modes' (they\n"
      "                       share most: infer runs the forward roles alone; memeff's bwd_dw2 has a\n"
-     "                       kernel of its own where it recomputes the activation, at very large T)\n"},
+     "                       kernel of its own where it recomputes the activation, at very large T)\n"
+     "  --jobs N             NVRTC threads, at most 1024; default $MOEJIT_JOBS or the hardware threads\n"
+     "  exit 1 when a config fails to compile or a compiled kernel cannot be stored in the cache\n"},
     {"plan", run_plan, "[--shape E,H,I,K] [--tokens T] [--mode train|infer|memeff] [--dtype bf16|fp16] [--device N]",
-     "build a plan on the GPU (self-tuning if allowed); show configs", ""},
+     "build a plan on the GPU (self-tuning if allowed); show configs",
+     "  --tokens T           default 8192\n"
+     "  --mode M             default train\n"
+     "  --device N           default 0\n"},
     {"tune", run_tune,
      "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--modes train,infer,memeff] [--roles R,...]\n"
      "[--db PATH] [--devices all|0,1,...] [--shard i/n] [--force] [--budget S] [--timing burst|sustained]\n"
      "[--incumbents TABLE.json]",
      "offline tuning into a database, resumable and shardable",
      "  --tokens T,...       default: for every tuning key (tokens-per-expert bucket, token tile\n"
-     "                       height) a T up to 32768 reaches, the largest such T\n"},
+     "                       height) a T up to 32768 reaches, the largest such T\n"
+     "  --modes M,...        default train,infer (memeff only where named)\n"
+     "  --roles R,...        default every role\n"
+     "  --db PATH            default $MOEJIT_DB or the user cache; made where it does not exist\n"
+     "  --devices D          default all: one worker per visible GPU\n"
+     "  --shard i/n          this run's share: items i, i+n, ... (from 0); default every item\n"
+     "  --force              tune again the keys this build has tuned whole\n"
+     "  --budget S           seconds each item's tuning may take; default $MOEJIT_TUNE_BUDGET_S or 60\n"
+     "  --timing T           default burst\n"
+     "  --incumbents F       a moejit db export, a regular file: its winners stay where they tie\n"},
     {"grid", run_grid, "[--shape E,H,I,K]", "the token counts moejit tune takes by default (no GPU needed)", ""},
     {"bench", run_bench, "[--shape E,H,I,K] [--tokens T,...] [--dtype bf16|fp16] [--mode M] [--reps N] [--device N]",
-     "per role: heuristic default vs the stored (tuned) config", ""},
+     "per role: heuristic default vs the stored (tuned) config",
+     "  --tokens T,...       default 1024,8192,32768\n"
+     "  --mode M             train, infer or memeff; default train\n"
+     "  --reps N             launches timed per config, their median shown; default 20\n"
+     "  --device N           default 0\n"},
     {"db", run_db, "list [--stale]|export --out F|import F|merge OTHER|prune [--db PATH]",
      "inspect and move tuning databases",
      "  list [--stale]       one line per tuned key and build: winner, median, candidates, build\n"
      "                       (template hash/NVRTC), time stamp; --stale: only other builds' rows\n"
-     "  export --out F       write every row as diffable JSON to F ('-': stdout)\n"
-     "  import F             merge a JSON export in; per key and build the faster winner stays\n"
+     "  export --out F       write every row as diffable JSON to F ('-': stdout), not the database\n"
+     "  import F             merge a JSON export in, all rows or none; F is a regular file ('-' is\n"
+     "                       no stdin); per key and build the faster winner stays\n"
      "  merge OTHER          merge another tuning database file in, likewise\n"
      "  prune                delete the rows of every build but this one\n"
-     "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache\n"},
+     "  --db PATH            the database to act on; default $MOEJIT_DB or the user cache. import\n"
+     "                       and merge make it where it does not exist, once their source reads;\n"
+     "                       export and prune need it (exit 1), and so does list where --db names it\n"},
     {"cache", run_cache, "list|prune [--dir PATH]", "inspect the kernel cache and remove other builds' kernels",
      "  list                 one line per build (template hash-NVRTC build): files, MiB, last use\n"
      "  prune                delete the kernels of every build but this one (unused or not)\n"
-     "  --dir PATH           the cache folder; default the library's ($MOEJIT_CACHE_DIR, ...)\n"},
+     "  --dir PATH           the cache folder; default the library's ($MOEJIT_CACHE_DIR, ...)\n"
+     "  exit 1 when a file or folder there cannot be read or removed, each named\n"},
 };
 
 // `prefix`, the name and its options, continuation lines aligned under the first option.
@@ -96,7 +123,11 @@ namespace moejit::cli {
 
 void print_usage(const char* command, std::FILE* out) {
   const Command* c = find_command(command);
-  std::fprintf(out, "%s\n  %s\n%s", synopsis("usage: moejit ", *c).c_str(), c->summary, c->details);
+  std::fprintf(out, "%s\n  %s\n", synopsis("usage: moejit ", *c).c_str(), c->summary);
+  // The problem options' defaults, the same in every command that takes them.
+  if (std::strstr(c->options, "--shape")) std::fputs("  --shape E,H,I,K      default 128,2048,768,8 (Qwen3-30B-A3B)\n", out);
+  if (std::strstr(c->options, "--dtype")) std::fputs("  --dtype D            default bf16\n", out);
+  std::fputs(c->details, out);
 }
 
 int help_or_unknown_subcommand(const char* command, const std::string& sub) {
