@@ -66,17 +66,25 @@ std::vector<db::TuningRow> save(const std::filesystem::path& user_db, db::Tuning
 
 }  // namespace
 
-std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s) {
-  if (device.uuid.empty()) return std::nullopt;
+GpuTimingLock lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s) {
+  GpuTimingLock out;
+  if (device.uuid.empty()) return out;
   const std::optional<std::filesystem::path> dir = env::gpu_lock_dir();
-  if (!dir) return std::nullopt;  // env says why, once
+  if (!dir) return out;  // env says why, once
   try {
-    return std::optional<fs::FileLock>(std::in_place, *dir / ("gpu-" + device.uuid + ".lock"),
-                                       tuning_lock_timeout(budget_s));
+    out.lock.emplace(*dir / ("gpu-" + device.uuid + ".lock"), tuning_lock_timeout(budget_s));
+  } catch (const fs::LockTimeout& e) {
+    out.contended = true;
+    log::warn("another tuner still times on this GPU ({}): timing the reference configs alone, rows tuned partly",
+              e.what());
   } catch (const IoError& e) {
     if (log::first_time("gpu timing lock " + device.uuid)) log::warn("timing without the GPU's lock: {}", e.what());
   }
-  return std::nullopt;
+  return out;
+}
+
+std::chrono::seconds problem_lock_timeout(double budget_s) {
+  return 2 * tuning_lock_timeout(budget_s);
 }
 
 std::chrono::seconds tuning_lock_timeout(double budget_s) {
@@ -94,7 +102,7 @@ std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::De
               "unset, no private folder in the temporary folder");
   } else {
     try {
-      lock.emplace(tuning_lock_path(*user_db, problem, device), tuning_lock_timeout(env::tune_budget_s()));
+      lock.emplace(tuning_lock_path(*user_db, problem, device), problem_lock_timeout(env::tune_budget_s()));
     } catch (const IoError& e) {
       log::warn("tuning without a cross-process lock: {}", e.what());
     }

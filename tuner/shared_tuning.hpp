@@ -1,7 +1,7 @@
 // Tuning shared by the processes of one host: the roles of a problem are tuned by whichever
 // process takes the problem's file lock first; the others wait on the lock and then read the
 // rows it wrote to the user database. A crashed holder releases the lock with its process; a
-// holder that hangs is waited for tuning_lock_timeout, then this process tunes without the lock
+// holder that hangs is waited for problem_lock_timeout, then this process tunes without the lock
 // (the database's transactions keep both writers' rows whole).
 #pragma once
 
@@ -21,19 +21,28 @@ namespace moejit {
 // Several times a cold self-tune of the largest shipped shapes (~20 s).
 inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
-// How long a process waits on another's tuning of the same problem: kTuningLockTimeout, or the
-// holder's budget (MOEJIT_TUNE_BUDGET_S, which tune_shared reads; the same for the processes of
-// one job) and a minute more where that is longer. Waiters that gave up on a holder still inside its budget
+// How long one tuner waits on another: kTuningLockTimeout, or the holder's budget
+// (MOEJIT_TUNE_BUDGET_S, which tune_shared reads; the same for the processes of one job) and a
+// minute more where that is longer. Waiters that gave up on a holder still inside its budget
 // would tune beside it on the same GPU, each timing the other's kernels into its own.
 std::chrono::seconds tuning_lock_timeout(double budget_s);
 
-// The host's lock on timing one GPU, held while a tuner times candidates on it (not while it
-// compiles them): two threads or processes tuning different problems on one GPU, or `moejit
-// tune` beside a plan's self-tune, would each time the other's kernels into its own. Named by the
-// GPU's UUID under env::gpu_lock_dir(), so GPUs of one host (and MIG instances of one) are tuned
-// at once. Waited for as the problem's lock is (tuning_lock_timeout), then timed without it, said
-// once; nothing for a fabricated device or where the folder cannot be had.
-std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s);
+// The lock on timing one GPU, held while a tuner times candidates on it (not while it compiles
+// them): two threads or processes tuning different problems on one GPU, or `moejit tune` beside a
+// plan's self-tune, would each time the other's kernels into its own. Named by the GPU's UUID
+// under env::gpu_lock_dir() (per user and temporary folder), so the GPUs of one host, and MIG
+// instances of one, are tuned at once. Waited for tuning_lock_timeout(budget_s); `contended` when
+// another tuner still held it then (the caller times its references alone, rows tuned partly).
+// No lock for a fabricated device or where the folder cannot be had (said once).
+struct GpuTimingLock {
+  std::optional<fs::FileLock> lock;
+  bool contended = false;
+};
+GpuTimingLock lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s);
+
+// How long a process waits on another's tuning of the same problem: the holder may first wait
+// tuning_lock_timeout for the GPU's timing lock, then tune for its budget.
+std::chrono::seconds problem_lock_timeout(double budget_s);
 
 using TuneFn = std::function<std::vector<db::TuningRow>(const std::vector<Role>& roles)>;
 

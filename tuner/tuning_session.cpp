@@ -55,8 +55,12 @@ double chunk_ratio(double diff2, double want2) {
 
 }  // namespace
 
-std::size_t check_chunk_elements(std::size_t count) {
-  return std::max(kMinCheckChunk, (count + kMaxCheckChunks - 1) / kMaxCheckChunks);
+std::vector<std::pair<std::size_t, std::size_t>> check_chunks(std::size_t count) {
+  const std::size_t size = std::max(kMinCheckChunk, (count + kMaxCheckChunks - 1) / kMaxCheckChunks);
+  const std::size_t n = count == 0 ? 0 : std::max<std::size_t>(1, count / size);
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t c = 0; c < n; ++c) out.emplace_back(c * size, c + 1 == n ? count : (c + 1) * size);
+  return out;
 }
 
 TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& device)
@@ -329,34 +333,34 @@ double TuningSession::snapshot(Role role) {
 std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUdeviceptr got, CUdeviceptr want) {
   const cuda::Driver& d = cuda::driver();
   const std::size_t count = s.bytes / (s.fp32 ? sizeof(float) : 2);
-  const std::size_t chunk = check_chunk_elements(count);
-  const std::size_t chunks = std::max<std::size_t>(1, (count + chunk - 1) / chunk);
-  std::vector<std::array<double, 3>> sums(chunks, {0, 0, 0});
+  const std::vector<std::pair<std::size_t, std::size_t>> chunks = check_chunks(count);
+  std::vector<std::array<double, 3>> sums(chunks.size(), {0, 0, 0});
   if (s.fp32) {
     // Few values (a pair's score-gradient slots, one per 64 columns of I): compared here rather
     // than by a kernel of their own.
     std::vector<float> g(count), w(count);
     MOEJIT_CU(d.cuMemcpyDtoH(g.data(), got, s.bytes));
     MOEJIT_CU(d.cuMemcpyDtoH(w.data(), want, s.bytes));
-    for (std::size_t i = 0; i < count; ++i) {
-      std::array<double, 3>& c = sums[i / chunk];
-      if (!std::isfinite(g[i])) c[2] += 1;
-      c[0] += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
-      c[1] += static_cast<double>(w[i]) * w[i];
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      for (std::size_t i = chunks[c].first; i < chunks[c].second; ++i) {
+        if (!std::isfinite(g[i])) sums[c][2] += 1;
+        sums[c][0] += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
+        sums[c][1] += static_cast<double>(w[i]) * w[i];
+      }
     }
     return sums;
   }
-  MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, chunks * 3 * sizeof(double), stream_.get()));
-  for (std::size_t c = 0; c < chunks; ++c) {
-    const std::size_t first = c * chunk, n = std::min(chunk, count - first);
+  MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, chunks.size() * 3 * sizeof(double), stream_.get()));
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const auto [first, end] = chunks[c];
     RelDiffParams p{reinterpret_cast<const void*>(got + 2 * first), reinterpret_cast<const void*>(want + 2 * first),
-                    static_cast<long long>(n), sums_.as<double>() + 3 * c};
+                    static_cast<long long>(end - first), sums_.as<double>() + 3 * c};
     void* args[] = {&p};
-    const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (n + 255) / 256);
+    const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (end - first + 255) / 256);
     utility_->launch(kRelDiff, {static_cast<unsigned>(blocks)}, {256}, 0, stream_.get(), args);
   }
   stream_.synchronize();
-  sums_.download(sums.data(), chunks * 3 * sizeof(double));
+  sums_.download(sums.data(), chunks.size() * 3 * sizeof(double));
   return sums;
 }
 

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.hpp"
@@ -22,11 +23,12 @@ struct Timing {
   double spread_ms = 0;  // max - min over the repetitions
 };
 
-// Elements of each chunk diff() weighs alone, for an output of `count` elements: at most 256
-// chunks, none under 16384 elements. One relative L2 norm over a whole output hid a few wrong rows
-// or one wrong tile (3 rows of fwd_down's 65536 at T=8192 came to 0.0094 against a bound of 0.01);
-// per chunk they stand out, while rounding differences stay near 0.002 in any chunk this large.
-std::size_t check_chunk_elements(std::size_t count);
+// The chunks diff() weighs alone in an output of `count` elements, as [begin, end) ranges: at
+// most 256, each of at least 16384 elements (one where the output is smaller, none where it is
+// empty), the last taking the remainder. One relative L2 norm over a whole output hid a few wrong rows or one wrong tile
+// (3 rows of fwd_down's 65536 at T=8192 came to 0.0094 against a bound of 0.01); per chunk they
+// stand out, while rounding differences stay near 0.002 in any chunk this large.
+std::vector<std::pair<std::size_t, std::size_t>> check_chunks(std::size_t count);
 
 class TuningSession {
  public:
@@ -67,7 +69,7 @@ class TuningSession {
   // routing can need, and the entries past this routing's are nobody's output.
   void poison(Role role);
   // The largest relative L2 difference to the snapshot over the chunks of the role's outputs
-  // (check_chunk_elements); infinity when an output has a non-finite value or a difference
+  // (check_chunks); infinity when an output has a non-finite value or a difference
   // that is not a number (routing: 0 when identical, infinity otherwise).
   double diff(Role role);
 
@@ -84,7 +86,7 @@ class TuningSession {
 
  private:
   void launch(Role role, const RoleKernel& k);
-  // Per chunk of `s` (check_chunk_elements): sum of (got - want)^2, sum of want^2, and the
+  // Per chunk of `s` (check_chunks): sum of (got - want)^2, sum of want^2, and the
   // non-finite values of got. `got` and `want` hold s.bytes each.
   std::vector<std::array<double, 3>> chunk_sums(const Span& s, CUdeviceptr got, CUdeviceptr want);
   void scatter(params::GatherSum& params);

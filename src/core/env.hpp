@@ -22,8 +22,8 @@ bool disk_cache_enabled();
 // moejit-cache-<euid>/tuning.sqlite in the temporary folder, on the terms kernel_cache_dir's is.
 std::optional<std::filesystem::path> user_db_path();
 // moejit-cache-<euid>/gpu-locks in the temporary folder, private to the user: the per-GPU tuning
-// locks, one folder for every process of the user whatever MOEJIT_DB and the cache folders name.
-// Nothing where the temporary folder has no private one.
+// locks, one folder for the user's processes that share a temporary folder (TMPDIR), whatever
+// MOEJIT_DB and the cache folders name. Nothing where the temporary folder has no private one.
 std::optional<std::filesystem::path> gpu_lock_dir();
 // MOEJIT_SHIPPED_DB_DIR, else the db/ folder this build was configured from.
 std::filesystem::path shipped_db_dir();

@@ -277,9 +277,13 @@ FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::millisec
     if (err == EINTR) continue;
     std::string why = err == EWOULDBLOCK ? fmt::format("still held by another process after {} ms", timeout.count())
                                          : std::strerror(err);
-    if (err != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+    if (err != EWOULDBLOCK) {
       ::close(fd_);
       throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd_);
+      throw LockTimeout(fmt::format("cannot lock {}: {}", lock_path.string(), why));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

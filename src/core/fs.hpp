@@ -8,7 +8,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include "moejit/error.hpp"
 
 namespace moejit::fs {
 
@@ -72,9 +75,16 @@ std::optional<std::uint32_t> file_system_magic(const std::filesystem::path& path
 // between them can be assumed (SQLite's WAL needs it).
 const char* network_file_system(std::uint32_t magic) noexcept;
 
+// FileLock's wait ran out with the lock still held by another holder (not a file it could not
+// open or lock at all).
+class LockTimeout : public IoError {
+ public:
+  using IoError::IoError;
+};
+
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the
-// constructor gives up after `timeout` and throws IoError. A lock file that exists but that this
+// constructor gives up after `timeout` and throws LockTimeout (IoError where it cannot lock at all). A lock file that exists but that this
 // process may not write (another user's, in a folder users share) is opened for reading, which
 // flock needs no more than.
 class FileLock {
@@ -83,6 +93,9 @@ class FileLock {
   ~FileLock();
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
+  // The moved-from lock holds nothing and releases nothing.
+  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock& operator=(FileLock&&) = delete;
 
  private:
   int fd_ = -1;

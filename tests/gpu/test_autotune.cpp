@@ -84,15 +84,13 @@ void write_bf16(CUdeviceptr to, const std::vector<double>& values) {
   MOEJIT_CU(d.cuCtxSynchronize());
 }
 
-// `want` with the first elements of each chunk the tuner weighs alone (check_chunk_elements)
+// `want` with the first elements of each chunk the tuner weighs alone (check_chunks)
 // scaled by 17/16 (in bf16), as many as take that chunk's ||got - want|| / ||want|| to
 // `target`; returns the largest such ratio, exact for the values written.
 double scaled_until(const std::vector<double>& want, double target, std::vector<double>& got) {
   got = want;
-  const std::size_t chunk = check_chunk_elements(want.size());
   double worst = 0;
-  for (std::size_t first = 0; first < want.size(); first += chunk) {
-    const std::size_t end = std::min(want.size(), first + chunk);
+  for (const auto& [first, end] : check_chunks(want.size())) {
     double want2 = 0, diff2 = 0;
     for (std::size_t i = first; i < end; ++i) want2 += want[i] * want[i];
     for (std::size_t i = first; i < end && diff2 < target * target * want2; ++i) {
@@ -424,14 +422,15 @@ TEST_CASE("a candidate wrong in one chunk of an output is rejected though the wh
     }
     if (victim.empty()) victim = c.name();
     if (c.name() != victim) return;
-    const std::size_t chunk = check_chunk_elements(want.size()), first = 3 * chunk;
-    REQUIRE(want.size() >= 4 * chunk);
+    const auto chunks = check_chunks(want.size());
+    REQUIRE(chunks.size() == 8);
+    const auto [first, end] = chunks[3];
     double want2 = 0, chunk2 = 0, diff2 = 0;
     for (double v : want) want2 += v * v;
-    for (std::size_t i = first; i < first + chunk; ++i) chunk2 += want[i] * want[i];
+    for (std::size_t i = first; i < end; ++i) chunk2 += want[i] * want[i];
     std::vector<double> got = want;
     const double half = 0.5 * kTuneTolerance;
-    for (std::size_t i = first; i < first + chunk && diff2 + want[i] * want[i] < half * half * want2; ++i) {
+    for (std::size_t i = first; i < end && diff2 + want[i] * want[i] < half * half * want2; ++i) {
       diff2 += want[i] * want[i];
       got[i] = 0;
     }

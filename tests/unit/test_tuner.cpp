@@ -133,16 +133,27 @@ long tuned_in_children(int n, const std::string& marker, const std::function<int
 }  // namespace
 
 TEST_CASE("the tuner's check weighs an output in at most 256 chunks of at least 16384 elements", "[tuner]") {
-  CHECK(check_chunk_elements(0) == 16384);
-  CHECK(check_chunk_elements(1) == 16384);
-  CHECK(check_chunk_elements(131072) == 16384);        // the GPU tests' fwd_down: 8 chunks
-  CHECK(check_chunk_elements(256 * 16384) == 16384);   // 256 chunks
-  CHECK(check_chunk_elements(256 * 16384 + 1) == 16385);
+  using Chunks = std::vector<std::pair<std::size_t, std::size_t>>;
+  CHECK(check_chunks(0).empty());
+  CHECK(check_chunks(1) == Chunks{{0, 1}});
+  CHECK(check_chunks(20000) == Chunks{{0, 20000}});  // the remainder joins the chunk before
+  const Chunks eight = check_chunks(131072);        // the GPU tests' fwd_down: 8 of 16384
+  REQUIRE(eight.size() == 8);
+  CHECK(eight[3] == std::pair<std::size_t, std::size_t>{49152, 65536});
   // fwd_down's y at the default shape, T=32768: 256 chunks of 1024 rows of 2048.
-  CHECK(check_chunk_elements(262144ull * 2048) == 1024 * 2048);
-  for (std::size_t count : {1ull, 16385ull, 1000003ull, 4194305ull, 536870912ull, 536870913ull}) {
-    const std::size_t chunk = check_chunk_elements(count);
-    CHECK((count + chunk - 1) / chunk <= 256);
+  const Chunks y = check_chunks(262144ull * 2048);
+  REQUIRE(y.size() == 256);
+  CHECK(y[1] == std::pair<std::size_t, std::size_t>{1024 * 2048, 2048 * 2048});
+  for (std::size_t count : {1ull, 16383ull, 16385ull, 32767ull, 1000003ull, 4194305ull, 536870913ull}) {
+    INFO(count);
+    const Chunks c = check_chunks(count);
+    CHECK(c.size() <= 256);
+    CHECK(c.front().first == 0);
+    CHECK(c.back().second == count);
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      if (i > 0) CHECK(c[i].first == c[i - 1].second);
+      if (count >= 16384) CHECK(c[i].second - c[i].first >= 16384);
+    }
   }
 }
 
@@ -428,6 +439,7 @@ TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not ta
   ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", "");
   const auto h200 = cuda::fabricated::h200();
   const auto db_path = dir / "tuning.sqlite";
+  ScopedEnv db_env("MOEJIT_DB", db_path.string());  // where tune_shared records, never the caller's
   db::TuningRow stored;
   stored.key = tuning_key(Role::kFwdUp, kProblem, h200);
   stored.winner = gemm(128, 128, 32);
@@ -855,7 +867,9 @@ TEST_CASE("one GPU's timings take a host-wide lock named by its UUID; a fabricat
   TempDir tmp("gpu-lock");
   ScopedEnv at("TMPDIR", tmp.path().string());
   cuda::DeviceInfo gpu = cuda::fabricated::h200();
-  CHECK_FALSE(lock_gpu_timing(gpu, 60).has_value());  // no UUID: nothing to name it by
+  const GpuTimingLock none = lock_gpu_timing(gpu, 60);  // no UUID: nothing to name it by
+  CHECK_FALSE(none.lock.has_value());
+  CHECK_FALSE(none.contended);
   gpu.uuid = "0123456789abcdef0123456789abcdef";
   const std::filesystem::path file = *env::gpu_lock_dir() / ("gpu-" + gpu.uuid + ".lock");
   CHECK(file.parent_path().parent_path().parent_path() == tmp.path());
@@ -867,15 +881,18 @@ TEST_CASE("one GPU's timings take a host-wide lock named by its UUID; a fabricat
     return got;
   };
   {
-    const std::optional<fs::FileLock> held = lock_gpu_timing(gpu, 60);
-    REQUIRE(held.has_value());
+    const GpuTimingLock held = lock_gpu_timing(gpu, 60);
+    REQUIRE(held.lock.has_value());
+    CHECK_FALSE(held.contended);
     CHECK_FALSE(try_lock());  // another open file description, as another process or thread has
+    // A wait that runs out says so by its type: the tuner then times its references alone.
+    CHECK_THROWS_AS(fs::FileLock(file, std::chrono::milliseconds(50)), fs::LockTimeout);
   }
   CHECK(try_lock());
   cuda::DeviceInfo other = gpu;
   other.uuid = "fedcba9876543210fedcba9876543210";
-  const std::optional<fs::FileLock> first = lock_gpu_timing(gpu, 60), second = lock_gpu_timing(other, 60);
-  CHECK((first.has_value() && second.has_value()));  // two GPUs are tuned at once
+  const GpuTimingLock first = lock_gpu_timing(gpu, 60), second = lock_gpu_timing(other, 60);
+  CHECK((first.lock.has_value() && second.lock.has_value()));  // two GPUs are tuned at once
 }
 
 TEST_CASE("a process waits on another's tuning five minutes, or the holder's budget and a minute more", "[tuner]") {

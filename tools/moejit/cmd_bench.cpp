@@ -14,6 +14,7 @@
 #include "problem_args.hpp"
 #include "tuner/config_resolver.hpp"
 #include "tuner/config_space.hpp"
+#include "tuner/shared_tuning.hpp"
 #include "tuner/tuning_session.hpp"
 
 namespace moejit::cli {
@@ -46,6 +47,9 @@ int run_bench(int argc, char** argv, int start) {
       heuristic[r] = {d, &cache.load(role_kernel_spec(r, d, p, device.arch()))};
       tuned[r] = {c.config, &cache.load(role_kernel_spec(r, c.config, p, device.arch()))};
     }
+    // Timed as a tuner times, so not beside one on this GPU (its timings and these would skew).
+    const GpuTimingLock gpu_lock = lock_gpu_timing(device, env::tune_budget_s());
+    if (gpu_lock.contended) throw IoError("another tuner still times on this GPU; run the bench after it");
     TuningSession session(p, device);
     session.prime(heuristic);
     fmt::print("\nT={}\n  {:<11} {:>10} {:>10} {:>8}  {:<28} {}\n", tokens, "role", "heuristic", "stored", "speedup",
