@@ -902,4 +902,7 @@ TEST_CASE("a process waits on another's tuning five minutes, or the holder's bud
   CHECK(tuning_lock_timeout(600) == std::chrono::seconds(660));
   CHECK(tuning_lock_timeout(599.2) == std::chrono::seconds(660));
   CHECK(tuning_lock_timeout(env::kMaxTuneBudgetS) == std::chrono::seconds(1000060));
+  // A problem's holder may first wait that long on its GPU's lock, then tune.
+  CHECK(problem_lock_timeout(60) == std::chrono::minutes(10));
+  CHECK(problem_lock_timeout(600) == std::chrono::seconds(1320));
 }
