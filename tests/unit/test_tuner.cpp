@@ -137,9 +137,9 @@ TEST_CASE("the tuner's check weighs an output in at most 256 chunks of at least 
   CHECK(check_chunks(0).empty());
   CHECK(check_chunks(1) == Chunks{{0, 1}});
   CHECK(check_chunks(20000) == Chunks{{0, 20000}});  // the remainder joins the chunk before
-  const Chunks eight = check_chunks(131072);        // the GPU tests' fwd_down: 8 of 16384
-  REQUIRE(eight.size() == 8);
-  CHECK(eight[3] == std::pair<std::size_t, std::size_t>{49152, 65536});
+  const Chunks y64 = check_chunks(262144);  // the GPU tests' fwd_down y, [1024, 256]: 16 of 16384
+  REQUIRE(y64.size() == 16);
+  CHECK(y64[3] == std::pair<std::size_t, std::size_t>{49152, 65536});
   // fwd_down's y at the default shape, T=32768: 256 chunks of 1024 rows of 2048.
   const Chunks y = check_chunks(262144ull * 2048);
   REQUIRE(y.size() == 256);
