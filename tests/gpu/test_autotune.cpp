@@ -7,8 +7,10 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -100,6 +102,20 @@ double scaled_until(const std::vector<double>& want, double target, std::vector<
     worst = std::max(worst, std::sqrt(diff2 / want2));
   }
   return worst;
+}
+
+// An inspect hook on output 0 (fwd_down's y): the reference config's is kept in `want`, and a
+// candidate's is replaced by what `rewrite` makes of it, where it makes anything.
+decltype(TuneOptions::inspect) rewrite_y(const std::string& reference, std::vector<double>& want,
+                                         std::function<std::optional<std::vector<double>>(const std::string&)> rewrite) {
+  return [&want, reference, rewrite](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
+    if (output != 0) return;
+    if (c.name() == reference) {
+      want = read_bf16(out, bytes / 2);
+    } else if (std::optional<std::vector<double>> got = rewrite(c.name())) {
+      write_bf16(out, *got);
+    }
+  };
 }
 
 }  // namespace
@@ -364,21 +380,16 @@ TEST_CASE("a candidate just inside the tuner's tolerance is kept, one just outsi
   std::array<Victim, 2> victims{{{0.9 * kTuneTolerance, ""}, {1.1 * kTuneTolerance, ""}}};
   std::vector<double> want;  // the reference's y
   TuneOptions options;
-  options.inspect = [&](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
-    if (output != 0) return;
-    if (c.name() == reference) {
-      want = read_bf16(out, bytes / 2);
-      return;
-    }
+  options.inspect = rewrite_y(reference, want, [&](const std::string& candidate) -> std::optional<std::vector<double>> {
     for (Victim& v : victims) {
-      if (v.name.empty()) v.name = c.name();
-      if (v.name != c.name()) continue;
+      if (v.name.empty()) v.name = candidate;
+      if (v.name != candidate) continue;
       std::vector<double> got;
       v.reached = scaled_until(want, v.target, got);
-      write_bf16(out, got);
-      return;
+      return got;
     }
-  };
+    return std::nullopt;
+  });
   const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
   REQUIRE(rows.size() == 1);
   const auto result = [&](const Victim& v) {
@@ -414,14 +425,9 @@ TEST_CASE("a candidate wrong in one chunk of an output is rejected though the wh
   std::string victim;
   double whole = 0, in_chunk = 0;
   TuneOptions options;
-  options.inspect = [&](Role, const TileConfig& c, int output, CUdeviceptr out, std::size_t bytes) {
-    if (output != 0) return;
-    if (c.name() == reference) {
-      want = read_bf16(out, bytes / 2);
-      return;
-    }
-    if (victim.empty()) victim = c.name();
-    if (c.name() != victim) return;
+  options.inspect = rewrite_y(reference, want, [&](const std::string& candidate) -> std::optional<std::vector<double>> {
+    if (victim.empty()) victim = candidate;
+    if (candidate != victim) return std::nullopt;
     const auto chunks = check_chunks(want.size());
     REQUIRE(chunks.size() == 16);
     const auto [first, end] = chunks[3];
@@ -436,8 +442,8 @@ TEST_CASE("a candidate wrong in one chunk of an output is rejected though the wh
     }
     whole = std::sqrt(diff2 / want2);
     in_chunk = std::sqrt(diff2 / chunk2);
-    write_bf16(out, got);
-  };
+    return got;
+  });
   const auto rows = autotune(kProblem, gpu->info, {Role::kFwdDown}, options);
   REQUIRE(rows.size() == 1);
   REQUIRE_FALSE(victim.empty());
