@@ -75,6 +75,9 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         specs.push_back(role_kernel_spec(r, d.config, problem, arch));
       }
     }
+    std::optional<TileConfig> incumbent;
+    if (auto it = options.incumbents.find(r); it != options.incumbents.end()) incumbent = it->second;
+    order_for_budget(rc.survivors, incumbent);
     work.push_back(std::move(rc));
   }
   auto& cache = jit::KernelCache::instance();

@@ -11,6 +11,16 @@ bool eligible(const db::CandidateResult& c) { return !c.rejected && std::isfinit
 
 }  // namespace
 
+void order_for_budget(std::vector<TileConfig>& candidates, const std::optional<TileConfig>& incumbent) {
+  if (candidates.size() < 3) return;
+  const auto rank = [&](const TileConfig& c) {
+    if (incumbent && c == *incumbent) return 0;
+    return c.use_tma && c.warp_specialized ? 1 : 2;
+  };
+  std::stable_sort(candidates.begin() + 1, candidates.end(),
+                   [&](const TileConfig& a, const TileConfig& b) { return rank(a) < rank(b); });
+}
+
 std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c,
                                    const std::optional<TileConfig>& incumbent) {
   std::vector<std::size_t> order;

@@ -18,6 +18,12 @@ inline constexpr double kTieFraction = 0.02;
 inline constexpr double kFinalistFraction = 0.10;
 inline constexpr std::size_t kMaxFinalists = 4;
 
+// Puts the candidates likeliest to win first, after candidates[0] (the reference, timed first
+// whatever the budget): the incumbent, then the TMA warp-specialized configs (the winners of
+// most shipped H200 rows, db/README), then the rest, each group in the space's order. A budget
+// that runs out skips the candidates after the cut, so a row cut short has still timed these.
+void order_for_budget(std::vector<TileConfig>& candidates, const std::optional<TileConfig>& incumbent);
+
 // Indices of the eligible candidates (timed, not rejected) whose median is within
 // kFinalistFraction of the fastest, fastest first, at most kMaxFinalists; and the incumbent
 // last where it is within that fraction but not among the first kMaxFinalists, so that a tie

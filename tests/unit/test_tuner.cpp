@@ -157,6 +157,25 @@ TEST_CASE("the tuner's check weighs an output in at most 256 chunks of at least 
   }
 }
 
+TEST_CASE("under a budget the reference, the incumbent and the TMA warp-specialized configs are timed first",
+          "[tuner]") {
+  const auto ws = [](int bn) {
+    TileConfig c = gemm(128, bn, 64);
+    c.use_tma = c.warp_specialized = true;
+    return c;
+  };
+  const TileConfig reference = gemm(64, 64, 32), a = gemm(128, 64, 32), b = gemm(128, 128, 32);
+  std::vector<TileConfig> order = {reference, a, ws(128), b, ws(256)};
+  order_for_budget(order, std::nullopt);
+  CHECK(order == std::vector<TileConfig>{reference, ws(128), ws(256), a, b});  // each group in the space's order
+  order = {reference, a, ws(128), b, ws(256)};
+  order_for_budget(order, b);
+  CHECK(order == std::vector<TileConfig>{reference, b, ws(128), ws(256), a});
+  order = {ws(128), a, reference};  // the first candidate stays first, whatever it is
+  order_for_budget(order, reference);
+  CHECK(order == std::vector<TileConfig>{ws(128), reference, a});
+}
+
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
   std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
                                         timed(gemm(128, 128, 32), 0.90)};
