@@ -542,21 +542,22 @@ std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Pr
   return best;
 }
 
-TuningDb::MergeStats TuningDb::merge(const TuningDb& other) { return merge_rows(other.rows()); }
+TuningDb::MergeStats TuningDb::merge(const TuningDb& other, const Standing& standing) {
+  return merge_rows(other.rows(), standing);
+}
 
-TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows) {
+TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, const Standing& standing) {
   for (const TuningRow& row : rows) validate(row);
+  const auto rank = [&](const TuningRow& row) { return standing ? standing(row) : 0; };
   MergeStats stats;
   Transaction t(conn_, Transaction::Kind::kWrite);
-  Statement existing = conn_.prepare(std::string("SELECT median_ms FROM winners ") + kWhereRow);
   for (const TuningRow& row : rows) {
+    Statement existing = conn_.prepare(std::string(kSelectWinners) + kWhereRow);
     RowId::of(row).bind(existing);
-    std::optional<double> old_ms;
-    if (existing.step()) old_ms = existing.column_double(0);
-    existing.reset();
-    if (!old_ms) {
+    const std::optional<TuningRow> old = existing.step() ? read_row(conn_, existing) : std::nullopt;
+    if (!old) {
       ++stats.added;
-    } else if (row.median_ms < *old_ms) {
+    } else if (rank(row) != rank(*old) ? rank(row) > rank(*old) : row.median_ms < old->median_ms) {
       ++stats.replaced;
     } else {
       // A kept row keeps its candidates too: the losing row's were measured in another tuning,

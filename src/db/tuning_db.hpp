@@ -38,8 +38,8 @@ class TuningDb {
 
   struct MergeStats {
     int added = 0;     // rows (key and build) that were not in this database
-    int replaced = 0;  // rows whose winner was slower than the incoming one
-    int kept = 0;      // rows whose winner was as fast or faster
+    int replaced = 0;  // rows of lower standing, or of the same and a slower winner, than the incoming one
+    int kept = 0;      // the others
     // import_json with BadRows::kSkip: each row left out, "rows[N] (<id>): <why>".
     std::vector<std::string> skipped;
   };
@@ -112,11 +112,16 @@ class TuningDb {
   std::optional<TuningRow> nearest_bucket(const TuningKey& key, const Provenance& build,
                                           const RowFilter& accept = {}) const;
 
-  // Per key and build keeps the faster winner (lower median_ms; ties keep the existing one). A
-  // row that is written brings its candidates (replacing those of the same config name); a kept
-  // row keeps its own alone. One transaction.
-  MergeStats merge(const TuningDb& other);
-  MergeStats merge_rows(const std::vector<TuningRow>& rows);
+  // How a row ranks in a merge before its time is weighed, higher first (`moejit db` ranks a row
+  // tuned whole over one a first call or a budget cut short, whose time may be another T's of the
+  // key); none: every row ranks alike.
+  using Standing = std::function<int(const TuningRow&)>;
+  // Per key and build keeps the row of higher standing, and between rows of one standing the
+  // faster winner (lower median_ms; ties keep the existing one). A row that is written brings its
+  // candidates (replacing those of the same config name); a kept row keeps its own alone. One
+  // transaction.
+  MergeStats merge(const TuningDb& other, const Standing& standing = {});
+  MergeStats merge_rows(const std::vector<TuningRow>& rows, const Standing& standing = {});
 
   // Deletes the rows of every build but `keep`'s, with their candidates, in one transaction.
   // Returns how many rows went.

@@ -176,6 +176,18 @@ TEST_CASE("under a budget the reference, the incumbent and the TMA warp-speciali
   CHECK(order == std::vector<TileConfig>{ws(128), reference, a});
 }
 
+TEST_CASE("a row cut short by a budget is marked so whatever the space holds; a whole row is not", "[tuner]") {
+  db::TuningRow row;
+  row.winner = gemm(128, 128, 32);
+  row.candidates = {timed(gemm(128, 128, 32), 0.5), timed(gemm(128, 64, 32), 0.6)};
+  CHECK_FALSE(marked_partly(row));
+  row.candidates.push_back({gemm(64, 64, 32), std::nan(""), std::nan(""), true, "pruned: needs too much"});
+  CHECK_FALSE(marked_partly(row));
+  // A config no space holds (BLOCK_K 48): tuned_partly would not count it, a merge still does.
+  row.candidates.push_back({gemm(128, 256, 48), std::nan(""), std::nan(""), true, budget_skip_reason(30)});
+  CHECK(marked_partly(row));
+}
+
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
   std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
                                         timed(gemm(128, 128, 32), 0.90)};

@@ -564,6 +564,32 @@ TEST_CASE("two builds sharing one database keep a row each; lookups, merges and 
   CHECK(db.prune(kFresh) == 0);
 }
 
+TEST_CASE("a merge ranks rows by the caller's standing before their times", "[db]") {
+  // `moejit db` ranks rows tuned whole first: a faster row cut short (a first call's, perhaps timed
+  // at a smaller T of the key) does not replace a slower whole one, and a whole row replaces a
+  // faster cut-short one. Here a row of one candidate stands for one cut short.
+  const TuningDb::Standing whole_first = [](const TuningRow& r) { return r.candidates.size() > 1 ? 1 : 0; };
+  const auto cut_short = [](int key_tpe, int winner, double ms) {
+    TuningRow r = row_for(key_at(key_tpe), winner, ms);
+    r.candidates = {timed(config(winner), ms)};
+    return r;
+  };
+  TuningDb db = TuningDb::in_memory();
+  db.record(row_for(key_at(64), 128, 0.30));
+  db.record(cut_short(128, 64, 0.20));
+  db.record(row_for(key_at(256), 128, 0.30));
+  const auto stats = db.merge_rows(
+      {cut_short(64, 64, 0.20), row_for(key_at(128), 32, 0.90), row_for(key_at(256), 32, 0.25)}, whole_first);
+  CHECK(stats.kept == 1);
+  CHECK(stats.replaced == 2);
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(128));  // whole kept over a faster cut-short row
+  CHECK(db.lookup(key_at(128), kFresh)->winner == config(32));  // whole over cut short, though slower
+  CHECK(db.lookup(key_at(256), kFresh)->winner == config(32));  // same standing: the faster
+  // Without a standing, times alone decide, as before.
+  CHECK(db.merge_rows({cut_short(64, 64, 0.20)}).replaced == 1);
+  CHECK(db.lookup(key_at(64), kFresh)->winner == config(64));
+}
+
 TEST_CASE("merging a losing row marks nothing on the kept row's candidates", "[db]") {
   // A row from a whole-space tune, and another database's slower row of the same build from a
   // first call's narrow tune, which rejected the kept winner as outside its space.

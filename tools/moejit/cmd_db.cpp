@@ -15,6 +15,7 @@
 #include "core/fs.hpp"
 #include "db/tuning_db.hpp"
 #include "moejit/error.hpp"
+#include "tuner/prune.hpp"
 
 namespace moejit::cli {
 namespace {
@@ -129,6 +130,10 @@ int export_rows(const Args& a) {
   return 0;
 }
 
+// Import and merge rank a row tuned whole over one a first call or a budget cut short, before
+// times: such a row may have been timed at a smaller T of the key, and would win on that alone.
+int whole_first(const db::TuningRow& row) { return marked_partly(row) ? 0 : 1; }
+
 // Import and merge read their source whole before opening the target, which creates a --db that
 // does not exist yet: a source that fails to read leaves no new file behind.
 int import_rows(const Args& a) {
@@ -141,7 +146,7 @@ int import_rows(const Args& a) {
   const db::TuningDb::ExportRows rows =
       db::TuningDb::parse_export(*text, db::TuningDb::BadRows::kRefuse, fmt::format("import of {}", file));
   db::TuningDb target = open_target(path);
-  print_stats(fmt::format("imported {} into {}", file, target.path()), target.merge_rows(rows.rows));
+  print_stats(fmt::format("imported {} into {}", file, target.path()), target.merge_rows(rows.rows, whole_first));
   return 0;
 }
 
@@ -151,7 +156,7 @@ int merge(const Args& a) {
   const db::TuningDb other = open_existing(a.positional[0]);
   const std::vector<db::TuningRow> rows = other.rows();
   db::TuningDb target = open_target(path);
-  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge_rows(rows));
+  print_stats(fmt::format("merged {} into {}", other.path(), target.path()), target.merge_rows(rows, whole_first));
   return 0;
 }
 
