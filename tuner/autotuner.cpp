@@ -91,12 +91,10 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
                   std::chrono::duration<double>(Clock::now() - start).count()));
 
   // Compiled above without it: only the GPU's timings must not overlap. The wait is another
-  // tuner's time, not this one's budget; where it ran out, timings beside that tuner's would be
-  // skewed, so the references alone are timed (as when a budget runs out: rows tuned partly,
-  // which `moejit tune` times again).
+  // tuner's time, not this one's budget.
   const auto waiting = Clock::now();
-  const GpuTimingLock gpu_lock = lock_gpu_timing(device, options.budget_s);
-  deadline = gpu_lock.contended ? Clock::time_point::min() : deadline + (Clock::now() - waiting);
+  const std::optional<fs::FileLock> gpu_lock = lock_gpu_timing(device, options.budget_s);
+  deadline += Clock::now() - waiting;
   TuningSession session(problem, device);
   std::map<Role, TuningSession::RoleKernel> primed;
   for (const auto& [r, c] : defaults) primed[r] = {c, &cache.load(role_kernel_spec(r, c, problem, arch))};

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "core/env.hpp"
+#include "core/fs.hpp"
 #include "core/log.hpp"
 #include "cuda/driver.hpp"
 #include "db/tuning_lookup.hpp"
@@ -137,6 +138,12 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
       log::warn("self-tuning E={} H={} I={} K={} T={} skipped, no device memory for its scratch ({}); using the "
                 "nearest tuned bucket or the heuristic config. Free memory first (torch.cuda.empty_cache()), "
                 "or tune ahead with `moejit tune`",
+                problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.tokens, e.what());
+    } catch (const fs::LockTimeout& e) {
+      // Timed beside another tuner, both would keep skewed winners: this plan runs the levels
+      // below, and the next plan of this problem tries again.
+      log::warn("self-tuning E={} H={} I={} K={} T={} skipped, another tuner still times on this GPU ({}); using the "
+                "nearest tuned bucket or the heuristic config",
                 problem.experts, problem.hidden, problem.intermediate, problem.topk, problem.tokens, e.what());
     }
   } else if (tuning) {

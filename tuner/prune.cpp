@@ -154,24 +154,14 @@ std::string budget_skip_reason(double budget_s) {
   return fmt::format("{} of {:.0f} s spent", kBudgetSkip, budget_s);
 }
 
-namespace {
-
-bool partial_mark(const db::CandidateResult& c) {
-  return c.rejected && (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion ||
-                        c.reason.starts_with(kBudgetSkip));
-}
-
-}  // namespace
-
 bool tuned_partly(const db::TuningRow& row, const MoeShape& shape) {
   const std::vector<TileConfig> space = config_space(row.key.role, shape);
   return std::any_of(row.candidates.begin(), row.candidates.end(), [&](const db::CandidateResult& c) {
-    return partial_mark(c) && std::find(space.begin(), space.end(), c.config) != space.end();
+    return c.rejected &&
+           (c.reason == kFirstCallExclusion || c.reason == kFirstCallShallowExclusion ||
+            c.reason.starts_with(kBudgetSkip)) &&
+           std::find(space.begin(), space.end(), c.config) != space.end();
   });
-}
-
-bool marked_partly(const db::TuningRow& row) {
-  return std::any_of(row.candidates.begin(), row.candidates.end(), partial_mark);
 }
 
 bool winner_legal(const db::TuningRow& row, const MoeShape& shape, const cuda::DeviceInfo& device) {

@@ -48,9 +48,6 @@ std::string budget_skip_reason(double budget_s);
 // a current row whose candidates are never wiped (db/tuning_db.hpp); counted, the mark would send
 // the key to every `moejit tune`, none of which times that config.
 bool tuned_partly(const db::TuningRow& row, const MoeShape& shape);
-// Whether any candidate of the row carries those marks, whatever the space holds now: how `moejit
-// db merge` and `db import` rank rows (tuned whole first), with no problem's T to ask the space at.
-bool marked_partly(const db::TuningRow& row);
 
 // Whether a stored row's winner may run for `shape` on `device`: it passes pruning and its role's
 // space holds it. Pruning rules and the space are host code, outside the template hash that makes

@@ -66,17 +66,15 @@ std::vector<db::TuningRow> save(const std::filesystem::path& user_db, db::Tuning
 
 }  // namespace
 
-GpuTimingLock lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s) {
-  GpuTimingLock out;
+std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s) {
+  std::optional<fs::FileLock> out;
   if (device.uuid.empty()) return out;
   const std::optional<std::filesystem::path> dir = env::gpu_lock_dir();
   if (!dir) return out;  // env says why, once
   try {
-    out.lock.emplace(*dir / ("gpu-" + device.uuid + ".lock"), tuning_lock_timeout(budget_s));
-  } catch (const fs::LockTimeout& e) {
-    out.contended = true;
-    log::warn("another tuner still times on this GPU ({}): timing the reference configs alone, rows tuned partly",
-              e.what());
+    out.emplace(*dir / ("gpu-" + device.uuid + ".lock"), tuning_lock_timeout(budget_s));
+  } catch (const fs::LockTimeout&) {
+    throw;  // another tuner still times there
   } catch (const IoError& e) {
     if (log::first_time("gpu timing lock " + device.uuid)) log::warn("timing without the GPU's lock: {}", e.what());
   }

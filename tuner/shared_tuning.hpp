@@ -31,14 +31,11 @@ std::chrono::seconds tuning_lock_timeout(double budget_s);
 // them): two threads or processes tuning different problems on one GPU, or `moejit tune` beside a
 // plan's self-tune, would each time the other's kernels into its own. Named by the GPU's UUID
 // under env::gpu_lock_dir() (per user and temporary folder), so the GPUs of one host, and MIG
-// instances of one, are tuned at once. Waited for tuning_lock_timeout(budget_s); `contended` when
-// another tuner still held it then (the caller times its references alone, rows tuned partly).
-// No lock for a fabricated device or where the folder cannot be had (said once).
-struct GpuTimingLock {
-  std::optional<fs::FileLock> lock;
-  bool contended = false;
-};
-GpuTimingLock lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s);
+// instances of one, are tuned at once. Waited for tuning_lock_timeout(budget_s), then throws
+// fs::LockTimeout: nothing is run beside the holder, and no row is made (a plan falls back as when
+// the GPU has no memory for the tuner, `moejit tune` counts the item failed). No lock for a
+// fabricated device or where the folder cannot be had (said once).
+std::optional<fs::FileLock> lock_gpu_timing(const cuda::DeviceInfo& device, double budget_s);
 
 // How long a process waits on another's tuning of the same problem: the holder may first wait
 // tuning_lock_timeout for the GPU's timing lock, then tune for its budget.

@@ -27,8 +27,14 @@ std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c,
   for (std::size_t i = 0; i < c.size(); ++i) {
     if (eligible(c[i])) order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return c[a].median_ms < c[b].median_ms; });
+  // Equal medians (event times come in 32 ns steps) go as choose_winner breaks ties, the
+  // incumbent first, then the smaller config: the slots do not depend on the timing order.
+  const auto is_incumbent = [&](std::size_t i) { return incumbent && c[i].config == *incumbent; };
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (c[a].median_ms != c[b].median_ms) return c[a].median_ms < c[b].median_ms;
+    if (is_incumbent(a) != is_incumbent(b)) return is_incumbent(a);
+    return c[a].config.smaller_than(c[b].config);
+  });
   if (order.empty()) return order;
   const double limit = c[order.front()].median_ms * (1.0 + kFinalistFraction);
   std::size_t n = 0;

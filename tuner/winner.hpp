@@ -25,7 +25,8 @@ inline constexpr std::size_t kMaxFinalists = 4;
 void order_for_budget(std::vector<TileConfig>& candidates, const std::optional<TileConfig>& incumbent);
 
 // Indices of the eligible candidates (timed, not rejected) whose median is within
-// kFinalistFraction of the fastest, fastest first, at most kMaxFinalists; and the incumbent
+// kFinalistFraction of the fastest, fastest first (equal medians: the incumbent, then the smaller
+// config, whatever order they were timed in), at most kMaxFinalists; and the incumbent
 // last where it is within that fraction but not among the first kMaxFinalists, so that a tie
 // can still keep it (choose_winner).
 std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& candidates,

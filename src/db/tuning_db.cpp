@@ -554,9 +554,12 @@ TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, co
   for (const TuningRow& row : rows) {
     Statement existing = conn_.prepare(std::string(kSelectWinners) + kWhereRow);
     RowId::of(row).bind(existing);
-    const std::optional<TuningRow> old = existing.step() ? read_row(conn_, existing) : std::nullopt;
-    if (!old) {
+    const bool had = existing.step();
+    const std::optional<TuningRow> old = had ? read_row(conn_, existing) : std::nullopt;
+    if (!had) {
       ++stats.added;
+    } else if (!old) {
+      ++stats.replaced;  // a row this build cannot read (read_row said why): the readable one serves
     } else if (rank(row) != rank(*old) ? rank(row) > rank(*old) : row.median_ms < old->median_ms) {
       ++stats.replaced;
     } else {

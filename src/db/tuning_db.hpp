@@ -117,9 +117,9 @@ class TuningDb {
   // key); none: every row ranks alike.
   using Standing = std::function<int(const TuningRow&)>;
   // Per key and build keeps the row of higher standing, and between rows of one standing the
-  // faster winner (lower median_ms; ties keep the existing one). A row that is written brings its
-  // candidates (replacing those of the same config name); a kept row keeps its own alone. One
-  // transaction.
+  // faster winner (lower median_ms; ties keep the existing one); a stored row this build cannot
+  // read is replaced. A row that is written brings its candidates (replacing those of the same
+  // config name); a kept row keeps its own alone. One transaction.
   MergeStats merge(const TuningDb& other, const Standing& standing = {});
   MergeStats merge_rows(const std::vector<TuningRow>& rows, const Standing& standing = {});
 

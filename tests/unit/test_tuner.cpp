@@ -176,18 +176,6 @@ TEST_CASE("under a budget the reference, the incumbent and the TMA warp-speciali
   CHECK(order == std::vector<TileConfig>{ws(128), reference, a});
 }
 
-TEST_CASE("a row cut short by a budget is marked so whatever the space holds; a whole row is not", "[tuner]") {
-  db::TuningRow row;
-  row.winner = gemm(128, 128, 32);
-  row.candidates = {timed(gemm(128, 128, 32), 0.5), timed(gemm(128, 64, 32), 0.6)};
-  CHECK_FALSE(marked_partly(row));
-  row.candidates.push_back({gemm(64, 64, 32), std::nan(""), std::nan(""), true, "pruned: needs too much"});
-  CHECK_FALSE(marked_partly(row));
-  // A config no space holds (BLOCK_K 48): tuned_partly would not count it, a merge still does.
-  row.candidates.push_back({gemm(128, 256, 48), std::nan(""), std::nan(""), true, budget_skip_reason(30)});
-  CHECK(marked_partly(row));
-}
-
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
   std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
                                         timed(gemm(128, 128, 32), 0.90)};
@@ -228,6 +216,26 @@ TEST_CASE("finalists: the eligible candidates near the fastest, fastest first, a
   CHECK(finalists(c, gemm(128, 64, 32)) == std::vector<std::size_t>{1, 6, 7, 8});
   CHECK(finalists(c, gemm(64, 128, 32)) == std::vector<std::size_t>{1, 6, 7, 8});  // already one
   CHECK(finalists(std::vector<db::CandidateResult>{c[3], c[4]}, std::nullopt).empty());
+}
+
+TEST_CASE("finalists of equal medians are the same whatever order they were timed in", "[tuner]") {
+  // Five candidates at one median (event times come in 32 ns steps) for four slots: the incumbent
+  // first, then the smaller configs, in either order of timing.
+  std::vector<db::CandidateResult> c = {timed(gemm(128, 256, 64), 1.0), timed(gemm(64, 64, 32), 1.0),
+                                        timed(gemm(128, 128, 32), 1.0), timed(gemm(64, 128, 32), 1.0),
+                                        timed(gemm(128, 64, 32), 1.0)};
+  const auto names = [](const std::vector<db::CandidateResult>& from, const std::vector<std::size_t>& at) {
+    std::set<std::string> out;
+    for (std::size_t i : at) out.insert(from[i].config.name());
+    return out;
+  };
+  for (const std::optional<TileConfig>& incumbent : {std::optional<TileConfig>{}, std::optional{gemm(128, 256, 64)}}) {
+    const auto forward = names(c, finalists(c, incumbent));
+    std::vector<db::CandidateResult> reversed(c.rbegin(), c.rend());
+    CHECK(names(reversed, finalists(reversed, incumbent)) == forward);
+    CHECK(forward.size() == kMaxFinalists);
+    CHECK(forward.count(gemm(128, 256, 64).name()) == (incumbent ? 1u : 0u));
+  }
 }
 
 TEST_CASE("the winner among the finalists only, as an index into all candidates", "[tuner]") {
@@ -898,9 +906,7 @@ TEST_CASE("one GPU's timings take a host-wide lock named by its UUID; a fabricat
   TempDir tmp("gpu-lock");
   ScopedEnv at("TMPDIR", tmp.path().string());
   cuda::DeviceInfo gpu = cuda::fabricated::h200();
-  const GpuTimingLock none = lock_gpu_timing(gpu, 60);  // no UUID: nothing to name it by
-  CHECK_FALSE(none.lock.has_value());
-  CHECK_FALSE(none.contended);
+  CHECK_FALSE(lock_gpu_timing(gpu, 60).has_value());  // no UUID: nothing to name it by
   gpu.uuid = "0123456789abcdef0123456789abcdef";
   const std::filesystem::path file = *env::gpu_lock_dir() / ("gpu-" + gpu.uuid + ".lock");
   CHECK(file.parent_path().parent_path().parent_path() == tmp.path());
@@ -912,18 +918,17 @@ TEST_CASE("one GPU's timings take a host-wide lock named by its UUID; a fabricat
     return got;
   };
   {
-    const GpuTimingLock held = lock_gpu_timing(gpu, 60);
-    REQUIRE(held.lock.has_value());
-    CHECK_FALSE(held.contended);
+    const std::optional<fs::FileLock> held = lock_gpu_timing(gpu, 60);
+    REQUIRE(held.has_value());
     CHECK_FALSE(try_lock());  // another open file description, as another process or thread has
-    // A wait that runs out says so by its type: the tuner then times its references alone.
+    // A wait that runs out says so by its type: the tuner then runs nothing and makes no row.
     CHECK_THROWS_AS(fs::FileLock(file, std::chrono::milliseconds(50)), fs::LockTimeout);
   }
   CHECK(try_lock());
   cuda::DeviceInfo other = gpu;
   other.uuid = "fedcba9876543210fedcba9876543210";
-  const GpuTimingLock first = lock_gpu_timing(gpu, 60), second = lock_gpu_timing(other, 60);
-  CHECK((first.lock.has_value() && second.lock.has_value()));  // two GPUs are tuned at once
+  const std::optional<fs::FileLock> first = lock_gpu_timing(gpu, 60), second = lock_gpu_timing(other, 60);
+  CHECK((first.has_value() && second.has_value()));  // two GPUs are tuned at once
 }
 
 TEST_CASE("a process waits on another's tuning five minutes, or the holder's budget and a minute more", "[tuner]") {

@@ -48,8 +48,7 @@ int run_bench(int argc, char** argv, int start) {
       tuned[r] = {c.config, &cache.load(role_kernel_spec(r, c.config, p, device.arch()))};
     }
     // Timed as a tuner times, so not beside one on this GPU (its timings and these would skew).
-    const GpuTimingLock gpu_lock = lock_gpu_timing(device, env::tune_budget_s());
-    if (gpu_lock.contended) throw IoError("another tuner still times on this GPU; run the bench after it");
+    const std::optional<fs::FileLock> gpu_lock = lock_gpu_timing(device, env::tune_budget_s());
     TuningSession session(p, device);
     session.prime(heuristic);
     fmt::print("\nT={}\n  {:<11} {:>10} {:>10} {:>8}  {:<28} {}\n", tokens, "role", "heuristic", "stored", "speedup",

@@ -132,7 +132,13 @@ int export_rows(const Args& a) {
 
 // Import and merge rank a row tuned whole over one a first call or a budget cut short, before
 // times: such a row may have been timed at a smaller T of the key, and would win on that alone.
-int whole_first(const db::TuningRow& row) { return marked_partly(row) ? 0 : 1; }
+// The space is asked at a T of the key's bucket (tuned_partly leaves out marks on configs the
+// space no longer holds; a row tuned whole since keeps them).
+int whole_first(const db::TuningRow& row) {
+  const db::TuningKey& k = row.key;
+  const long long tokens = std::max<long long>(1, static_cast<long long>(k.tpe_bucket) * k.experts / k.topk);
+  return tuned_partly(row, MoeShape{tokens, k.experts, k.hidden, k.intermediate, k.topk, k.dtype}) ? 0 : 1;
+}
 
 // Import and merge read their source whole before opening the target, which creates a --db that
 // does not exist yet: a source that fails to read leaves no new file behind.
