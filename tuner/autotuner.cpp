@@ -31,6 +31,7 @@ struct RoleCandidates {
   std::vector<TileConfig> survivors;    // reference first
   std::vector<db::CandidateResult> results;  // survivors in order, then the pruned
   std::vector<db::CandidateResult> pruned;
+  std::optional<TileConfig> incumbent;  // options.incumbents' config of the role, if any
 };
 
 db::CandidateResult rejected(const TileConfig& c, std::string reason) { return {c, kNaN, kNaN, true, std::move(reason)}; }
@@ -60,7 +61,8 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     if (!defaults.count(r)) {
       throw InvalidArgument("roles", fmt::format("{} does not run in {} mode", role_name(r), mode_name(problem.mode)));
     }
-    RoleCandidates rc{r, defaults.at(r), {}, {}, {}};
+    RoleCandidates rc{r, defaults.at(r), {}, {}, {}, {}};
+    if (auto it = options.incumbents.find(r); it != options.incumbents.end()) rc.incumbent = it->second;
     rc.survivors.push_back(rc.reference);
     const std::vector<PruneDecision> space = prune_space(r, shape, device);
     for (const PruneDecision& d : space) {
@@ -75,9 +77,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         specs.push_back(role_kernel_spec(r, d.config, problem, arch));
       }
     }
-    std::optional<TileConfig> incumbent;
-    if (auto it = options.incumbents.find(r); it != options.incumbents.end()) incumbent = it->second;
-    order_for_budget(rc.survivors, incumbent);
+    order_for_budget(rc.survivors, rc.incumbent);
     work.push_back(std::move(rc));
   }
   auto& cache = jit::KernelCache::instance();
@@ -157,9 +157,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     // The pass above timed candidates seconds apart, and the clocks under the power cap move
     // by 10-20% in that time: the finalists are timed again in turns, and the winner is one of
     // them, by those times.
-    std::optional<TileConfig> incumbent;
-    if (auto it = options.incumbents.find(rc.role); it != options.incumbents.end()) incumbent = it->second;
-    const std::vector<std::size_t> final = finalists(rc.results, incumbent);
+    const std::vector<std::size_t> final = finalists(rc.results, rc.incumbent);
     if (final.size() > 1) {
       std::vector<TuningSession::RoleKernel> kernels;
       for (std::size_t i : final) {
@@ -176,7 +174,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     session.run(rc.role, primed.at(rc.role));
     const double ref_ms = rc.results.front().median_ms;  // the reference is timed first
     rc.results.insert(rc.results.end(), rc.pruned.begin(), rc.pruned.end());
-    const auto w = choose_winner(rc.results, final, incumbent);
+    const auto w = choose_winner(rc.results, final, rc.incumbent);
     if (!w) {
       say(fmt::format("{}: no correct candidate", role_name(rc.role)));
       continue;

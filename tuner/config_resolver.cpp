@@ -91,7 +91,8 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
   // nearest-bucket scan passes over other buckets' rows as a matter of course.
   const db::TuningDb::RowFilter legal = [&](const db::TuningRow& row) {
     if (winner_legal(row, shape, device)) return true;
-    if (log::enabled(env::LogLevel::kInfo) && log::first_time(fmt::format("passed over {} {} {}", row.key.id(), row.winner.name(), problem.tokens))) {
+    if (log::enabled(env::LogLevel::kInfo) &&
+        log::first_time(fmt::format("passed over {} {} {}", row.key.id(), row.winner.name(), problem.tokens))) {
       log::info("passing over the stored winner {} of {} at T={}: pruned or outside the config space here",
                 row.winner.name(), row.key.id(), problem.tokens);
     }

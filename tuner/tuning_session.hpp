@@ -25,9 +25,10 @@ struct Timing {
 
 // The chunks diff() weighs alone in an output of `count` elements, as [begin, end) ranges: at
 // most 256, each of at least 16384 elements (one where the output is smaller, none where it is
-// empty), the last taking the remainder. One relative L2 norm over a whole output hid a few wrong rows or one wrong tile
-// (3 rows of fwd_down's 65536 at T=8192 came to 0.0094 against a bound of 0.01); per chunk they
-// stand out, while rounding differences stay near 0.002 in any chunk this large.
+// empty), the last taking the remainder. One relative L2 norm over a whole output hid a few
+// wrong rows or one wrong tile (3 rows of fwd_down's 65536 at T=8192 came to 0.0094 against a
+// bound of 0.01); per chunk they stand out, while rounding differences stay near 0.002 in any
+// chunk this large.
 std::vector<std::pair<std::size_t, std::size_t>> check_chunks(std::size_t count);
 
 class TuningSession {

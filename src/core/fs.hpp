@@ -84,9 +84,9 @@ class LockTimeout : public IoError {
 
 // An advisory exclusive lock on a lock file (flock), released by the destructor or when the
 // process dies, so a crashed holder never blocks others. A live holder that hangs would: the
-// constructor gives up after `timeout` and throws LockTimeout (IoError where it cannot lock at all). A lock file that exists but that this
-// process may not write (another user's, in a folder users share) is opened for reading, which
-// flock needs no more than.
+// constructor gives up after `timeout` and throws LockTimeout (IoError where it cannot lock at
+// all). A lock file that exists but that this process may not write (another user's, in a folder
+// users share) is opened for reading, which flock needs no more than.
 class FileLock {
  public:
   FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout);

@@ -560,7 +560,8 @@ TuningDb::MergeStats TuningDb::merge_rows(const std::vector<TuningRow>& rows, co
       ++stats.added;
     } else if (!old) {
       ++stats.replaced;  // a row this build cannot read (read_row said why): the readable one serves
-    } else if (rank(row) != rank(*old) ? rank(row) > rank(*old) : row.median_ms < old->median_ms) {
+    } else if (const int in = rank(row), stored = rank(*old);
+               in != stored ? in > stored : row.median_ms < old->median_ms) {
       ++stats.replaced;
     } else {
       // A kept row keeps its candidates too: the losing row's were measured in another tuning,
