@@ -32,6 +32,9 @@ struct RoleCandidates {
   std::vector<db::CandidateResult> results;  // survivors in order, then the pruned
   std::vector<db::CandidateResult> pruned;
   std::optional<TileConfig> incumbent;  // options.incumbents' config of the role, if any
+  std::size_t next = 0;                 // survivors[next] is the first not yet run
+  int reps = 0;                         // timed launches per candidate
+  double seconds = 0;                   // spent on the role's first pass
 };
 
 db::CandidateResult rejected(const TileConfig& c, std::string reason) { return {c, kNaN, kNaN, true, std::move(reason)}; }
@@ -61,7 +64,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     if (!defaults.count(r)) {
       throw InvalidArgument("roles", fmt::format("{} does not run in {} mode", role_name(r), mode_name(problem.mode)));
     }
-    RoleCandidates rc{r, defaults.at(r), {}, {}, {}, {}};
+    RoleCandidates rc{r, defaults.at(r), {}, {}, {}, {}, 0, options.reps, 0};
     if (auto it = options.incumbents.find(r); it != options.incumbents.end()) rc.incumbent = it->second;
     rc.survivors.push_back(rc.reference);
     const std::vector<PruneDecision> space = prune_space(r, shape, device);
@@ -100,20 +103,29 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   for (const auto& [r, c] : defaults) primed[r] = {c, &cache.load(role_kernel_spec(r, c, problem, arch))};
   session.prime(primed);
 
-  std::vector<db::TuningRow> rows;
-  for (RoleCandidates& rc : work) {
-    const auto role_start = Clock::now();
-    int reps = options.reps;
-    for (std::size_t i = 0; i < rc.survivors.size(); ++i) {
-      const TileConfig& c = rc.survivors[i];
-      if (i > 0 && Clock::now() > deadline) {
-        rc.results.push_back(rejected(c, budget_skip_reason(options.budget_s)));
-        continue;
+  // The reference's outputs, the later roles' inputs, back in place; a role resumed in the
+  // second pass takes its reference's snapshot again (a later role's replaced it).
+  const auto restore = [&](const RoleCandidates& rc) { session.run(rc.role, primed.at(rc.role)); };
+  const auto first_line = [](const std::string& what) { return what.substr(0, what.find('\n')); };
+  // The first pass over one role's survivors from rc.next on, until `until` (the reference runs
+  // whatever the time).
+  const auto first_pass = [&](RoleCandidates& rc, Clock::time_point until) {
+    const auto pass_start = Clock::now();
+    if (rc.next > 0) {
+      session.poison(rc.role);
+      restore(rc);
+      if (session.snapshot(rc.role) > 0) {
+        throw InternalError(fmt::format("{}'s reference left output values unwritten on its second run",
+                                        role_name(rc.role)));
       }
+    }
+    for (; rc.next < rc.survivors.size(); ++rc.next) {
+      const std::size_t i = rc.next;
+      const TileConfig& c = rc.survivors[i];
+      if (i > 0 && Clock::now() > until) break;
       // prime() loaded every role's reference (survivors[0]), so only the candidates after it can
       // fail here.
       const jit::KernelSpec spec = role_kernel_spec(rc.role, c, problem, arch);
-      const auto first_line = [](const std::string& what) { return what.substr(0, what.find('\n')); };
       if (auto failed = compile_errors.find(spec.readable_name()); failed != compile_errors.end()) {
         rc.results.push_back(rejected(c, "compile failed: " + first_line(failed->second)));
         continue;
@@ -129,7 +141,13 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
       // A candidate that leaves some of its outputs unwritten would otherwise match the
       // reference's values still there; the reference's own show as non-finite in its snapshot.
       session.poison(rc.role);
-      session.run(rc.role, k);
+      if (i == 0) {
+        session.run(rc.role, k);
+      } else if (std::optional<std::string> why = session.try_run(rc.role, k)) {
+        rc.results.push_back(rejected(c, "launch failed: " + first_line(*why)));
+        restore(rc);
+        continue;
+      }
       if (options.inspect) {
         const std::vector<TuningSession::Span> outputs = session.outputs_of(rc.role);
         for (std::size_t o = 0; o < outputs.size(); ++o) {
@@ -145,15 +163,36 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         }
       } else if (const double diff = session.diff(rc.role); !(diff <= kTuneTolerance)) {
         rc.results.push_back(rejected(c, fmt::format("output differs from the reference config by {:.3g}", diff)));
-        // Later roles read these outputs: the reference's go back.
-        session.run(rc.role, primed.at(rc.role));
+        restore(rc);
         continue;
       }
-      const Timing t = session.time(rc.role, k, reps, options.sustained);
+      const Timing t = session.time(rc.role, k, rc.reps, options.sustained);
       rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
       // Long kernels vary little: fewer repetitions keep tuning of large problems short.
-      if (i == 0 && t.median_ms > kLongKernelMs) reps = std::min(reps, 3);
+      if (i == 0 && t.median_ms > kLongKernelMs) rc.reps = std::min(rc.reps, 3);
     }
+    restore(rc);
+    rc.seconds += std::chrono::duration<double>(Clock::now() - pass_start).count();
+  };
+  // Each role first gets its share of what is left (budget_share_s), so that a budget too short
+  // for every candidate still times each role's likeliest winners (order_for_budget), not the
+  // first roles' whole spaces; what the roles before it did not use goes to the next. Roles cut
+  // short then go on, in pipeline order, until the budget is spent.
+  for (std::size_t r = 0; r < work.size(); ++r) {
+    const double left_s = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const double share_s = budget_share_s(left_s, work.size() - r);
+    first_pass(work[r], Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(share_s)));
+  }
+  for (RoleCandidates& rc : work) {
+    if (rc.next < rc.survivors.size() && Clock::now() <= deadline) first_pass(rc, deadline);
+    for (std::size_t i = rc.next; i < rc.survivors.size(); ++i) {
+      rc.results.push_back(rejected(rc.survivors[i], budget_skip_reason(options.budget_s)));
+    }
+  }
+
+  std::vector<db::TuningRow> rows;
+  for (RoleCandidates& rc : work) {
+    const auto role_start = Clock::now();
     // The pass above timed candidates seconds apart, and the clocks under the power cap move
     // by 10-20% in that time: the finalists are timed again in turns, and the winner is one of
     // them, by those times.
@@ -171,7 +210,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
       }
     }
     // Later roles read this role's output: leave the reference's there.
-    session.run(rc.role, primed.at(rc.role));
+    restore(rc);
     const double ref_ms = rc.results.front().median_ms;  // the reference is timed first
     rc.results.insert(rc.results.end(), rc.pruned.begin(), rc.pruned.end());
     const auto w = choose_winner(rc.results, final, rc.incumbent);
@@ -188,7 +227,8 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     row.provenance = db::current_provenance(device.driver_version);
     say(fmt::format("{:<10} {:<28} {:8.4f} ms (heuristic {:8.4f} ms, x{:.2f}) {} candidates, {:.1f} s",
                     role_name(rc.role), row.winner.name(), row.median_ms, ref_ms, ref_ms / row.median_ms,
-                    rc.results.size(), std::chrono::duration<double>(Clock::now() - role_start).count()));
+                    rc.results.size(),
+                    rc.seconds + std::chrono::duration<double>(Clock::now() - role_start).count()));
     rows.push_back(std::move(row));
   }
   return rows;

@@ -1,8 +1,9 @@
 // The autotuner: for each role of a problem, every config of its space (or of the first call's
-// narrower one) is pruned for the device, compiled in parallel, run once on a scratch problem and compared with the heuristic
-// default's output (a miscompiled or wrong config is rejected, not chosen), timed with CUDA
-// events, the fastest few timed again in turns, and the winner picked among those with a
-// deterministic tie-break (tuner/winner.hpp).
+// narrower one) is pruned for the device, compiled in parallel, run once on a scratch problem and
+// compared with the heuristic default's output (a miscompiled or wrong config, or one whose
+// launch the device refuses, is rejected, not chosen), timed with CUDA events, the fastest few
+// timed again in turns, and the winner picked among those with a deterministic tie-break
+// (tuner/winner.hpp).
 #pragma once
 
 #include <functional>
@@ -22,7 +23,8 @@ namespace moejit {
 struct TuneOptions {
   // Wall clock from the start, compiling included; once spent, candidates not yet timed are recorded
   // as skipped (each role's reference and finalist rounds still run), which marks the row as
-  // tuned partly (tuner/prune.hpp: tuned_partly).
+  // tuned partly (tuner/prune.hpp: tuned_partly). Each role first gets an equal share of what is
+  // left when it starts (budget_share_s), then the roles cut short what remains, in pipeline order.
   double budget_s = 60;
   int reps = 7;          // timed launches per candidate (the median is kept)
   int final_rounds = 7;  // rounds of the finalists' timing in turns (tuner/winner.hpp: finalists)

@@ -198,6 +198,21 @@ void TuningSession::run(Role role, const RoleKernel& k) {
   launch(role, k);
 }
 
+std::optional<std::string> TuningSession::try_run(Role role, const RoleKernel& k) {
+  try {
+    run(role, k);
+    return std::nullopt;
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const CudaError& e) {
+    // A fault is recorded on the context and every later call returns it; a refused launch is not.
+    if (cuda::driver().cuStreamSynchronize(stream_.get()) != CUDA_SUCCESS) throw;
+    return std::string(e.what());
+  } catch (const UnsupportedError& e) {
+    return std::string(e.what());
+  }
+}
+
 void TuningSession::scatter(params::GatherSum& params) {
   if (gather_sum_.kernel == nullptr) throw InternalError("token rows are scattered by the primed gather_sum kernel");
   const LaunchGeometry g = launch_geometry(Role::kGatherSum, gather_sum_.config, shape_, layout_.routing.max_tiles, aligned_);

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -52,6 +54,11 @@ class TuningSession {
   // sorted token rows (sorted_rows_read) gets the scatter a step would spend on it first
   // (see launch()).
   void run(Role role, const RoleKernel& k);
+  // run() for a candidate: a launch refused at once (too much shared memory for this device,
+  // or the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, say) leaves the context as it was, so its
+  // reason is returned and the candidate can be rejected; nullopt when it launched. Out of memory,
+  // and an error the context does not survive, are thrown.
+  std::optional<std::string> try_run(Role role, const RoleKernel& k);
   // CUDA-event median over `reps` launches; the scatter a config pays for counts in its time.
   // Burst (default): L2 flushed before each launch. Sustained: the launches run back to back
   // after about 25 ms of untimed ones, as a step's kernels run, with the clocks where a long run

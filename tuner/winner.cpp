@@ -21,6 +21,11 @@ void order_for_budget(std::vector<TileConfig>& candidates, const std::optional<T
                    [&](const TileConfig& a, const TileConfig& b) { return rank(a) < rank(b); });
 }
 
+double budget_share_s(double left_s, std::size_t roles_left) {
+  if (!(left_s > 0) || roles_left == 0) return 0;
+  return left_s / static_cast<double>(roles_left);
+}
+
 std::vector<std::size_t> finalists(const std::vector<db::CandidateResult>& c,
                                    const std::optional<TileConfig>& incumbent) {
   std::vector<std::size_t> order;

@@ -24,6 +24,11 @@ inline constexpr std::size_t kMaxFinalists = 4;
 // that runs out skips the candidates after the cut, so a row cut short has still timed these.
 void order_for_budget(std::vector<TileConfig>& candidates, const std::optional<TileConfig>& incumbent);
 
+// The seconds of the `left_s` still left that the next of `roles_left` roles may spend on its
+// first pass: an equal share (0 when nothing is left). What a role does not use goes to the roles
+// after it, and what is left after them all to the roles cut short (autotune).
+double budget_share_s(double left_s, std::size_t roles_left);
+
 // Indices of the eligible candidates (timed, not rejected) whose median is within
 // kFinalistFraction of the fastest, fastest first (equal medians: the incumbent, then the smaller
 // config, whatever order they were timed in), at most kMaxFinalists; and the incumbent

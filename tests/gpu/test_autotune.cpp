@@ -26,6 +26,7 @@
 #include "support/temp_dir.hpp"
 #include "tuner/autotuner.hpp"
 #include "tuner/config_space.hpp"
+#include "tuner/prune.hpp"
 #include "tuner/tuning_keys.hpp"
 #include "tuner/tuning_session.hpp"
 
@@ -479,6 +480,40 @@ TEST_CASE("a reference config whose output holds a NaN stops the tune", "[gpu][t
     CHECK_THAT(e.what(), Catch::Contains("fwd_down's reference config " + reference) &&
                              Catch::Contains("1 output values unwritten or not finite"));
   }
+}
+
+TEST_CASE("a candidate whose launch is refused is rejected and the tune goes on", "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
+                       kProblem.dtype};
+  // Pruned for a device that claims 64 KB more shared memory per block than this one has, the
+  // configs in between reach the launch, which this device refuses.
+  cuda::DeviceInfo roomy = gpu->info;
+  roomy.smem_optin_per_block += 64 * 1024;
+  roomy.smem_per_sm += 64 * 1024;
+  REQUIRE(default_config(Role::kFwdDown, shape, roomy) == default_config(Role::kFwdDown, shape, gpu->info));
+  std::vector<std::string> too_big;
+  for (const PruneDecision& d : prune_space(Role::kFwdDown, shape, roomy)) {
+    if (!d.reason && prune_reason(Role::kFwdDown, d.config, shape, gpu->info)) too_big.push_back(d.config.name());
+  }
+  REQUIRE_FALSE(too_big.empty());
+  const auto rows = autotune(kProblem, roomy, {Role::kFwdDown}, TuneOptions{});
+  REQUIRE(rows.size() == 1);
+  CHECK_FALSE(prune_reason(Role::kFwdDown, rows[0].winner, shape, gpu->info));
+  int timed = 0;
+  for (const auto& c : rows[0].candidates) {
+    const bool refused = std::find(too_big.begin(), too_big.end(), c.config.name()) != too_big.end();
+    INFO(c.config.name() << ": " << c.reason);
+    if (refused) {
+      CHECK(c.rejected);
+      CHECK_THAT(c.reason, Catch::StartsWith("launch failed: "));
+    } else if (!c.rejected) {
+      ++timed;
+    }
+  }
+  CHECK(timed > 1);
+  // The refusals left the context usable.
+  MOEJIT_CU(cuda::driver().cuCtxSynchronize());
 }
 
 TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {

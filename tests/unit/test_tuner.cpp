@@ -176,6 +176,16 @@ TEST_CASE("under a budget the reference, the incumbent and the TMA warp-speciali
   CHECK(order == std::vector<TileConfig>{ws(128), reference, a});
 }
 
+TEST_CASE("each role's first pass gets an equal share of the budget left", "[tuner]") {
+  CHECK(budget_share_s(60, 6) == Approx(10));
+  CHECK(budget_share_s(60, 1) == Approx(60));  // the last role takes all that is left
+  CHECK(budget_share_s(7.5, 3) == Approx(2.5));
+  CHECK(budget_share_s(0, 4) == 0);
+  CHECK(budget_share_s(-3, 4) == 0);  // the deadline already passed
+  CHECK(budget_share_s(std::nan(""), 4) == 0);
+  CHECK(budget_share_s(60, 0) == 0);
+}
+
 TEST_CASE("the fastest candidate wins outside the noise band", "[tuner]") {
   std::vector<db::CandidateResult> c = {timed(gemm(64, 64, 32), 1.00), timed(gemm(64, 128, 32), 0.80),
                                         timed(gemm(128, 128, 32), 0.90)};
