@@ -166,10 +166,19 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
         restore(rc);
         continue;
       }
-      const Timing t = session.time(rc.role, k, rc.reps, options.sustained);
-      rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
-      // Long kernels vary little: fewer repetitions keep tuning of large problems short.
-      if (i == 0 && t.median_ms > kLongKernelMs) rc.reps = std::min(rc.reps, 3);
+      if (i == 0) {
+        const Timing t = session.time(rc.role, k, rc.reps, options.sustained);
+        rc.results.push_back({c, t.median_ms, t.spread_ms, false, ""});
+        // Long kernels vary little: fewer repetitions keep tuning of large problems short.
+        if (t.median_ms > kLongKernelMs) rc.reps = std::min(rc.reps, 3);
+        continue;
+      }
+      // Candidates are timed seconds apart, and the clocks under the power cap move by more than
+      // the finalists' window in that time: each is timed in turns with the reference, and its
+      // times are scaled by the reference's first median over its median now.
+      const std::vector<Timing> t = session.time(rc.role, {primed.at(rc.role), k}, rc.reps, options.sustained);
+      const double scale = t[0].median_ms > 0 ? rc.results.front().median_ms / t[0].median_ms : 1.0;
+      rc.results.push_back({c, t[1].median_ms * scale, t[1].spread_ms * scale, false, ""});
     }
     restore(rc);
     rc.seconds += std::chrono::duration<double>(Clock::now() - pass_start).count();
@@ -193,9 +202,8 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   std::vector<db::TuningRow> rows;
   for (RoleCandidates& rc : work) {
     const auto role_start = Clock::now();
-    // The pass above timed candidates seconds apart, and the clocks under the power cap move
-    // by 10-20% in that time: the finalists are timed again in turns, and the winner is one of
-    // them, by those times.
+    // The first pass's scaled times still carry each pair's noise: the finalists are timed again
+    // in turns, all together, and the winner is one of them, by those times.
     const std::vector<std::size_t> final = finalists(rc.results, rc.incumbent);
     if (final.size() > 1) {
       std::vector<TuningSession::RoleKernel> kernels;

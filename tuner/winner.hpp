@@ -14,7 +14,9 @@ inline constexpr double kTieFraction = 0.02;
 
 // Candidates within this fraction of the fastest first-pass median are timed again, in turns
 // (autotune): the clocks under the power cap drift by 10-20% over seconds, enough to reorder
-// configs timed one after another. At most kMaxFinalists of them, the fastest first.
+// configs timed one after another, so each first-pass median is taken in turns with the
+// reference's and scaled by its drift; what is left is the noise of those pairs. At most
+// kMaxFinalists of them, the fastest first.
 inline constexpr double kFinalistFraction = 0.10;
 inline constexpr std::size_t kMaxFinalists = 4;
 
