@@ -100,7 +100,8 @@ moejit_status moejit_backward(moejit_plan* plan, const void* d_out, const void* 
 /* FusedMoe::adopt_saved (moejit.hpp): `saved` holds a state a forward of this plan's problem
  * completed, copied there afterwards (offloaded to the host and brought back, or from another
  * process). Required before moejit_backward takes a state at an address its forward did not
- * write; unchecked, so a buffer declared that holds no such state is the caller's fault. */
+ * write; the first backward over it (outside a graph capture) checks the stamp its forward wrote
+ * and refuses another problem's state, or none, with MOEJIT_ERROR_STATE. */
 moejit_status moejit_plan_adopt_saved(moejit_plan* plan, const void* saved);
 
 /* Sets one of the library's settings, the MOEJIT_* variables (README, "Environment variables"),

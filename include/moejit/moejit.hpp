@@ -157,9 +157,13 @@ class FusedMoe {
   // another process), so that backward() takes it; states the copy wrote over are lost, as after a
   // forward. Recorded for this plan's context, as its forward's are. The PyTorch front end
   // declares the states it gets as copies (save_on_cpu's, AOTAutograd's), of its problem's size; a
-  // forward's own state, still at its address, it leaves to the record. Unchecked: a buffer
-  // declared so that holds no such state sends the kernels' reads and writes wherever its routing
-  // tables point.
+  // forward's own state, still at its address, it leaves to the record. A forward's last write is
+  // a stamp of its problem at the state's end (a memory-efficient backward clears it): the first
+  // backward over an adopted state reads it on its stream, after the copy, and refuses a state
+  // stamped for another problem, or not at all, with StateError, before anything is enqueued. A
+  // backward being captured cannot read it and takes the state unchecked; the next one outside a
+  // capture checks it. Throws InvalidArgument for a null, misaligned or non-device `saved` (or
+  // one of another context's memory), StateError for an inference plan.
   void adopt_saved(const void* saved);
 
   struct Impl;

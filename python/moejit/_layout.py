@@ -13,6 +13,7 @@ has this size.
 _ALIGN = 256  # every region of the layout starts on a 256-byte boundary
 _ROUTING_MIN_CHUNK = 512  # kRoutingMinChunk
 _ELEMENT_BYTES = 2  # bf16 and fp16
+_STAMP_BYTES = 256  # MemoryLayout::kStampBytes
 
 
 def _symbolic(*values):
@@ -72,8 +73,9 @@ def routing_bytes(pairs, experts):
 
 
 def saved_bytes(tokens, experts, intermediate, topk, inference):
-    """Routing arrays and pre_act [T*K, 2I] in the training modes; nothing in inference."""
+    """Routing arrays, pre_act [T*K, 2I] and the state's stamp in the training modes; nothing in
+    inference."""
     if inference:
         return 0
     pairs = tokens * topk
-    return _aligned(routing_bytes(pairs, experts)) + _aligned(pairs * 2 * intermediate * _ELEMENT_BYTES)
+    return _aligned(routing_bytes(pairs, experts)) + _aligned(pairs * 2 * intermediate * _ELEMENT_BYTES) + _STAMP_BYTES

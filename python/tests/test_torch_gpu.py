@@ -361,6 +361,33 @@ def test_the_backward_ops_refuse_another_problems_state():
             assert torch.equal(g, w), (mode, name)
 
 
+def test_the_backward_ops_refuse_a_copy_of_another_problems_state_of_the_same_size():
+    # The size check cannot see it: E=16 and E=2 make states of one size here. Adopted as a copy,
+    # the E=16 state's routing tables would send the E=2 backward's dW writes past its buffers;
+    # the library checks the stamp the forward wrote, and refuses before anything runs.
+    x, w1, w2, ids, weights, d_out = make_case(256, 16, 256, 128, 2, dtype=torch.bfloat16)
+    _, small_w1, small_w2, small_ids, _, _ = make_case(256, 2, 256, 128, 2, dtype=torch.bfloat16, seed=1)
+    ids, weights = ids.int(), weights.to(x.dtype)
+    assert ops._layout.saved_bytes(256, 16, 128, 2, False) == ops._layout.saved_bytes(256, 2, 128, 2, False)
+    _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.TRAIN, False)
+    with pytest.raises(moejit.StateError, match="another problem's forward"):
+        torch.ops.moejit.fused_moe_backward(d_out, x, small_w1, small_w2, weights, saved, ops.TRAIN, False, True)
+    with pytest.raises(moejit.StateError, match="its stamp is another's"):
+        torch.ops.moejit.fused_moe_backward(d_out, x, small_w1, small_w2, weights, saved.clone(), ops.TRAIN, False,
+                                            True)
+    # The copy of its own problem's state is taken, and gives the forward's own gradients.
+    got = torch.ops.moejit.fused_moe_backward(d_out, x, w1, w2, weights, saved.clone(), ops.TRAIN, False, True)
+    want = torch.ops.moejit.fused_moe_backward(d_out, x, w1, w2, weights, saved, ops.TRAIN, False, True)
+    for name, g, w in zip(("dx", "dW1", "dW2", "d topk_weights"), got, want):
+        assert torch.equal(g, w), name
+    # A copy of a consumed memory-efficient state holds none: its stamp was cleared.
+    _, saved = torch.ops.moejit.fused_moe_forward(x, w1, w2, ids, weights, ops.MEMEFF, False)
+    torch.ops.moejit.fused_moe_backward_consuming(d_out, x, w1, w2, weights, saved, ops.MEMEFF, False, True)
+    with pytest.raises(moejit.StateError, match="or none"):
+        torch.ops.moejit.fused_moe_backward_consuming(d_out, x, w1, w2, weights, saved.clone(), ops.MEMEFF, False,
+                                                      True)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("memory_efficient", [False, True], ids=["train", "memeff"])
 def test_ids_refilled_in_place_before_backward_give_the_same_gradients(memory_efficient, compiled):

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <vector>
 
@@ -92,6 +93,39 @@ struct FusedMoe::Impl {
   // the plan's context, the one its backward checks.
   void record_saved(const void* saved, SavedStates::State state) const {
     if (memory.saved_bytes > 0) SavedStates::instance().record(context, saved, memory.saved_bytes, problem, state);
+  }
+
+  // The state's stamp, stream-ordered (a memset node where the stream is captured).
+  void write_stamp(const void* saved, std::uint32_t value, CUstream stream) const {
+    MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(saved) + layout.stamp, value,
+                                              MemoryLayout::kStampBytes / 4, stream));
+  }
+
+  // An adopted state's stamp, read on the backward's stream (after the caller's copy into it),
+  // unless the stream is being captured, where nothing can be read back: it stays unchecked, and
+  // the next backward outside a capture checks it. Before SavedStates::use: a refusal consumes
+  // nothing.
+  void check_adopted(const void* saved, CUstream stream) const {
+    if (!SavedStates::instance().unchecked_adoption(context, saved)) return;
+    const cuda::Driver& d = cuda::driver();
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) return;
+    // Another thread's global-mode capture would take the readback for an unsafe call and end.
+    const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
+    std::array<std::uint32_t, MemoryLayout::kStampBytes / 4> words{};
+    MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), reinterpret_cast<CUdeviceptr>(saved) + layout.stamp,
+                                  MemoryLayout::kStampBytes, stream));
+    MOEJIT_CU(d.cuStreamSynchronize(stream));
+    const std::uint32_t want = state_stamp(problem);
+    if (std::any_of(words.begin(), words.end(), [&](std::uint32_t w) { return w != want; })) {
+      throw StateError(fmt::format(
+          "saved: adopted with adopt_saved(), but it holds no completed forward() state of this problem (T={}, E={}, "
+          "H={}, I={}, K={}): its stamp is another's, or none (a consumed or never-written state); run forward() "
+          "again first",
+          problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk));
+    }
+    SavedStates::instance().checked(context, saved);
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -215,6 +249,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
     s.launch(Role::kFwdUp, &f.fwd_up, on);
     s.launch(Role::kFwdDown, &f.fwd_down, on);
     s.launch(Role::kGatherSum, &f.gather_out, on);
+    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, state_stamp(s.problem), stream);
   } catch (...) {
     s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;
@@ -224,10 +259,11 @@ void FusedMoe::forward(const ForwardArgs& a) {
 
 void FusedMoe::adopt_saved(const void* saved) {
   Impl& s = live();
-  if (saved == nullptr) throw InvalidArgument("saved", "is null");
+  const std::vector<TensorRegion> tensors = validate_adopted(saved, s.problem, s.memory);
+  s.require_device_memory(tensors, s.check_context());
   // The copy wrote these bytes: states recorded over them are gone, as after a forward.
-  SavedStates::instance().overwrite({{"saved", saved, s.memory.saved_bytes, 256, true}}, nullptr);
-  s.record_saved(saved, SavedStates::State::kComplete);
+  SavedStates::instance().overwrite(tensors, nullptr);
+  s.record_saved(saved, SavedStates::State::kAdopted);
 }
 
 void FusedMoe::backward(const BackwardArgs& a) {
@@ -238,6 +274,7 @@ void FusedMoe::backward(const BackwardArgs& a) {
   const LaunchStream on = s.own_stream(reinterpret_cast<CUstream>(a.stream), current);
   CUstream stream = on.stream;
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
+  s.check_adopted(a.saved, stream);
   // Last before the launches. bwd_down writes d_pre_act over the saved pre_act here: from the
   // first launch on, even one that fails later, the state is gone. No InvalidArgument, StateError
   // or NoDeviceError after this: the PyTorch front end takes those as refusals that left the
@@ -247,6 +284,8 @@ void FusedMoe::backward(const BackwardArgs& a) {
                                                                        : SavedStates::Use::kRead);
   SavedStates::instance().overwrite(tensors, a.saved);
   MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
+  // A copy of the state taken from here on holds no state: its stamp says so.
+  if (s.problem.mode == Mode::kMemoryEfficient) s.write_stamp(a.saved, 0, stream);
   if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
       (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {
     s.scatter(b.scatter_d_out, stream);

@@ -64,6 +64,7 @@ MemoryLayout memory_layout(const MoeShape& s, Mode mode, int block_m) {
   if (l.routing_in_saved) {
     l.routing_offset = place(l.saved_bytes, l.routing.total_bytes);
     l.pre_act = place(l.saved_bytes, tk * 2 * i * elt);
+    l.stamp = place(l.saved_bytes, MemoryLayout::kStampBytes);
   }
   l.act = place(l.forward_bytes, tk * i * elt);
   l.y = place(l.forward_bytes, tk * h * elt);

@@ -1,7 +1,7 @@
 // Where every intermediate lives in the three caller-provided buffers (saved state, forward
 // workspace, backward workspace). Pure; offsets are 256-byte aligned.
 //
-//   saved (training modes)  routing outputs | pre_act [TK, 2I]
+//   saved (training modes)  routing outputs | pre_act [TK, 2I] | stamp (256 B, SavedStates)
 //   forward workspace        act [TK, I] | y [TK, H] | routing (inference only)
 //   backward workspace       ds_acc [TK, slots] fp32 | dx_rows [TK, H] | d_pre_act [TK, 2I] and,
 //                            where TK > 2 E H, weighted_act [TK, I] (default mode: below that
@@ -23,11 +23,13 @@ namespace moejit {
 
 struct MemoryLayout {
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  static constexpr std::size_t kStampBytes = 256;
 
   RoutingLayout routing;
   bool routing_in_saved = true;  // false in inference: routing lives in the forward workspace
   std::size_t routing_offset = 0;
   std::size_t pre_act = kNone;
+  std::size_t stamp = kNone;  // the forward's last write (saved_states.hpp: state_stamp)
   std::size_t saved_bytes = 0;
 
   std::size_t act = 0, y = 0;

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <iterator>
+#include <string>
 #include <vector>
+
+#include "core/hash.hpp"
 
 namespace moejit {
 namespace {
@@ -21,6 +24,14 @@ std::string describe(const MoeProblem& p) {
 }
 
 }  // namespace
+
+std::uint32_t state_stamp(const MoeProblem& p) {
+  const std::string fields = fmt::format("moejit saved state {} {} {} {} {} {} {}", p.tokens, p.experts, p.hidden,
+                                         p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode));
+  const std::uint64_t h = Hasher().add(fields).value();
+  const auto folded = static_cast<std::uint32_t>(h ^ (h >> 32));
+  return folded == 0 || folded == 0xffffffffu ? 1u : folded;
+}
 
 SavedStates& SavedStates::instance() {
   // Never destroyed, as the kernel cache: a thread still in forward() or backward() when the
@@ -103,6 +114,7 @@ void SavedStates::use(ContextId context, const void* saved, const MoeProblem& pr
       why = "a later call of this process wrote over part of it (its out, workspace, gradients or saved state)";
       break;
     case State::kComplete:
+    case State::kAdopted:
       if (!same_problem(e.problem, problem)) {
         why = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
       }
@@ -111,6 +123,20 @@ void SavedStates::use(ContextId context, const void* saved, const MoeProblem& pr
   if (!why.empty()) throw StateError(fmt::format("saved: {}; run forward() again first", why));
   e.order = next_order_++;
   if (use == Use::kConsume) e.state = State::kConsumed;
+}
+
+bool SavedStates::unchecked_adoption(ContextId context, const void* saved) {
+  std::lock_guard lock(mu_);
+  const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
+  return it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted;
+}
+
+void SavedStates::checked(ContextId context, const void* saved) {
+  std::lock_guard lock(mu_);
+  const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
+  if (it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted) {
+    it->second.state = State::kComplete;
+  }
 }
 
 }  // namespace moejit

@@ -8,7 +8,11 @@
 // forward of another problem (another plan's T, say), whose layout would send the kernels'
 // reads elsewhere, and a state that a later call of the process wrote over in part (its out or
 // workspace, or another state starting elsewhere in the buffer). A state copied to a new address
-// (PyTorch's save_on_cpu brings one back elsewhere) is recorded by FusedMoe::adopt_saved.
+// (PyTorch's save_on_cpu brings one back elsewhere) is recorded by FusedMoe::adopt_saved, on the
+// caller's word; the first backward over it that can read it (one not being captured) checks
+// first that its stamp is this problem's (state_stamp): the same size does not make a state
+// this problem's (every E from 2 to 16 at T=64, K=2, H=I=64 has one size), and another
+// problem's routing tables would send the kernels' writes past dW1, dW2 and dx.
 //
 // Also refused: a state recorded in another CUDA context (by cuCtxGetId, never reused). A context
 // reset or destroyed takes its memory with it, and a new context's allocation often gets the same
@@ -29,9 +33,15 @@
 
 namespace moejit {
 
+// The value a forward writes into each 32-bit word of its state's stamp (MemoryLayout::stamp)
+// after its last kernel: a hash of the fields the layout and the kernels depend on, never 0
+// (a memory-efficient backward clears the stamp of the state it consumes) nor 0xffffffff.
+std::uint32_t state_stamp(const MoeProblem& problem);
+
 class SavedStates {
  public:
-  enum class State { kComplete, kPartial, kConsumed, kOverwritten };
+  // kAdopted: complete on the caller's word (adopt_saved), its stamp not yet checked.
+  enum class State { kComplete, kAdopted, kPartial, kConsumed, kOverwritten };
 
   // Process-wide: plans share states (Python's backward may run another plan of the problem).
   static SavedStates& instance();
@@ -61,6 +71,11 @@ class SavedStates {
   // so of two memory-efficient backwards given one buffer at once, one runs and the other is
   // refused.
   void use(ContextId context, const void* saved, const MoeProblem& problem, Use use);
+
+  // Whether the record at `saved`, of `context`, is an adopted state whose stamp no backward has
+  // checked; checked() records that one did, and found it this problem's.
+  bool unchecked_adoption(ContextId context, const void* saved);
+  void checked(ContextId context, const void* saved);
 
   // At most this many buffers are remembered; past it the half least recently recorded or used
   // is forgotten (and refused after), so a process whose allocator hands out ever new addresses

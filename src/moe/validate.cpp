@@ -99,6 +99,10 @@ void append_inputs(std::vector<TensorRegion>& t, const Args& a, const Sizes& z, 
   t.push_back({"topk_weights", a.topk_weights, z.pairs * z.elt, 2, false});
 }
 
+void require_backward(const MoeProblem& p) {
+  if (p.mode == Mode::kInference) throw StateError("an inference plan has no backward; build it with a training mode");
+}
+
 // Every tensor the plan needs bytes of is non-null and aligned, and no written one overlaps another.
 void require_tensors(const std::vector<TensorRegion>& tensors) {
   for (const TensorRegion& t : tensors) {
@@ -198,7 +202,7 @@ std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProble
 
 std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
                                             bool vector_aligned) {
-  if (p.mode == Mode::kInference) throw StateError("an inference plan has no backward; build it with a training mode");
+  require_backward(p);
   if ((a.dw1 == nullptr) != (a.dw2 == nullptr)) {
     throw InvalidArgument(a.dw1 == nullptr ? "dw1" : "dw2",
                           fmt::format("null device pointer while {} is given: pass both weight gradients, or neither "
@@ -212,6 +216,13 @@ std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProb
   std::vector<TensorRegion> tensors = backward_tensors(a, p, m, vector_aligned);
   require_size(a.saved_bytes, m.saved_bytes, "saved_bytes");
   require_size(a.workspace_bytes, m.backward_workspace_bytes, "workspace_bytes");
+  require_tensors(tensors);
+  return tensors;
+}
+
+std::vector<TensorRegion> validate_adopted(const void* saved, const MoeProblem& p, const MemoryPlan& m) {
+  require_backward(p);
+  std::vector<TensorRegion> tensors = {{"saved", saved, m.saved_bytes, kBuffer, true}};
   require_tensors(tensors);
   return tensors;
 }

@@ -41,6 +41,10 @@ std::vector<TensorRegion> validate_forward(const ForwardArgs& a, const MoeProble
 std::vector<TensorRegion> validate_backward(const BackwardArgs& a, const MoeProblem& p, const MemoryPlan& m,
                                             bool vector_aligned);
 
+// adopt_saved's buffer: a training plan's, non-null and 256-byte aligned. Returns it as a written
+// tensor of saved_bytes, for require_device_memory and SavedStates::overwrite.
+std::vector<TensorRegion> validate_adopted(const void* saved, const MoeProblem& p, const MemoryPlan& m);
+
 // Each tensor's first and last byte must be device memory of `device` (or managed memory), and
 // a tensor must lie within the allocation holding its first byte: a host or another GPU's
 // address, another context's memory on this GPU (each context maps its own allocations; the

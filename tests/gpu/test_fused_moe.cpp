@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "core/env.hpp"
@@ -1226,6 +1227,86 @@ TEST_CASE("another context's memory or stream, or a saved state no forward of it
   plan.backward(bwd);
   stream.synchronize();
   CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
+}
+
+TEST_CASE("an adopted state is checked by its forward's stamp: another problem's of the same size, or a consumed one, is refused; a copy of its own runs",
+          "[gpu][moe][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // Every E from 2 to 16 makes a state of one size here: only the stamp tells them apart.
+  const CaseSpec many{64, 16, 64, 64, 2}, few{64, 2, 64, 64, 2};
+  FusedMoe plan(problem_of(many, Mode::kTraining)), other(problem_of(few, Mode::kTraining));
+  const std::size_t bytes = plan.memory().saved_bytes;
+  REQUIRE(other.memory().saved_bytes == bytes);
+  DeviceRun run(make_case(many), plan.memory()), other_run(make_case(few), other.memory());
+  cuda::Stream stream;
+  const auto copy_of = [&](const cuda::DeviceBuffer& from) {
+    auto to = std::make_unique<cuda::DeviceBuffer>(bytes);
+    MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(to->get(), from.get(), bytes, stream.get()));
+    return to;
+  };
+  const auto with_saved = [&](const DeviceRun& r, const cuda::DeviceBuffer& saved) {
+    BackwardArgs b = r.backward_args(stream.get());
+    b.saved = saved.as<void>();
+    return b;
+  };
+  plan.forward(run.forward_args(stream.get()));
+  const auto copy = copy_of(run.saved);
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  const Outputs want = outputs_of(run, many, Mode::kTraining);
+
+  // Another problem's copy, declared this plan's: taken unchecked while captured (nothing can be
+  // read back then; the graph is never launched), refused by the next backward outside a
+  // capture, before anything is enqueued.
+  other.adopt_saved(copy->as<void>());
+  other_run.poison();
+  { const cuda::CapturedGraph unchecked(stream.get(), [&] { other.backward(with_saved(other_run, *copy)); }); }
+  CHECK_THROWS_WITH(other.backward(with_saved(other_run, *copy)),
+                    Catch::StartsWith("saved: adopted with adopt_saved(), but it holds no completed forward() state "
+                                      "of this problem (T=64, E=2,"));
+  stream.synchronize();
+  const std::vector<double> other_dx = download(other_run.dx, few.dtype, 64 * 64);
+  CHECK(std::all_of(other_dx.begin(), other_dx.end(), [](double v) { return std::isnan(v); }));
+
+  // The copy declared its own problem's: the forward's gradients, bit for bit.
+  plan.adopt_saved(copy->as<void>());
+  run.poison();
+  plan.backward(with_saved(run, *copy));
+  stream.synchronize();
+  const Outputs got = outputs_of(run, many, Mode::kTraining);
+  CHECK(test::differences(got.dx, want.dx) == "none");
+  CHECK(test::differences(got.dw1, want.dw1) == "none");
+  CHECK(test::differences(got.dw2, want.dw2) == "none");
+  CHECK(test::differences(got.ds, want.ds) == "none");
+
+  // A memory-efficient backward clears the stamp of the state it consumes: a copy taken after
+  // it holds none; one taken before runs.
+  FusedMoe memeff(problem_of(many, Mode::kMemoryEfficient));
+  DeviceRun memeff_run(make_case(many), memeff.memory());
+  memeff.forward(memeff_run.forward_args(stream.get()));
+  const auto before = copy_of(memeff_run.saved);
+  memeff.backward(memeff_run.backward_args(stream.get()));
+  const auto after = copy_of(memeff_run.saved);
+  stream.synchronize();
+  const std::vector<double> memeff_dx = download(memeff_run.dx, many.dtype, 64 * 64);
+  memeff.adopt_saved(after->as<void>());
+  CHECK_THROWS_WITH(memeff.backward(with_saved(memeff_run, *after)), Catch::Contains("or none"));
+  memeff.adopt_saved(before->as<void>());
+  memeff_run.dx.fill_bytes(0xff);
+  memeff.backward(with_saved(memeff_run, *before));
+  stream.synchronize();
+  CHECK(test::differences(download(memeff_run.dx, many.dtype, 64 * 64), memeff_dx) == "none");
+
+  // What adopt_saved refuses before recording anything.
+  CHECK_THROWS_WITH(plan.adopt_saved(nullptr), Catch::StartsWith("saved: null device pointer"));
+  CHECK_THROWS_WITH(plan.adopt_saved(copy->as<char>() + 16), Catch::StartsWith("saved: must be 256-byte aligned"));
+  std::vector<std::uint8_t> host(bytes + 256);
+  void* host_aligned = host.data() + (256 - reinterpret_cast<std::uintptr_t>(host.data()) % 256) % 256;
+  CHECK_THROWS_WITH(plan.adopt_saved(host_aligned), Catch::StartsWith("saved: "));
+  // Its bytes would run past the top of the address space.
+  CHECK_THROWS_WITH(plan.adopt_saved(reinterpret_cast<void*>(~std::uintptr_t{0xff})), Catch::StartsWith("saved: "));
+  FusedMoe inference(problem_of(many, Mode::kInference));
+  CHECK_THROWS_AS(inference.adopt_saved(copy->as<void>()), StateError);
 }
 
 TEST_CASE("after a primary-context reset, a saved state of the old context is refused at its address; the new context's forward there runs",

@@ -273,3 +273,55 @@ TEST_CASE("a write in one context marks the states of any context it overlaps, a
   CHECK_THAT(refusal(states, at(8192), p), Catch::Contains("wrote over part of it"));
   CHECK(refusal_in(kNewContext, states, at(16384), p).empty());
 }
+
+TEST_CASE("an adopted state is taken as complete, its stamp unchecked until a backward checks it", "[saved]") {
+  SavedStates states;
+  const MoeProblem p{1024, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  MoeProblem other = p;
+  other.experts = 64;
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kAdopted);
+  CHECK(states.unchecked_adoption(kContext, address(1)));
+  CHECK_FALSE(states.unchecked_adoption(kNewContext, address(1)));  // another context's record says nothing here
+  CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));      // no record
+  CHECK_THAT(refusal(states, address(1), other), Catch::Contains("another problem"));
+  CHECK(refusal(states, address(1), p).empty());
+  states.checked(kContext, address(1));
+  CHECK_FALSE(states.unchecked_adoption(kContext, address(1)));
+  CHECK(refusal(states, address(1), p).empty());
+  // A forward's own state is not adopted; checked() leaves any other state as it is.
+  states.record(kContext, address(2), kBytes, p, SavedStates::State::kComplete);
+  CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));
+  states.record(kContext, address(3), kBytes, p, SavedStates::State::kPartial);
+  states.checked(kContext, address(3));
+  CHECK_THAT(refusal(states, address(3), p), Catch::Contains("stopped part-way"));
+  // Consumed, an adopted state is no longer waiting for its check.
+  states.record(kContext, address(4), kBytes, p, SavedStates::State::kAdopted);
+  CHECK(refusal(states, address(4), p, SavedStates::Use::kConsume).empty());
+  CHECK_FALSE(states.unchecked_adoption(kContext, address(4)));
+}
+
+TEST_CASE("a state's stamp differs with every field of its problem, and is never 0 or all ones", "[saved]") {
+  const MoeProblem p{1024, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  std::vector<MoeProblem> problems(8, p);
+  problems[1].tokens = 1025;
+  problems[2].experts = 64;
+  problems[3].hidden = 4096;
+  problems[4].intermediate = 1536;
+  problems[5].topk = 6;
+  problems[6].dtype = DType::kFP16;
+  problems[7].mode = Mode::kMemoryEfficient;
+  std::vector<std::uint32_t> stamps;
+  for (const MoeProblem& q : problems) stamps.push_back(state_stamp(q));
+  for (std::size_t i = 0; i < stamps.size(); ++i) {
+    CHECK(stamps[i] != 0u);
+    CHECK(stamps[i] != 0xffffffffu);
+    for (std::size_t j = 0; j < i; ++j) CHECK(stamps[i] != stamps[j]);
+  }
+  CHECK(state_stamp(p) == stamps[0]);  // a function of the problem alone
+  // Every E from 2 to 16 at T=64, K=2, H=I=64 has one saved size: each its own stamp.
+  std::vector<std::uint32_t> by_experts;
+  for (int e = 2; e <= 16; ++e) {
+    by_experts.push_back(state_stamp(MoeProblem{64, e, 64, 64, 2, DType::kBF16, Mode::kTraining}));
+    for (std::size_t j = 0; j + 1 < by_experts.size(); ++j) CHECK(by_experts.back() != by_experts[j]);
+  }
+}

@@ -268,6 +268,18 @@ TEST_CASE("past T = 2 E H a memory-efficient chunk launches bwd_down and bwd_dw2
   CHECK(column_subset(token, 640, 128, 256).grid.x == 8);   // >= 7 x 1
 }
 
+TEST_CASE("a training state ends with its stamp's 256 bytes; an inference plan keeps none", "[steps]") {
+  for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+    const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, mode};
+    const MemoryLayout l = memory_layout(p);
+    CHECK(l.stamp == l.saved_bytes - MemoryLayout::kStampBytes);
+    CHECK(l.stamp >= l.pre_act + std::size_t{4096} * 6 * 2 * 1408 * 2);  // after pre_act, which nothing else follows
+  }
+  const MoeProblem infer{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kInference};
+  CHECK(memory_layout(infer).stamp == MemoryLayout::kNone);
+  CHECK(memory_layout(infer).saved_bytes == 0);
+}
+
 TEST_CASE("the score gradient takes one fp32 slot a pair for each 64 columns of I", "[steps]") {
   // templates/bwd_down.cuh sums each 64 columns into a slot of their own (kDsSlotColumns).
   const auto slots = [](int inter) { return score_gradient_slots(MoeShape{1024, 8, 256, inter, 2}); };

@@ -357,6 +357,22 @@ TEST_CASE("a call's tensors must be non-null and aligned, its buffers as large a
   CHECK(t.back().bytes == std::size_t{4096} * 6 * 2);
 }
 
+TEST_CASE("adopt_saved takes a training plan's non-null, 256-byte aligned buffer of its state's size", "[validate]") {
+  const MoeProblem p{4096, 64, 2048, 1408, 6, DType::kBF16, Mode::kTraining};
+  const MemoryPlan m = memory_plan(memory_layout(p));
+  const std::vector<TensorRegion> t = validate_adopted(gib(3), p, m);
+  REQUIRE(t.size() == 1);
+  CHECK(std::string(t[0].name) == "saved");
+  CHECK(t[0].bytes == m.saved_bytes);
+  CHECK(t[0].written);  // the copy wrote it: states recorded over it are gone
+  CHECK_THROWS_WITH(validate_adopted(nullptr, p, m), Catch::StartsWith("saved: null device pointer"));
+  CHECK_THROWS_WITH(validate_adopted(static_cast<const char*>(gib(3)) + 16, p, m),
+                    Catch::StartsWith("saved: must be 256-byte aligned"));
+  MoeProblem infer = p;
+  infer.mode = Mode::kInference;
+  CHECK_THROWS_AS(validate_adopted(gib(3), infer, m), StateError);
+}
+
 TEST_CASE("a backward takes both weight gradients or neither (frozen experts)", "[validate]") {
   for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
     INFO(mode_name(mode));
