@@ -312,6 +312,17 @@ def test_the_op_bodies_answer_zero_tokens(monkeypatch):
         ops._backward(out, x, w1, w2, weights, saved, ops.MEMEFF, False, True)
 
 
+def test_each_backward_op_refuses_the_other_ops_mode():
+    # fused_moe_backward declares saved unchanged, so the compiler may reuse it: a memory-efficient
+    # backward, which overwrites it, is the consuming op's. Refused before anything else is read.
+    args = (None,) * 6
+    with pytest.raises(moejit.InvalidArgumentError, match="^moejit::fused_moe_backward: a memory-efficient state"):
+        ops._backward_reading(*args, ops.MEMEFF, False, True)
+    for plan_mode in (ops.TRAIN, ops.INFER):
+        with pytest.raises(moejit.InvalidArgumentError, match="^moejit::fused_moe_backward_consuming: only a"):
+            ops._backward_consuming(*args, plan_mode, False, True)
+
+
 def _cpu_inputs(t, requires_grad=False):
     """CPU tensors as fused_moe hands them to the op bodies: int32 ids, weights in x's dtype."""
     x, w1, w2, weights = (torch.rand(shape).bfloat16().requires_grad_(requires_grad)

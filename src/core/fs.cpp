@@ -139,28 +139,32 @@ std::size_t remove_old_files(const std::filesystem::path& dir, std::chrono::seco
       errors->push_back(fmt::format("cannot {} {}: {}", what, path.string(), ec.message()));
     }
   };
-  std::error_code ec;
   std::size_t removed = 0;
-  const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code type_ec;
-    if (!name_matches(it->path().filename().string()) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
-      continue;
-    }
-    std::error_code time_ec;
-    const auto written = std::filesystem::last_write_time(it->path(), time_ec);
-    if (time_ec) {
-      report("inspect", it->path(), time_ec);
-    } else if (older_than.count() == 0 || written < cutoff) {
-      std::error_code remove_ec;
-      if (std::filesystem::remove(it->path(), remove_ec)) {
-        ++removed;
-      } else if (remove_ec) {
-        report("remove", it->path(), remove_ec);
+  // A sweep is best effort: host memory running out (the names, the reports) ends it there.
+  try {
+    std::error_code ec;
+    const auto cutoff = std::filesystem::file_time_type::clock::now() - older_than;
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code type_ec;
+      if (!name_matches(it->path().filename().string()) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
+        continue;
+      }
+      std::error_code time_ec;
+      const auto written = std::filesystem::last_write_time(it->path(), time_ec);
+      if (time_ec) {
+        report("inspect", it->path(), time_ec);
+      } else if (older_than.count() == 0 || written < cutoff) {
+        std::error_code remove_ec;
+        if (std::filesystem::remove(it->path(), remove_ec)) {
+          ++removed;
+        } else if (remove_ec) {
+          report("remove", it->path(), remove_ec);
+        }
       }
     }
+    if (ec) report("read", dir, ec);
+  } catch (...) {
   }
-  if (ec) report("read", dir, ec);
   return removed;
 }
 

@@ -141,18 +141,22 @@ std::size_t DiskCache::remove_other_builds(std::chrono::seconds unused_for,
   // The flat layout before build subfolders: every file there is another build's.
   fs::remove_stale_temp_files(root_, kDeadWriterAge);
   std::size_t removed = fs::remove_old_files(root_, unused_for, is_cache_file_name, errors);
-  for_each_build_folder(root_, [&](const std::filesystem::path& folder, const std::string& name) {
-    fs::remove_stale_temp_files(folder, kDeadWriterAge);
-    if (name == build_) return;
-    removed += fs::remove_old_files(folder, unused_for, is_cache_file_name, errors);
-    // Removes a folder only once it is empty: files of other names (or in use) keep it.
-    std::error_code remove_ec;
-    std::filesystem::remove(folder, remove_ec);
-    if (errors != nullptr && remove_ec && remove_ec != std::errc::directory_not_empty &&
-        remove_ec != std::errc::file_exists && remove_ec != std::errc::no_such_file_or_directory) {
-      errors->push_back(fmt::format("cannot remove {}: {}", folder.string(), remove_ec.message()));
-    }
-  });
+  // Best effort, as remove_old_files: host memory running out ends the sweep there.
+  try {
+    for_each_build_folder(root_, [&](const std::filesystem::path& folder, const std::string& name) {
+      fs::remove_stale_temp_files(folder, kDeadWriterAge);
+      if (name == build_) return;
+      removed += fs::remove_old_files(folder, unused_for, is_cache_file_name, errors);
+      // Removes a folder only once it is empty: files of other names (or in use) keep it.
+      std::error_code remove_ec;
+      std::filesystem::remove(folder, remove_ec);
+      if (errors != nullptr && remove_ec && remove_ec != std::errc::directory_not_empty &&
+          remove_ec != std::errc::file_exists && remove_ec != std::errc::no_such_file_or_directory) {
+        errors->push_back(fmt::format("cannot remove {}: {}", folder.string(), remove_ec.message()));
+      }
+    });
+  } catch (...) {
+  }
   return removed;
 }
 

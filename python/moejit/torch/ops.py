@@ -5,7 +5,8 @@
       -> (dx, dW1, dW2, ds); without weight_grads (frozen experts) dW1 and dW2 are empty and not computed,
       and x may be None. No topk_ids: the library reads the routing from `saved`.
   moejit::fused_moe_backward_consuming: the same for the memory-efficient mode, whose backward
-      overwrites `saved` (declared as a mutation so the compiler never reuses it).
+      overwrites `saved` (declared as a mutation so the compiler never reuses it). Each op refuses
+      the other's mode, so that what it declares of `saved` holds.
 
 EagerFusedMoe runs the same bodies without the custom-op dispatch, for eager calls on plain CUDA
 tensors. A tensor subclass (DTensor, a quantized weight) takes the custom ops, whose dispatch hands
@@ -291,10 +292,36 @@ def _backward_fake(d_out, x, gate_up_proj, down_proj, topk_weights, saved, plan_
     return d_out.new_empty(d_out.shape), dw1, dw2, torch.empty_like(topk_weights)
 
 
-fused_moe_backward = torch.library.custom_op("moejit::fused_moe_backward", _backward, mutates_args=(),
+def _backward_reading(d_out: torch.Tensor, x: Optional[torch.Tensor], gate_up_proj: torch.Tensor,
+                      down_proj: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
+                      check_expert_ids: bool,
+                      weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fused_moe_backward's body: it declares `saved` unchanged, so the compiler may reuse it; a
+    memory-efficient backward overwrites it."""
+    if plan_mode == MEMEFF:
+        _refuse("moejit::fused_moe_backward", "a memory-efficient state is overwritten by its backward: call "
+                                              "moejit::fused_moe_backward_consuming, which declares it")
+    return _backward(d_out, x, gate_up_proj, down_proj, topk_weights, saved, plan_mode, check_expert_ids,
+                     weight_grads)
+
+
+def _backward_consuming(d_out: torch.Tensor, x: Optional[torch.Tensor], gate_up_proj: torch.Tensor,
+                        down_proj: torch.Tensor, topk_weights: torch.Tensor, saved: torch.Tensor, plan_mode: int,
+                        check_expert_ids: bool,
+                        weight_grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fused_moe_backward_consuming's body: it declares `saved` consumed, which only the
+    memory-efficient mode's backward does."""
+    if plan_mode != MEMEFF:
+        _refuse("moejit::fused_moe_backward_consuming", "only a memory-efficient state is consumed by its backward: "
+                                                        "call moejit::fused_moe_backward")
+    return _backward(d_out, x, gate_up_proj, down_proj, topk_weights, saved, plan_mode, check_expert_ids,
+                     weight_grads)
+
+
+fused_moe_backward = torch.library.custom_op("moejit::fused_moe_backward", _backward_reading, mutates_args=(),
                                              device_types="cuda")
 fused_moe_backward.register_fake(_backward_fake)
-fused_moe_backward_consuming = torch.library.custom_op("moejit::fused_moe_backward_consuming", _backward,
+fused_moe_backward_consuming = torch.library.custom_op("moejit::fused_moe_backward_consuming", _backward_consuming,
                                                        mutates_args=("saved",), device_types="cuda")
 fused_moe_backward_consuming.register_fake(_backward_fake)
 
