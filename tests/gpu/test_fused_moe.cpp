@@ -816,16 +816,21 @@ TEST_CASE("a backward without topk_ids, and a frozen one without x, gives the sa
   }
   // With weight gradients x stays required, named before anything is enqueued.
   const CaseSpec spec{64, 4, 64, 32, 2};
+  const CaseData data = make_case(spec);
   FusedMoe plan(problem_of(spec, Mode::kMemoryEfficient));
-  DeviceRun run(make_case(spec), plan.memory());
+  DeviceRun run(data, plan.memory());
   cuda::Stream stream;
   plan.forward(run.forward_args(stream.get()));
   BackwardArgs no_x = run.backward_args(stream.get());
   no_x.x = nullptr;
   CHECK_THROWS_WITH(plan.backward(no_x), Catch::StartsWith("x: null device pointer while dw1 and dw2 are given"));
-  // The refusal left the memory-efficient state whole: a backward with x still runs on it.
+  // The refusal left the memory-efficient state whole: a backward with x on it gives the
+  // reference's answers. The backward's outputs and workspace (not saved) are poisoned again, after
+  // the forward (fill_bytes synchronizes), so nothing the refused call wrote can pass for the retry's.
+  for (const cuda::DeviceBuffer* b : {&run.dx, &run.dw1, &run.dw2, &run.d_weights, &run.bwd_ws}) b->fill_bytes(0xff);
   CHECK_NOTHROW(plan.backward(run.backward_args(stream.get())));
   stream.synchronize();
+  check_outputs(outputs_of(run, spec, Mode::kMemoryEfficient), reference_of(data));
 }
 
 TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", "[gpu][moe][graph]") {
