@@ -183,8 +183,8 @@ TEST_CASE(
       if (role_kind(r) == RoleKind::kTokenGemm) {
         for (const MoeShape& s : small_tiles) specs.push_back({r, default_config(r, s, device), DType::kBF16, arch, true, false});
       }
+      specs.push_back({r, default_config(r, unaligned, device), DType::kFP16, arch, false, false});
       if (arch == "sm_90a") {
-        specs.push_back({r, default_config(r, unaligned, device), DType::kFP16, arch, false, false});
         if (r == Role::kBwdDw2) specs.push_back({r, c, DType::kBF16, arch, true, true});
         // The same tile on the warp-specialized pipeline with TMA copies, where the role has them.
         TileConfig tma = c;
