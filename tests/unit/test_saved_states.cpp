@@ -250,7 +250,7 @@ TEST_CASE("a state recorded in another CUDA context is refused; the new context'
   CHECK(refusal_in(kNewContext, states, address(12), p).empty());
 }
 
-TEST_CASE("a write in one context marks the states of any context it overlaps, and no others", "[saved]") {
+TEST_CASE("a write marks the states of any context it overlaps, and no others", "[saved]") {
   SavedStates states;
   const MoeProblem p{64, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
   const auto at = [](std::uintptr_t offset) { return reinterpret_cast<const void*>(0x200000 + offset); };
@@ -258,12 +258,13 @@ TEST_CASE("a write in one context marks the states of any context it overlaps, a
   states.record(kContext, at(0), 4096, p, SavedStates::State::kComplete);
   states.record(kContext, at(8192), 4096, p, SavedStates::State::kComplete);
   states.record(kNewContext, at(16384), 4096, p, SavedStates::State::kComplete);
-  // The new context's out inside the old context's first state: one address space (UVA), so those
-  // bytes are gone whichever context wrote them.
+  // An out inside the old context's first state marks it. A write names no context: one address
+  // space (UVA), so those bytes are gone whichever context wrote them.
   states.overwrite({{"out", at(256), 512, 16, true}}, nullptr);
   CHECK_THAT(refusal(states, at(0), p), Catch::Contains("wrote over part of it"));
-  // A backward of the new context, its own state kept, its workspace filling the gap between the
-  // old context's states: neither is touched, nor usable from the new context.
+  // A backward's write keeping the new context's state, its workspace filling the gap between the
+  // old context's states: the kept state stays whole, the old context's second is untouched and
+  // still refused from the new context.
   states.overwrite({{"saved", at(16384), 4096, 256, true}, {"workspace", at(4096), 4096, 256, true}}, at(16384));
   CHECK(refusal(states, at(8192), p).empty());
   CHECK(refusal_in(kNewContext, states, at(16384), p).empty());
