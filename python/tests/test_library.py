@@ -33,14 +33,14 @@ def test_problem_memory_is_computed_on_the_host():
     train = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "train"))
     infer = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "infer"))
     memeff = _library.problem_memory(_library.make_problem(64, 8, 128, 64, 2, "bf16", "memeff"))
-    # Same figures as tests/unit/test_c_abi.cpp, which derives them: routing arrays plus pre_act
-    # [128, 128] bf16. T=64's 12 tiles fit one 256-byte block a tile table; T=4000's 70 (128-row
+    # Same figures as tests/unit/test_c_abi.cpp, which derives them: routing arrays, pre_act
+    # [128, 128] bf16 and the state's 256-byte stamp. T=64's 12 tiles fit one 256-byte block a tile table; T=4000's 70 (128-row
     # tiles: 8000 // 128 + 8) take two, so that figure depends on the tile count.
-    assert train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2
+    assert train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2 + 256
     assert infer.saved_bytes == 0 and infer.backward_workspace_bytes == 0
     assert memeff.backward_workspace_bytes < train.backward_workspace_bytes
     large = _library.problem_memory(_library.make_problem(4000, 8, 128, 64, 2, "bf16", "train"))
-    assert large.saved_bytes == 3 * 256 + 4 * 256 + 2 * 2 * 256 + 2 * 32000 + 8000 * 128 * 2
+    assert large.saved_bytes == 3 * 256 + 4 * 256 + 2 * 2 * 256 + 2 * 32000 + 8000 * 128 * 2 + 256
 
 
 @pytest.mark.parametrize("mode", ["train", "infer", "memeff"])

@@ -103,21 +103,22 @@ TEST_CASE("problem memory is known on the host and matches the layout a plan use
   // (token_block_m) and at most 128/32 + min(E, 128) = 12 tiles. Routing: seven int arrays of at
   // most 64 ints, 256 bytes each ((E+1) x 1 chunk counts, E+1 counts, E+2 offsets, E+1 tile
   // offsets, 2 x 12 tile entries, 4E ranked experts), plus two arrays of 128 ints (sorted pairs,
-  // pair rows); then pre_act [128, 2*64] bf16.
+  // pair rows); then pre_act [128, 2*64] bf16, and the state's 256-byte stamp.
   moejit_problem p{64, 8, 128, 64, 2, MOEJIT_DTYPE_BF16, MOEJIT_MODE_TRAINING, 0};
   moejit_memory_plan train{};
   REQUIRE(moejit_problem_memory(&p, &train) == MOEJIT_OK);
-  CHECK(train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2);
+  CHECK(train.saved_bytes == 7 * 256 + 2 * 512 + 128 * 128 * 2 + 256);
   // 12 tile entries fill a fifth of their 256 bytes, so the figure above cannot see a wrong tile
   // count. T=4000 K=2: 8000 pairs, 1000 per expert, so 128-row tiles and 8000/128 + 8 = 62 + 8 =
   // 70 tiles: 280 bytes, two 256-byte blocks a tile table (64-row tiles would give 133 tiles and
   // three blocks, no E term 62 tiles and one). ceil(8000/512) = 16 chunks: 9 x 16 = 144 chunk
   // counts, 576 bytes, three blocks; the counts, offsets, tile offsets and 32 ranked experts one
-  // block each; 8000 sorted pairs and 8000 pair rows 32000 bytes each; pre_act [8000, 128] bf16.
+  // block each; 8000 sorted pairs and 8000 pair rows 32000 bytes each; pre_act [8000, 128] bf16;
+  // the stamp.
   moejit_problem large{4000, 8, 128, 64, 2, MOEJIT_DTYPE_BF16, MOEJIT_MODE_TRAINING, 0};
   moejit_memory_plan large_train{};
   REQUIRE(moejit_problem_memory(&large, &large_train) == MOEJIT_OK);
-  CHECK(large_train.saved_bytes == 3 * 256 + 4 * 256 + 2 * 2 * 256 + 2 * 32000 + 8000 * 128 * 2);
+  CHECK(large_train.saved_bytes == 3 * 256 + 4 * 256 + 2 * 2 * 256 + 2 * 32000 + 8000 * 128 * 2 + 256);
   CHECK(train.forward_workspace_bytes == 128 * 64 * 2 + 128 * 128 * 2);
   // ds_acc (I = 64: one fp32 slot a pair), dx_rows and d_pre_act; the weighted activation
   // [128, 64] lives in dW1's buffer.
