@@ -1234,11 +1234,19 @@ TEST_CASE("another context's memory or stream, or a saved state no forward of it
   small.forward(small_inside);
   CHECK_THROWS_WITH(plan.backward(bwd), Catch::Contains("wrote over part of it"));
   // A state declared copied 256 bytes in (adopt_saved): the copy wrote over the older one too.
+  // Declared where its bytes would run past the buffer, it is refused, and changes nothing.
   plan.forward(fwd);
-  plan.adopt_saved(run.saved.as<char>() + 256);
-  CHECK_THROWS_WITH(plan.backward(bwd), Catch::Contains("wrote over part of it"));
+  CHECK_THROWS_WITH(plan.adopt_saved(run.saved.as<char>() + 256),
+                    Catch::StartsWith("saved: its") && Catch::Contains("run past the allocation"));
+  cuda::DeviceBuffer wide(plan.memory().saved_bytes + 256);
+  ForwardArgs into_wide = fwd;
+  into_wide.saved = wide.as<void>();
+  plan.forward(into_wide);
+  plan.adopt_saved(wide.as<char>() + 256);
+  BackwardArgs from_wide = bwd;
+  from_wide.saved = wide.as<void>();
+  CHECK_THROWS_WITH(plan.backward(from_wide), Catch::Contains("wrote over part of it"));
   run.dx.fill_bytes(0xff);
-  plan.forward(fwd);
   plan.backward(bwd);
   stream.synchronize();
   CHECK(download(run.dx, spec.dtype, x_elements) == dx_after);
