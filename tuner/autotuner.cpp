@@ -100,7 +100,13 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   deadline += Clock::now() - waiting;
   TuningSession session(problem, device);
   std::map<Role, TuningSession::RoleKernel> primed;
-  for (const auto& [r, c] : defaults) primed[r] = {c, &cache.load(role_kernel_spec(r, c, problem, arch))};
+  for (const auto& [r, c] : defaults) {
+    const jit::KernelSpec spec = role_kernel_spec(r, c, problem, arch);
+    primed[r] = {c, &cache.load(spec)};
+    // Loaded: a compile that failed in the parallel pass (NVRTC out of memory, say) and passed
+    // here is no failure; each role's reference is timed first and every candidate scaled by it.
+    compile_errors.erase(spec.readable_name());
+  }
   session.prime(primed);
 
   // The reference's outputs, the later roles' inputs, back in place; a role resumed in the

@@ -16,7 +16,8 @@
 // Each call checks that every tensor begins and ends in device memory of the plan's GPU (or in
 // managed memory), and throws InvalidArgument naming the first that does not.
 // forward() and backward() only enqueue work on the caller's stream: no allocation, no
-// host-device synchronisation, so both can be captured in a CUDA graph.
+// host-device synchronisation (but checking mode's, and a backward's first over an adopted state:
+// adopt_saved), so both can be captured in a CUDA graph.
 #pragma once
 
 #include <cstddef>
@@ -158,11 +159,12 @@ class FusedMoe {
   // forward. Recorded for this plan's context, as its forward's are. The PyTorch front end
   // declares the states it gets as copies (save_on_cpu's, AOTAutograd's), of its problem's size; a
   // forward's own state, still at its address, it leaves to the record. A forward's last write is
-  // a stamp of its problem at the state's end (a memory-efficient backward clears it): the first
-  // backward over an adopted state reads it on its stream, after the copy, and refuses a state
-  // stamped for another problem, or not at all, with StateError, before anything is enqueued. A
-  // backward being captured cannot read it and takes the state unchecked; the next one outside a
-  // capture checks it. Throws InvalidArgument for a null, misaligned or non-device `saved` (or
+  // a stamp of its problem and build at the state's end (cleared before its first kernel, and by a
+  // memory-efficient backward): the first backward over an adopted state reads it on its stream,
+  // after the copy, synchronising the stream, and refuses a state stamped for another problem or
+  // build, or not at all, with StateError, before anything is enqueued (MOEJIT_CHECK_ADOPTED=0:
+  // no read, the caller trusted). A backward being captured cannot read it and takes the state
+  // unchecked; the next one outside a capture checks it. Throws InvalidArgument for a null, misaligned or non-device `saved` (or
   // one of another context's memory), StateError for an inference plan.
   void adopt_saved(const void* saved);
 

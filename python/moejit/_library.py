@@ -204,7 +204,8 @@ class Plan:
     def backward(self, d_out, x, w1, w2, topk_ids, topk_weights, saved, saved_bytes, dx, dw1, dw2, d_topk_weights,
                  workspace, workspace_bytes, stream, adopt_saved=False):
         """adopt_saved: `saved` holds a completed forward state of this problem, copied there
-        since a forward wrote it (moejit_plan_adopt_saved): the library takes the caller's word."""
+        since a forward wrote it (moejit_plan_adopt_saved): the library checks the stamp that
+        forward wrote, synchronising the stream (MOEJIT_CHECK_ADOPTED=0: it takes the word)."""
         with self._calls:
             if adopt_saved:
                 check(lib().moejit_plan_adopt_saved(self._handle, saved), "moejit_plan_adopt_saved")

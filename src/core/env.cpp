@@ -83,6 +83,7 @@ constexpr Variable kVariables[] = {
     {"MOEJIT_LOG", nullptr},  // any other text than a level's name is warn
     {"MOEJIT_CUDA_DRIVER", nullptr},
     {"MOEJIT_AUTOTUNE", [](const std::string& v) { parse_int("MOEJIT_AUTOTUNE", v); }},
+    {"MOEJIT_CHECK_ADOPTED", [](const std::string& v) { parse_int("MOEJIT_CHECK_ADOPTED", v); }},
     {"MOEJIT_TUNE_BUDGET_S", [](const std::string& v) { parse_tune_budget_s(v, "MOEJIT_TUNE_BUDGET_S"); }},
 };
 
@@ -199,6 +200,11 @@ std::string cuda_driver_library() { return get("MOEJIT_CUDA_DRIVER").value_or("l
 
 bool autotune_enabled() {
   auto v = get_int("MOEJIT_AUTOTUNE");
+  return !v || *v != 0;
+}
+
+bool check_adopted_states() {
+  auto v = get_int("MOEJIT_CHECK_ADOPTED");
   return !v || *v != 0;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "core/env.hpp"
@@ -45,6 +46,7 @@ struct FusedMoe::Impl {
   cuda::DeviceInfo device;
   unsigned long long context = 0;  // cuda::current_context_id() of the context kernels are loaded in
   int block_m = 0;
+  std::uint32_t stamp = 0;  // state_stamp(problem)
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   std::map<Role, RoleKernel> kernels;
 
@@ -104,9 +106,10 @@ struct FusedMoe::Impl {
   // An adopted state's stamp, read on the backward's stream (after the caller's copy into it),
   // unless the stream is being captured, where nothing can be read back: it stays unchecked, and
   // the next backward outside a capture checks it. Before SavedStates::use: a refusal consumes
-  // nothing.
+  // nothing. MOEJIT_CHECK_ADOPTED=0 spares the stream synchronisation, and trusts the caller.
   void check_adopted(const void* saved, CUstream stream) const {
-    if (!SavedStates::instance().unchecked_adoption(context, saved)) return;
+    const std::optional<std::uint64_t> adoption = SavedStates::instance().unchecked_adoption(context, saved);
+    if (!adoption || !env::check_adopted_states()) return;
     const cuda::Driver& d = cuda::driver();
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
@@ -117,15 +120,14 @@ struct FusedMoe::Impl {
     MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), reinterpret_cast<CUdeviceptr>(saved) + layout.stamp,
                                   MemoryLayout::kStampBytes, stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));
-    const std::uint32_t want = state_stamp(problem);
-    if (std::any_of(words.begin(), words.end(), [&](std::uint32_t w) { return w != want; })) {
+    if (std::any_of(words.begin(), words.end(), [&](std::uint32_t w) { return w != stamp; })) {
       throw StateError(fmt::format(
           "saved: adopted with adopt_saved(), but it holds no completed forward() state of this problem (T={}, E={}, "
-          "H={}, I={}, K={}): its stamp is another's, or none (a consumed or never-written state); run forward() "
-          "again first",
+          "H={}, I={}, K={}) of this build: its stamp is another's, or none (a forward stopped part-way, a consumed "
+          "state, or never a state); run forward() again first",
           problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk));
     }
-    SavedStates::instance().checked(context, saved);
+    SavedStates::instance().checked(context, saved, *adoption);
   }
 
   // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
@@ -181,6 +183,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.context = cuda::current_context_id();
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);
+  s.stamp = state_stamp(problem);
   s.aligned = vector_aligned(problem);
   s.layout = memory_layout(problem);
   s.memory = {s.layout.saved_bytes, s.layout.forward_bytes, s.layout.backward_bytes};
@@ -244,12 +247,14 @@ void FusedMoe::forward(const ForwardArgs& a) {
   }
   SavedStates::instance().overwrite(tensors, nullptr);  // this call's own state is recorded below
   try {
+    // A forward that stops part-way leaves no stamp: a copy of the buffer holds no state.
+    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, 0, stream);
     s.run_routing(f.routing, f.dropped_count, ids);
     if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
     s.launch(Role::kFwdUp, &f.fwd_up, on);
     s.launch(Role::kFwdDown, &f.fwd_down, on);
     s.launch(Role::kGatherSum, &f.gather_out, on);
-    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, state_stamp(s.problem), stream);
+    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, s.stamp, stream);
   } catch (...) {
     s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;

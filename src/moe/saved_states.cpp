@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "core/hash.hpp"
+#include "jit/embedded_templates.hpp"
+#include "moejit/version.hpp"
 
 namespace moejit {
 namespace {
@@ -26,8 +28,9 @@ std::string describe(const MoeProblem& p) {
 }  // namespace
 
 std::uint32_t state_stamp(const MoeProblem& p) {
-  const std::string fields = fmt::format("moejit saved state {} {} {} {} {} {} {}", p.tokens, p.experts, p.hidden,
-                                         p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode));
+  const std::string fields =
+      fmt::format("moejit saved state {} {} {} {} {} {} {} {} {}", kLibraryVersion, jit::template_hash(), p.tokens,
+                  p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode));
   const std::uint64_t h = Hasher().add(fields).value();
   const auto folded = static_cast<std::uint32_t>(h ^ (h >> 32));
   return folded == 0 || folded == 0xffffffffu ? 1u : folded;
@@ -125,16 +128,20 @@ void SavedStates::use(ContextId context, const void* saved, const MoeProblem& pr
   if (use == Use::kConsume) e.state = State::kConsumed;
 }
 
-bool SavedStates::unchecked_adoption(ContextId context, const void* saved) {
+std::optional<std::uint64_t> SavedStates::unchecked_adoption(ContextId context, const void* saved) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
-  return it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted;
+  if (it == entries_.end() || it->second.context != context || it->second.state != State::kAdopted) {
+    return std::nullopt;
+  }
+  return it->second.order;
 }
 
-void SavedStates::checked(ContextId context, const void* saved) {
+void SavedStates::checked(ContextId context, const void* saved, std::uint64_t order) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
-  if (it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted) {
+  if (it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted &&
+      it->second.order == order) {
     it->second.state = State::kComplete;
   }
 }

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "moe/validate.hpp"
@@ -34,8 +35,10 @@
 namespace moejit {
 
 // The value a forward writes into each 32-bit word of its state's stamp (MemoryLayout::stamp)
-// after its last kernel: a hash of the fields the layout and the kernels depend on, never 0
-// (a memory-efficient backward clears the stamp of the state it consumes) nor 0xffffffff.
+// after its last kernel: a hash of the fields the layout and the kernels depend on, and of the
+// library's version and template hash (a state copied from another build may be laid out
+// otherwise); never 0 (a forward clears the stamp before its first kernel, a memory-efficient
+// backward before it consumes the state) nor 0xffffffff.
 std::uint32_t state_stamp(const MoeProblem& problem);
 
 class SavedStates {
@@ -72,10 +75,11 @@ class SavedStates {
   // refused.
   void use(ContextId context, const void* saved, const MoeProblem& problem, Use use);
 
-  // Whether the record at `saved`, of `context`, is an adopted state whose stamp no backward has
-  // checked; checked() records that one did, and found it this problem's.
-  bool unchecked_adoption(ContextId context, const void* saved);
-  void checked(ContextId context, const void* saved);
+  // The record at `saved`, of `context`, where it is an adopted state whose stamp no backward has
+  // checked: its recording's order, which checked() takes to record that a backward did, and
+  // found it this problem's (a state adopted there since is left unchecked). nullopt otherwise.
+  std::optional<std::uint64_t> unchecked_adoption(ContextId context, const void* saved);
+  void checked(ContextId context, const void* saved, std::uint64_t order);
 
   // At most this many buffers are remembered; past it the half least recently recorded or used
   // is forgotten (and refused after), so a process whose allocator hands out ever new addresses

@@ -1320,6 +1320,18 @@ TEST_CASE("an adopted state is checked by its forward's stamp: another problem's
   stream.synchronize();
   CHECK(test::differences(download(memeff_run.dx, many.dtype, 64 * 64), memeff_dx) == "none");
 
+  // A forward that stops part-way (checking mode's rejection, after routing) leaves no stamp: a
+  // copy of its buffer holds no state.
+  Options checking;
+  checking.check_expert_ids = true;
+  FusedMoe checked_plan(problem_of(many, Mode::kTraining), checking);
+  const std::int32_t bad_id = many.experts + 5;
+  MOEJIT_CU(cuda::driver().cuMemcpyHtoD(run.ids.get(), &bad_id, sizeof bad_id));
+  CHECK_THROWS_WITH(checked_plan.forward(run.forward_args(stream.get())), Catch::StartsWith("topk_ids:"));
+  const auto stopped = copy_of(run.saved);
+  plan.adopt_saved(stopped->as<void>());
+  CHECK_THROWS_WITH(plan.backward(with_saved(run, *stopped)), Catch::Contains("a forward stopped part-way"));
+
   // What adopt_saved refuses before recording anything.
   CHECK_THROWS_WITH(plan.adopt_saved(nullptr), Catch::StartsWith("saved: null device pointer"));
   CHECK_THROWS_WITH(plan.adopt_saved(copy->as<char>() + 16), Catch::StartsWith("saved: must be 256-byte aligned"));

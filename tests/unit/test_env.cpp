@@ -198,7 +198,7 @@ TEST_CASE("set_option stands in for the environment, unsetting included, until c
 
 TEST_CASE("set_option refuses unknown names, and values their reader would refuse, when set", "[env][options]") {
   const ClearedOptions cleared{"MOEJIT_AUTOTUNE", "MOEJIT_JOBS", "MOEJIT_TUNE_BUDGET_S", "MOEJIT_DISK_CACHE",
-                               "MOEJIT_LOG"};
+                               "MOEJIT_LOG", "MOEJIT_CHECK_ADOPTED"};
   for (const char* unknown : {"DBPATH", "MOEJIT_LIBRARY", "db", "MOEJIT_", ""}) {
     INFO(unknown);
     CHECK_THROWS_AS(set_option(unknown, "1"), InvalidArgument);
@@ -213,6 +213,12 @@ TEST_CASE("set_option refuses unknown names, and values their reader would refus
   CHECK_THROWS_WITH(set_option("DISK_CACHE", "false"), Catch::Contains("MOEJIT_DISK_CACHE"));
   set_option("AUTOTUNE", "1");
   CHECK(env::autotune_enabled());
+  CHECK(env::check_adopted_states());  // unset: checked
+  CHECK_THROWS_WITH(set_option("CHECK_ADOPTED", "off"), Catch::StartsWith("MOEJIT_CHECK_ADOPTED"));
+  set_option("CHECK_ADOPTED", "0");
+  CHECK_FALSE(env::check_adopted_states());
+  set_option("CHECK_ADOPTED", "1");
+  CHECK(env::check_adopted_states());
   set_option("TUNE_BUDGET_S", "2.5");
   CHECK(env::tune_budget_s() == 2.5);
   set_option("LOG", "loud");  // read as warn, as from the environment

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -281,19 +282,26 @@ TEST_CASE("an adopted state is taken as complete, its stamp unchecked until a ba
   MoeProblem other = p;
   other.experts = 64;
   states.record(kContext, address(1), kBytes, p, SavedStates::State::kAdopted);
-  CHECK(states.unchecked_adoption(kContext, address(1)));
+  const std::optional<std::uint64_t> first = states.unchecked_adoption(kContext, address(1));
+  REQUIRE(first);
   CHECK_FALSE(states.unchecked_adoption(kNewContext, address(1)));  // another context's record says nothing here
   CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));      // no record
+  // A state adopted there again while the first one's stamp was read stays unchecked.
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kAdopted);
+  const std::optional<std::uint64_t> second = states.unchecked_adoption(kContext, address(1));
+  REQUIRE(second);
+  states.checked(kContext, address(1), *first);
+  CHECK(states.unchecked_adoption(kContext, address(1)) == second);
   CHECK_THAT(refusal(states, address(1), other), Catch::Contains("another problem"));
-  CHECK(refusal(states, address(1), p).empty());
-  states.checked(kContext, address(1));
+  states.checked(kContext, address(1), *second);
   CHECK_FALSE(states.unchecked_adoption(kContext, address(1)));
   CHECK(refusal(states, address(1), p).empty());
   // A forward's own state is not adopted; checked() leaves any other state as it is.
   states.record(kContext, address(2), kBytes, p, SavedStates::State::kComplete);
   CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));
   states.record(kContext, address(3), kBytes, p, SavedStates::State::kPartial);
-  states.checked(kContext, address(3));
+  states.checked(kContext, address(3), 0);
+  states.checked(kContext, address(3), *second + 1);
   CHECK_THAT(refusal(states, address(3), p), Catch::Contains("stopped part-way"));
   // Consumed, an adopted state is no longer waiting for its check.
   states.record(kContext, address(4), kBytes, p, SavedStates::State::kAdopted);
