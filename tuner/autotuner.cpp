@@ -55,9 +55,17 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
   // scratch problem is primed with them).
   std::vector<RoleCandidates> work;
   std::vector<jit::KernelSpec> specs = {{Role::kUtility, TileConfig{}, problem.dtype, arch}};
+  // A row stands for every T of its key: routing's configs are pruned, and its reference chosen, at
+  // the key's smallest T, or a chunk wider than that T's pairs would be passed over there and the
+  // key tuned again (the other roles' pruning does not depend on T).
+  const auto space_shape = [&](Role r) {
+    MoeShape s = shape;
+    if (r == Role::kRouting) s.tokens = key_floor_tokens(r, problem, device);
+    return s;
+  };
   std::map<Role, TileConfig> defaults;
   for (Role r : roles_of(problem.mode)) {
-    defaults[r] = default_config(r, shape, device, problem.mode);
+    defaults[r] = default_config(r, space_shape(r), device, problem.mode);
     specs.push_back(role_kernel_spec(r, defaults[r], problem, arch));
   }
   for (Role r : roles) {
@@ -67,10 +75,12 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     RoleCandidates rc{r, defaults.at(r), {}, {}, {}, {}, 0, options.reps, 0};
     if (auto it = options.incumbents.find(r); it != options.incumbents.end()) rc.incumbent = it->second;
     rc.survivors.push_back(rc.reference);
-    const std::vector<PruneDecision> space = prune_space(r, shape, device);
+    const MoeShape at = space_shape(r);
+    const std::vector<PruneDecision> space = prune_space(r, at, device);
+    const std::string where = at.tokens == shape.tokens ? "" : fmt::format(" at T={}, the key's smallest", at.tokens);
     for (const PruneDecision& d : space) {
       if (d.reason) {
-        rc.pruned.push_back(rejected(d.config, "pruned: " + *d.reason));
+        rc.pruned.push_back(rejected(d.config, "pruned" + where + ": " + *d.reason));
       } else if (d.config == rc.reference) {
         continue;
       } else if (auto why = options.first_call_space ? first_call_exclusion(d.config, space) : std::nullopt) {

@@ -35,4 +35,19 @@ db::TuningKey tuning_key(Role role, const MoeProblem& p, const cuda::DeviceInfo&
   return k;
 }
 
+long long key_floor_tokens(Role role, const MoeProblem& problem, const cuda::DeviceInfo& device) {
+  const db::TuningKey key = tuning_key(role, problem, device);
+  MoeProblem p = problem;
+  long long lo = 1, hi = problem.tokens;  // the key at hi is the key
+  while (lo < hi) {
+    p.tokens = lo + (hi - lo) / 2;
+    if (tuning_key(role, p, device) == key) {
+      hi = p.tokens;
+    } else {
+      lo = p.tokens + 1;
+    }
+  }
+  return hi;
+}
+
 }  // namespace moejit

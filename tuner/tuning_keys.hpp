@@ -22,4 +22,9 @@ std::string key_mode(Role role, const MoeShape& shape, Mode mode);
 
 db::TuningKey tuning_key(Role role, const MoeProblem& problem, const cuda::DeviceInfo& device);
 
+// The smallest token count whose problem has the same key for `role` as `problem` (its key's
+// fields grow with T: the bucket of tokens per expert, the token tile). A row stands for every T
+// of its key, so a winner must be legal at this one too.
+long long key_floor_tokens(Role role, const MoeProblem& problem, const cuda::DeviceInfo& device);
+
 }  // namespace moejit

@@ -516,6 +516,38 @@ TEST_CASE("a candidate whose launch is refused is rejected and the tune goes on"
   MOEJIT_CU(cuda::driver().cuCtxSynchronize());
 }
 
+TEST_CASE("routing's winner is legal at every T of its key: configs wider than the key's smallest T takes are not timed",
+          "[gpu][tune]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // 8192 pairs, 1024 per expert: the key's bucket starts at 513 per expert, T = 2049, whose 4098
+  // pairs pad to 5120; a chunk of 8192 pairs is legal here, not there.
+  const MoeProblem problem{4096, 8, 256, 128, 2};
+  const long long floor = key_floor_tokens(Role::kRouting, problem, gpu->info);
+  REQUIRE(floor == 2049);
+  MoeShape at_floor = shape_of(problem);
+  at_floor.tokens = floor;
+  int narrowed = 0;
+  for (const PruneDecision& d : prune_space(Role::kRouting, shape_of(problem), gpu->info)) {
+    if (!d.reason && prune_reason(Role::kRouting, d.config, at_floor, gpu->info)) ++narrowed;
+  }
+  REQUIRE(narrowed > 0);
+  const auto rows = autotune(problem, gpu->info, {Role::kRouting}, TuneOptions{});
+  REQUIRE(rows.size() == 1);
+  CHECK(winner_legal(rows[0], at_floor, gpu->info));
+  int timed = 0, pruned_at_floor = 0;
+  for (const auto& c : rows[0].candidates) {
+    INFO(c.config.name() << ": " << c.reason);
+    if (!c.rejected) {
+      ++timed;
+      CHECK_FALSE(prune_reason(Role::kRouting, c.config, at_floor, gpu->info));
+    } else if (c.reason.starts_with("pruned at T=2049, the key's smallest: ")) {
+      ++pruned_at_floor;
+    }
+  }
+  CHECK(timed > 1);
+  CHECK(pruned_at_floor >= narrowed);
+}
+
 TEST_CASE("sustained timing runs each candidate's warm-up burst, then times it", "[gpu][tune]") {
   MOEJIT_REQUIRE_GPU(gpu);
   TuneOptions options;

@@ -176,6 +176,29 @@ TEST_CASE("under a budget the reference, the incumbent and the TMA warp-speciali
   CHECK(order == std::vector<TileConfig>{ws(128), reference, a});
 }
 
+TEST_CASE("a key's smallest token count has the key; one token fewer has another", "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  for (const auto& [e, k] : {std::pair{128, 8}, std::pair{8, 2}, std::pair{64, 6}}) {
+    for (long long t : {1LL, 2LL, 7LL, 100LL, 257LL, 1024LL, 3000LL, 8192LL, 32768LL, 100000LL}) {
+      const MoeProblem p{t, e, 2048, 768, k};
+      INFO("E=" << e << " K=" << k << " T=" << t);
+      const long long floor = key_floor_tokens(Role::kRouting, p, h200);
+      REQUIRE(floor >= 1);
+      REQUIRE(floor <= t);
+      MoeProblem q = p;
+      q.tokens = floor;
+      CHECK(tuning_key(Role::kRouting, q, h200) == tuning_key(Role::kRouting, p, h200));
+      if (floor > 1) {
+        q.tokens = floor - 1;
+        CHECK_FALSE(tuning_key(Role::kRouting, q, h200) == tuning_key(Role::kRouting, p, h200));
+      }
+    }
+  }
+  // Worked by hand: E=128, K=8, T=3000 is 24000 pairs, 188 per expert: bucket 256, 128-row tiles.
+  // Bucket 256 starts past 128 per expert, at 128 * 128 + 1 pairs, T = 2049.
+  CHECK(key_floor_tokens(Role::kRouting, MoeProblem{3000, 128, 2048, 768, 8}, h200) == 2049);
+}
+
 TEST_CASE("each role's first pass gets an equal share of the budget left", "[tuner]") {
   CHECK(budget_share_s(60, 6) == Approx(10));
   CHECK(budget_share_s(60, 1) == Approx(60));  // the last role takes all that is left
