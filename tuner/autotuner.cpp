@@ -249,7 +249,7 @@ std::vector<db::TuningRow> autotune(const MoeProblem& problem, const cuda::Devic
     row.spread_ms = rc.results[*w].spread_ms;
     row.candidates = rc.results;
     row.provenance = db::current_provenance(device.driver_version);
-    say(fmt::format("{:<10} {:<28} {:8.4f} ms (heuristic {:8.4f} ms, x{:.2f}) {} candidates, {:.1f} s",
+    say(fmt::format("{:<10} {:<28} {:8.4f} ms (reference {:8.4f} ms, x{:.2f}) {} candidates, {:.1f} s",
                     role_name(rc.role), row.winner.name(), row.median_ms, ref_ms, ref_ms / row.median_ms,
                     rc.results.size(),
                     rc.seconds + std::chrono::duration<double>(Clock::now() - role_start).count()));

@@ -62,7 +62,14 @@ std::vector<TuneItem> plan_tuning(const TunePlanRequest& r, const cuda::DeviceIn
     const MoeShape shape = shape_of(item.problem);
     const auto done = [&](Role role) {
       const auto row = stored.find(tuning_key(role, item.problem, device).id());
-      return row != stored.end() && !tuned_partly(row->second, shape) && winner_legal(row->second, shape, device);
+      if (row == stored.end() || tuned_partly(row->second, shape) || !winner_legal(row->second, shape, device)) {
+        return false;
+      }
+      // Plans at the key's smallest T run the row too (routing's pruning depends on T; a row an
+      // earlier build tuned may hold a chunk too wide there).
+      MoeShape smallest = shape;
+      smallest.tokens = key_floor_tokens(role, item.problem, device);
+      return winner_legal(row->second, smallest, device);
     };
     std::erase_if(item.roles, [&](Role role) { return !r.force && done(role); });
     if (!item.roles.empty()) mine.push_back(std::move(item));

@@ -5,8 +5,8 @@ set_option sets one for this process without changing os.environ: the library's 
 library (moejit_set_option), which reads them in place of the environment and is safe while
 other threads build plans, as setenv is not. The library reads each when it needs it, so a change
 applies to plans built afterwards — plans already built keep their kernels and configs
-(moejit.torch.clear_plans() drops the cached ones), and MOEJIT_CUDA_DRIVER is read once, at the
-library's first GPU use. `moejit.tune` passes the settings to the CLI. MOEJIT_LIBRARY and
+(moejit.torch.clear_plans() drops the cached ones), MOEJIT_CHECK_ADOPTED applies to the next
+backward of any plan, and MOEJIT_CUDA_DRIVER is read once, at the library's first GPU use. `moejit.tune` passes the settings to the CLI. MOEJIT_LIBRARY and
 MOEJIT_CLI are read by this package only, when it first loads the library and each time it runs
 the CLI; setting them needs no library.
 """

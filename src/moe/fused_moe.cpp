@@ -184,6 +184,8 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   s.device = cuda::query_current_device();
   s.block_m = token_block_m(s.shape);
   s.stamp = state_stamp(problem);
+  // Read by backward(), and only over an adopted state: a malformed value fails the plan now.
+  env::check_adopted_states();
   s.aligned = vector_aligned(problem);
   s.layout = memory_layout(problem);
   s.memory = {s.layout.saved_bytes, s.layout.forward_bytes, s.layout.backward_bytes};

@@ -55,7 +55,8 @@ void SavedStates::record_locked(ContextId context, const void* saved, std::size_
   // The written-over records inside the new state (overwrite() keeps their address) go: one left
   // there would hide this state from a later write's look back.
   entries_.erase(entries_.upper_bound(at), entries_.lower_bound(at + bytes));
-  entries_[at] = Entry{context, problem, bytes, state, next_order_++};
+  const std::uint64_t now = next_order_++;
+  entries_[at] = Entry{context, problem, bytes, state, now, now};
   if (entries_.size() <= kCapacity) return;
   std::vector<std::uint64_t> orders;
   orders.reserve(entries_.size());
@@ -134,14 +135,14 @@ std::optional<std::uint64_t> SavedStates::unchecked_adoption(ContextId context, 
   if (it == entries_.end() || it->second.context != context || it->second.state != State::kAdopted) {
     return std::nullopt;
   }
-  return it->second.order;
+  return it->second.recorded;
 }
 
-void SavedStates::checked(ContextId context, const void* saved, std::uint64_t order) {
+void SavedStates::checked(ContextId context, const void* saved, std::uint64_t recorded) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
   if (it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted &&
-      it->second.order == order) {
+      it->second.recorded == recorded) {
     it->second.state = State::kComplete;
   }
 }

@@ -76,10 +76,10 @@ class SavedStates {
   void use(ContextId context, const void* saved, const MoeProblem& problem, Use use);
 
   // The record at `saved`, of `context`, where it is an adopted state whose stamp no backward has
-  // checked: its recording's order, which checked() takes to record that a backward did, and
-  // found it this problem's (a state adopted there since is left unchecked). nullopt otherwise.
+  // checked: when it was recorded, which checked() takes to record that a backward did, and found
+  // it this problem's (a state adopted there since is left unchecked). nullopt otherwise.
   std::optional<std::uint64_t> unchecked_adoption(ContextId context, const void* saved);
-  void checked(ContextId context, const void* saved, std::uint64_t order);
+  void checked(ContextId context, const void* saved, std::uint64_t recorded);
 
   // At most this many buffers are remembered; past it the half least recently recorded or used
   // is forgotten (and refused after), so a process whose allocator hands out ever new addresses
@@ -93,7 +93,8 @@ class SavedStates {
     MoeProblem problem;
     std::size_t bytes = 0;
     State state = State::kComplete;
-    std::uint64_t order = 0;  // when recorded, for forgetting the oldest
+    std::uint64_t order = 0;     // when recorded or last used, for forgetting the oldest
+    std::uint64_t recorded = 0;  // when recorded: which adoption checked() is told of
   };
   void record_locked(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem,
                      State state);

@@ -213,6 +213,8 @@ TEST_CASE("set_option refuses unknown names, and values their reader would refus
   CHECK_THROWS_WITH(set_option("DISK_CACHE", "false"), Catch::Contains("MOEJIT_DISK_CACHE"));
   set_option("AUTOTUNE", "1");
   CHECK(env::autotune_enabled());
+  ScopedEnv check_adopted("MOEJIT_CHECK_ADOPTED", "1");  // restores the caller's value after
+  ::unsetenv("MOEJIT_CHECK_ADOPTED");
   CHECK(env::check_adopted_states());  // unset: checked
   CHECK_THROWS_WITH(set_option("CHECK_ADOPTED", "off"), Catch::StartsWith("MOEJIT_CHECK_ADOPTED"));
   set_option("CHECK_ADOPTED", "0");

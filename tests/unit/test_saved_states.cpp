@@ -293,6 +293,8 @@ TEST_CASE("an adopted state is taken as complete, its stamp unchecked until a ba
   states.checked(kContext, address(1), *first);
   CHECK(states.unchecked_adoption(kContext, address(1)) == second);
   CHECK_THAT(refusal(states, address(1), other), Catch::Contains("another problem"));
+  // Another thread's backward over the same state in between leaves it the same adoption.
+  CHECK(refusal(states, address(1), p).empty());
   states.checked(kContext, address(1), *second);
   CHECK_FALSE(states.unchecked_adoption(kContext, address(1)));
   CHECK(refusal(states, address(1), p).empty());

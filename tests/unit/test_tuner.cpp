@@ -399,6 +399,35 @@ TEST_CASE("moejit tune's resume tunes again a key tuned partly or whose stored w
         }).empty());
 }
 
+TEST_CASE("moejit tune's resume tunes routing again where its stored winner cannot run at the key's smallest T",
+          "[tuner]") {
+  const auto h200 = cuda::fabricated::h200();
+  // 8192 pairs; the key starts at T = 2049, whose 4098 pairs pad to 5120.
+  const MoeProblem problem{4096, 8, 256, 128, 2, DType::kBF16, Mode::kTraining};
+  MoeShape smallest = shape_of(problem);
+  smallest.tokens = key_floor_tokens(Role::kRouting, problem, h200);
+  REQUIRE(smallest.tokens == 2049);
+  std::optional<TileConfig> wide, narrow;
+  for (const PruneDecision& d : prune_space(Role::kRouting, shape_of(problem), h200)) {
+    if (d.reason) continue;
+    (prune_reason(Role::kRouting, d.config, smallest, h200) ? wide : narrow) = d.config;
+  }
+  REQUIRE(wide);
+  REQUIRE(narrow);
+  std::map<std::string, db::TuningRow> stored;
+  for (Role role : roles_of(problem.mode)) {
+    const TileConfig winner = role == Role::kRouting ? *narrow : default_config(role, shape_of(problem), h200);
+    db::TuningRow row = whole_row(role, problem, winner);
+    stored.emplace(row.key.id(), std::move(row));
+  }
+  CHECK(plan_tuning(request_of(problem), h200, stored).empty());
+  const db::TuningRow wide_row = whole_row(Role::kRouting, problem, *wide);
+  stored.at(wide_row.key.id()) = wide_row;
+  const std::vector<TuneItem> items = plan_tuning(request_of(problem), h200, stored);
+  REQUIRE(items.size() == 1);
+  CHECK(items.front().roles == std::vector<Role>{Role::kRouting});
+}
+
 TEST_CASE("moejit tune's resume skips a key whose only partial marks are on configs its space no longer holds",
           "[tuner]") {
   const auto h200 = cuda::fabricated::h200();
