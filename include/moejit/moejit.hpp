@@ -16,8 +16,8 @@
 // Each call checks that every tensor begins and ends in device memory of the plan's GPU (or in
 // managed memory), and throws InvalidArgument naming the first that does not.
 // forward() and backward() only enqueue work on the caller's stream: no allocation, no
-// host-device synchronisation (but checking mode's, and a backward's first over an adopted state:
-// adopt_saved), so both can be captured in a CUDA graph.
+// host-device synchronisation (but checking mode's, and a backward's first over an adopted or
+// captured forward's state: adopt_saved), so both can be captured in a CUDA graph.
 #pragma once
 
 #include <cstddef>
@@ -148,10 +148,11 @@ class FusedMoe {
   // plan's (one since reset or destroyed, whose address a new allocation got). That check is the
   // process's record of the calls on each `saved` address, across plans and contexts: it cannot
   // see CUDA graph replays or copies. A forward captured into a graph is recorded as it is
-  // captured, so a backward() after a replay is judged by that record (declare the replayed state
-  // with adopt_saved where calls since the capture wrote over it), and one before any replay is
-  // not refused. A state copied to a new address is checked by what that address last held: see
-  // adopt_saved.
+  // captured (declare the replayed state with adopt_saved where calls since the capture wrote
+  // over it), and its stamp is checked as an adopted state's (adopt_saved): the first backward
+  // outside a capture after it reads the stamp, synchronising the stream, and refuses a state
+  // whose graph has not run. A state copied to a new address is checked by what that address last
+  // held: see adopt_saved.
   void backward(const BackwardArgs& args);
   // Declares that `saved` holds a state a forward() of this problem completed, copied there
   // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does, or from

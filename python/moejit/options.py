@@ -27,7 +27,7 @@ _LIBRARY_OPTIONS = {
     "LOG": "error, warn, info or debug",
     "CUDA_DRIVER": "driver library to dlopen instead of libcuda.so.1",
     "AUTOTUNE": "0: never self-tune (databases are still read)",
-    "CHECK_ADOPTED": "0: a backward takes an adopted (copied) state without checking its stamp",
+    "CHECK_ADOPTED": "0: a backward takes an adopted (copied) or captured forward's state without checking its stamp",
     "TUNE_BUDGET_S": "wall-clock seconds one self-tuning run may take",
 }
 OPTIONS = {

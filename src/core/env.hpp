@@ -38,8 +38,8 @@ std::string cuda_driver_library();
 // InvalidArgument naming the variable (config_resolver reads it at every resolve, so they fail
 // every plan at once, not only plans the tables do not cover).
 bool autotune_enabled();
-// MOEJIT_CHECK_ADOPTED=0: a backward over a state declared with adopt_saved takes it without
-// reading its stamp back (one stream synchronisation each); any other integer, or unset, checks.
+// MOEJIT_CHECK_ADOPTED=0: a backward over a state declared with adopt_saved, or written by a
+// captured forward, takes it without reading its stamp back (one stream synchronisation each); any other integer, or unset, checks.
 bool check_adopted_states();
 // MOEJIT_TUNE_BUDGET_S: wall-clock seconds one self-tuning run may take; default 60.
 double tune_budget_s();

@@ -103,41 +103,39 @@ struct FusedMoe::Impl {
                                               MemoryLayout::kStampBytes / 4, stream));
   }
 
-  // An adopted state's stamp, read on the backward's stream (after the caller's copy into it),
-  // unless the stream is being captured, where nothing can be read back: it stays unchecked, and
-  // the next backward outside a capture checks it. Before SavedStates::use: a refusal consumes
-  // nothing. MOEJIT_CHECK_ADOPTED=0 spares the stream synchronisation, and trusts the caller.
-  void check_adopted(const void* saved, CUstream stream) const {
-    const std::optional<std::uint64_t> adoption = SavedStates::instance().unchecked_adoption(context, saved);
-    if (!adoption || !env::check_adopted_states()) return;
-    const cuda::Driver& d = cuda::driver();
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    MOEJIT_CU(d.cuStreamIsCapturing(stream, &status));
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE) return;
+  // An adopted or captured state's stamp, read on the backward's stream (after the caller's copy
+  // into it, or the graph's run), unless the stream is being captured, where nothing can be read
+  // back: it stays unchecked, and the next backward outside a capture checks it. Before
+  // SavedStates::use: a refusal consumes nothing. MOEJIT_CHECK_ADOPTED=0 spares the stream
+  // synchronisation, and trusts the caller.
+  void check_unverified(const void* saved, CUstream stream) const {
+    const std::optional<SavedStates::Unchecked> unchecked = SavedStates::instance().unchecked(context, saved);
+    if (!unchecked || !env::check_adopted_states()) return;
+    if (capturing(stream)) return;
     // Another thread's global-mode capture would take the readback for an unsafe call and end.
     const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
+    const cuda::Driver& d = cuda::driver();
     std::array<std::uint32_t, MemoryLayout::kStampBytes / 4> words{};
     MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), reinterpret_cast<CUdeviceptr>(saved) + layout.stamp,
                                   MemoryLayout::kStampBytes, stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));
     if (std::any_of(words.begin(), words.end(), [&](std::uint32_t w) { return w != stamp; })) {
+      const char* recorded = unchecked->state == SavedStates::State::kAdopted
+                                 ? "adopted with adopt_saved()"
+                                 : "written by a forward() captured into a CUDA graph";
       throw StateError(fmt::format(
-          "saved: adopted with adopt_saved(), but it holds no completed forward() state of this problem (T={}, E={}, "
-          "H={}, I={}, K={}) of this build: its stamp is another's, or none (a forward stopped part-way, a consumed "
+          "saved: {}, but it holds no completed forward() state of this problem (T={}, E={}, H={}, I={}, K={}) of "
+          "this build: its stamp is another's, or none (a graph not yet run, a forward stopped part-way, a consumed "
           "state, or never a state); run forward() again first",
-          problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk));
+          recorded, problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk));
     }
-    SavedStates::instance().checked(context, saved, *adoption);
+    SavedStates::instance().checked(context, saved, unchecked->recorded);
   }
 
-  // check_expert_ids synchronises the stream, which a capture forbids: tested before anything is
-  // enqueued, as forward() promises, though the readback itself follows routing.
-  void require_uncaptured(CUstream stream) const {
+  static bool capturing(CUstream stream) {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     MOEJIT_CU(cuda::driver().cuStreamIsCapturing(stream, &status));
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-      throw InvalidArgument("check_expert_ids", "cannot read expert ids back while the stream is being captured");
-    }
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
   // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
@@ -242,9 +240,15 @@ void FusedMoe::forward(const ForwardArgs& a) {
   const LaunchStream on = s.own_stream(reinterpret_cast<CUstream>(a.stream), current);
   CUstream stream = on.stream;
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
+  // A captured forward's state is written when its graph runs, if ever: its stamp is checked.
+  const bool captured = Impl::capturing(stream);
   std::vector<std::int32_t> ids;
   if (s.options.check_expert_ids) {
-    s.require_uncaptured(stream);
+    // check_expert_ids synchronises the stream, which a capture forbids: refused before anything is
+    // enqueued, as forward() promises, though the readback itself follows routing.
+    if (captured) {
+      throw InvalidArgument("check_expert_ids", "cannot read expert ids back while the stream is being captured");
+    }
     ids.resize(static_cast<std::size_t>(f.routing.tokens * f.routing.topk));
   }
   SavedStates::instance().overwrite(tensors, nullptr);  // this call's own state is recorded below
@@ -261,7 +265,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
     s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;
   }
-  s.record_saved(a.saved, SavedStates::State::kComplete);
+  s.record_saved(a.saved, captured ? SavedStates::State::kCaptured : SavedStates::State::kComplete);
 }
 
 void FusedMoe::adopt_saved(const void* saved) {
@@ -281,7 +285,7 @@ void FusedMoe::backward(const BackwardArgs& a) {
   const LaunchStream on = s.own_stream(reinterpret_cast<CUstream>(a.stream), current);
   CUstream stream = on.stream;
   BackwardSteps b = backward_steps(a, s.problem, s.layout);
-  s.check_adopted(a.saved, stream);
+  s.check_unverified(a.saved, stream);
   // Last before the launches. bwd_down writes d_pre_act over the saved pre_act here: from the
   // first launch on, even one that fails later, the state is gone. No InvalidArgument, StateError
   // or NoDeviceError after this: the PyTorch front end takes those as refusals that left the

@@ -119,6 +119,7 @@ void SavedStates::use(ContextId context, const void* saved, const MoeProblem& pr
       break;
     case State::kComplete:
     case State::kAdopted:
+    case State::kCaptured:
       if (!same_problem(e.problem, problem)) {
         why = fmt::format("it holds the state of another problem's forward() ({})", describe(e.problem));
       }
@@ -129,19 +130,23 @@ void SavedStates::use(ContextId context, const void* saved, const MoeProblem& pr
   if (use == Use::kConsume) e.state = State::kConsumed;
 }
 
-std::optional<std::uint64_t> SavedStates::unchecked_adoption(ContextId context, const void* saved) {
+namespace {
+
+bool is_unchecked(SavedStates::State s) { return s == SavedStates::State::kAdopted || s == SavedStates::State::kCaptured; }
+
+}  // namespace
+
+std::optional<SavedStates::Unchecked> SavedStates::unchecked(ContextId context, const void* saved) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
-  if (it == entries_.end() || it->second.context != context || it->second.state != State::kAdopted) {
-    return std::nullopt;
-  }
-  return it->second.recorded;
+  if (it == entries_.end() || it->second.context != context || !is_unchecked(it->second.state)) return std::nullopt;
+  return Unchecked{it->second.state, it->second.recorded};
 }
 
 void SavedStates::checked(ContextId context, const void* saved, std::uint64_t recorded) {
   std::lock_guard lock(mu_);
   const auto it = entries_.find(reinterpret_cast<std::uintptr_t>(saved));
-  if (it != entries_.end() && it->second.context == context && it->second.state == State::kAdopted &&
+  if (it != entries_.end() && it->second.context == context && is_unchecked(it->second.state) &&
       it->second.recorded == recorded) {
     it->second.state = State::kComplete;
   }

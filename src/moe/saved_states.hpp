@@ -12,7 +12,10 @@
 // caller's word; the first backward over it that can read it (one not being captured) checks
 // first that its stamp is this problem's (state_stamp): the same size does not make a state
 // this problem's (every E from 2 to 16 at T=64, K=2, H=I=64 has one size), and another
-// problem's routing tables would send the kernels' writes past dW1, dW2 and dx.
+// problem's routing tables would send the kernels' writes past dW1, dW2 and dx. A forward
+// captured into a CUDA graph is recorded as it is captured, though its kernels run only with the
+// graph: its stamp is checked as an adopted state's, so a graph never run leaves a refusal, not
+// whatever the buffer held.
 //
 // Also refused: a state recorded in another CUDA context (by cuCtxGetId, never reused). A context
 // reset or destroyed takes its memory with it, and a new context's allocation often gets the same
@@ -43,8 +46,10 @@ std::uint32_t state_stamp(const MoeProblem& problem);
 
 class SavedStates {
  public:
-  // kAdopted: complete on the caller's word (adopt_saved), its stamp not yet checked.
-  enum class State { kComplete, kAdopted, kPartial, kConsumed, kOverwritten };
+  // Complete, its stamp not yet checked: kAdopted on the caller's word (adopt_saved); kCaptured
+  // written by a forward captured into a CUDA graph, whose kernels run when the graph does, if
+  // ever, which the host cannot tell.
+  enum class State { kComplete, kAdopted, kCaptured, kPartial, kConsumed, kOverwritten };
 
   // Process-wide: plans share states (Python's backward may run another plan of the problem).
   static SavedStates& instance();
@@ -75,10 +80,15 @@ class SavedStates {
   // refused.
   void use(ContextId context, const void* saved, const MoeProblem& problem, Use use);
 
-  // The record at `saved`, of `context`, where it is an adopted state whose stamp no backward has
-  // checked: when it was recorded, which checked() takes to record that a backward did, and found
-  // it this problem's (a state adopted there since is left unchecked). nullopt otherwise.
-  std::optional<std::uint64_t> unchecked_adoption(ContextId context, const void* saved);
+  // The record at `saved`, of `context`, where it is an adopted or captured state whose stamp no
+  // backward has checked: which of the two, and when it was recorded, which checked() takes to
+  // record that a backward did, and found it this problem's (a state recorded there since is left
+  // unchecked). nullopt otherwise.
+  struct Unchecked {
+    State state;
+    std::uint64_t recorded;
+  };
+  std::optional<Unchecked> unchecked(ContextId context, const void* saved);
   void checked(ContextId context, const void* saved, std::uint64_t recorded);
 
   // At most this many buffers are remembered; past it the half least recently recorded or used
@@ -94,7 +104,7 @@ class SavedStates {
     std::size_t bytes = 0;
     State state = State::kComplete;
     std::uint64_t order = 0;     // when recorded or last used, for forgetting the oldest
-    std::uint64_t recorded = 0;  // when recorded: which adoption checked() is told of
+    std::uint64_t recorded = 0;  // when recorded: which unchecked state checked() is told of
   };
   void record_locked(ContextId context, const void* saved, std::size_t bytes, const MoeProblem& problem,
                      State state);

@@ -1344,6 +1344,43 @@ TEST_CASE("an adopted state is checked by its forward's stamp: another problem's
   CHECK_THROWS_AS(inference.adopt_saved(copy->as<void>()), StateError);
 }
 
+TEST_CASE("a forward captured into a graph never run leaves a state its backward refuses; once the graph runs, it is used",
+          "[gpu][moe][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  const CaseSpec spec{64, 16, 64, 64, 2};
+  FusedMoe plan(problem_of(spec, Mode::kTraining));
+  DeviceRun run(make_case(spec), plan.memory());
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  const Outputs want = outputs_of(run, spec, Mode::kTraining);
+
+  // Fresh memory under the captured forward's record: routing tables the kernels would index with.
+  DeviceRun fresh(make_case(spec), plan.memory());
+  fresh.saved.fill_bytes(0xff);
+  fresh.poison();
+  { const cuda::CapturedGraph never_run(stream.get(), [&] { plan.forward(fresh.forward_args(stream.get())); }); }
+  CHECK_THROWS_WITH(plan.backward(fresh.backward_args(stream.get())),
+                    Catch::StartsWith("saved: written by a forward() captured into a CUDA graph, but it holds no "
+                                      "completed forward() state of this problem (T=64, E=16,"));
+  stream.synchronize();
+  const std::vector<double> dx = download(fresh.dx, spec.dtype, 64 * 64);
+  CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+
+  // The same capture, run: the backward checks its stamp once, and gives the eager run's bits.
+  const cuda::CapturedGraph forward(stream.get(), [&] { plan.forward(fresh.forward_args(stream.get())); });
+  forward.launch(stream.get());
+  plan.backward(fresh.backward_args(stream.get()));
+  stream.synchronize();
+  const Outputs got = outputs_of(fresh, spec, Mode::kTraining);
+  CHECK(test::differences(got.out, want.out) == "none");
+  CHECK(test::differences(got.dx, want.dx) == "none");
+  CHECK(test::differences(got.dw1, want.dw1) == "none");
+  CHECK(test::differences(got.dw2, want.dw2) == "none");
+  CHECK(test::differences(got.ds, want.ds) == "none");
+}
+
 TEST_CASE("after a primary-context reset, a saved state of the old context is refused at its address; the new context's forward there runs",
           "[gpu][moe]") {
   MOEJIT_REQUIRE_GPU(gpu);

@@ -282,33 +282,56 @@ TEST_CASE("an adopted state is taken as complete, its stamp unchecked until a ba
   MoeProblem other = p;
   other.experts = 64;
   states.record(kContext, address(1), kBytes, p, SavedStates::State::kAdopted);
-  const std::optional<std::uint64_t> first = states.unchecked_adoption(kContext, address(1));
+  const std::optional<SavedStates::Unchecked> first = states.unchecked(kContext, address(1));
   REQUIRE(first);
-  CHECK_FALSE(states.unchecked_adoption(kNewContext, address(1)));  // another context's record says nothing here
-  CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));      // no record
+  CHECK(first->state == SavedStates::State::kAdopted);
+  CHECK_FALSE(states.unchecked(kNewContext, address(1)));  // another context's record says nothing here
+  CHECK_FALSE(states.unchecked(kContext, address(2)));      // no record
   // A state adopted there again while the first one's stamp was read stays unchecked.
   states.record(kContext, address(1), kBytes, p, SavedStates::State::kAdopted);
-  const std::optional<std::uint64_t> second = states.unchecked_adoption(kContext, address(1));
+  const std::optional<SavedStates::Unchecked> second = states.unchecked(kContext, address(1));
   REQUIRE(second);
-  states.checked(kContext, address(1), *first);
-  CHECK(states.unchecked_adoption(kContext, address(1)) == second);
+  states.checked(kContext, address(1), first->recorded);
+  CHECK(states.unchecked(kContext, address(1))->recorded == second->recorded);
   CHECK_THAT(refusal(states, address(1), other), Catch::Contains("another problem"));
   // Another thread's backward over the same state in between leaves it the same adoption.
   CHECK(refusal(states, address(1), p).empty());
-  states.checked(kContext, address(1), *second);
-  CHECK_FALSE(states.unchecked_adoption(kContext, address(1)));
+  states.checked(kContext, address(1), second->recorded);
+  CHECK_FALSE(states.unchecked(kContext, address(1)));
   CHECK(refusal(states, address(1), p).empty());
   // A forward's own state is not adopted; checked() leaves any other state as it is.
   states.record(kContext, address(2), kBytes, p, SavedStates::State::kComplete);
-  CHECK_FALSE(states.unchecked_adoption(kContext, address(2)));
+  CHECK_FALSE(states.unchecked(kContext, address(2)));
   states.record(kContext, address(3), kBytes, p, SavedStates::State::kPartial);
   states.checked(kContext, address(3), 0);
-  states.checked(kContext, address(3), *second + 1);
+  states.checked(kContext, address(3), second->recorded + 1);
   CHECK_THAT(refusal(states, address(3), p), Catch::Contains("stopped part-way"));
   // Consumed, an adopted state is no longer waiting for its check.
   states.record(kContext, address(4), kBytes, p, SavedStates::State::kAdopted);
   CHECK(refusal(states, address(4), p, SavedStates::Use::kConsume).empty());
-  CHECK_FALSE(states.unchecked_adoption(kContext, address(4)));
+  CHECK_FALSE(states.unchecked(kContext, address(4)));
+}
+
+TEST_CASE("a captured forward's state is taken as complete for its problem, its stamp unchecked until a backward checks it",
+          "[saved]") {
+  SavedStates states;
+  const MoeProblem p{1024, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+  MoeProblem other = p;
+  other.tokens = 512;
+  states.record(kContext, address(1), kBytes, p, SavedStates::State::kCaptured);
+  const std::optional<SavedStates::Unchecked> captured = states.unchecked(kContext, address(1));
+  REQUIRE(captured);
+  CHECK(captured->state == SavedStates::State::kCaptured);
+  CHECK_THAT(refusal(states, address(1), other), Catch::Contains("another problem"));
+  CHECK(refusal(states, address(1), p).empty());  // a captured backward reads it unchecked
+  states.checked(kContext, address(1), captured->recorded);
+  CHECK_FALSE(states.unchecked(kContext, address(1)));
+  CHECK(refusal(states, address(1), p).empty());
+  // Written over, it is lost as any state.
+  states.record(kContext, address(2), kBytes, p, SavedStates::State::kCaptured);
+  states.overwrite({{"out", address(2), 16, 2, true}}, nullptr);
+  CHECK_FALSE(states.unchecked(kContext, address(2)));
+  CHECK_THAT(refusal(states, address(2), p), Catch::Contains("wrote over part of it"));
 }
 
 TEST_CASE("a state's stamp differs with every field of its problem, and is never 0 or all ones", "[saved]") {
