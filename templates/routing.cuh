@@ -15,6 +15,12 @@
 //                   (tile -> expert, first sorted row), block 0 also ranks the experts by pairs
 //                   for the expert-major (dW) grids where asked, and each block scatters its chunk, stable
 //                   in the flat index. With one chunk the block counts its pairs itself.
+//   kRoutingCheck   grid-stride over a saved state's tables, before a backward takes a state it
+//                   did not see written (an adopted copy, a captured forward): checks that every
+//                   table equals what kRoutingPlace writes for its own offsets, and that
+//                   sorted_pairs and pair_rows are inverse permutations of [0, T*K), so that every
+//                   index the backward's kernels take from them is in bounds; a table that is not
+//                   turns the state's stamp to kDamagedStamp (src/moe/saved_states.hpp).
 // A chunk is THREADS * ITEMS consecutive pairs, walked in ITEMS sub-tiles of THREADS.
 // Dynamic shared memory per phase (ints): count E+1, scan THREADS+W+1, place 2(E+1) + max(W(E+1), E+1+W+1, 2P) with
 // W = THREADS/32 and P = E rounded up to a power of two; src/moe/routing_layout.cpp computes the
@@ -27,7 +33,7 @@
 
 namespace moejit {
 
-enum RoutingPhase : int { kRoutingCount = 0, kRoutingPlace = 1, kRoutingScan = 2 };
+enum RoutingPhase : int { kRoutingCount = 0, kRoutingPlace = 1, kRoutingScan = 2, kRoutingCheck = 3 };
 
 struct RoutingParams {
   const int32* topk_ids;     // [T*K] expert of each flat pair index t*K + k
@@ -47,6 +53,8 @@ struct RoutingParams {
   int32* pair_rows;          // [T*K]: flat pair index -> sorted row (>= expert_offsets[E]: dropped)
   int4* ranked_experts;      // [E] or null (not asked for): (expert, first row, end row, 0) by pairs,
                              // most first, ties by id
+  uint32* stamp;             // kRoutingCheck: the state's stamp, word 0
+  uint32 stamp_value;        // kRoutingCheck: what it holds for this problem
 };
 
 __device__ __forceinline__ int32 routing_bucket(const RoutingParams& p, int32 pair) {
@@ -269,6 +277,61 @@ __device__ void routing_place(const RoutingParams& p, int32* smem) {
   routing_scatter<THREADS, ITEMS>(p, next_row, warp_counts);
 }
 
+// Each value the backward's kernels index with is compared with what routing_place derives from
+// the expert offsets (which are checked to run from 0 to at most T*K, in order), so a state that
+// passes indexes only inside its tables and buffers, and bounds every dW tile's k loop. Reads
+// stay inside the tables whatever they hold: every index is a grid position, or clamped first.
+template <int THREADS>
+__device__ void routing_check(const RoutingParams& p) {
+  const int32 E = p.num_experts, N = p.num_pairs;
+  const int32* off = p.expert_offsets;
+  const int32* tile_off = p.expert_tile_offsets;
+  const int64 stride = static_cast<int64>(gridDim.x) * THREADS;
+  const int64 first = static_cast<int64>(blockIdx.x) * THREADS + threadIdx.x;
+  bool bad = false;
+  for (int64 i = first; i < E; i += stride) {
+    const int32 e = static_cast<int32>(i);
+    if (e == 0) bad |= off[0] != 0 || tile_off[0] != 0 || off[E] > N || off[E + 1] != N || tile_off[E] > p.max_tiles;
+    const int64 rows = static_cast<int64>(off[e + 1]) - off[e];
+    bad |= rows < 0 || static_cast<int64>(tile_off[e + 1]) - tile_off[e] != (rows + p.block_m - 1) / p.block_m;
+    if (p.ranked_experts != nullptr) {
+      const int4 r = p.ranked_experts[e];
+      const int32 x = min(max(r.x, 0), E - 1);
+      bad |= r.x != x || r.y != off[x] || r.z != off[x + 1];
+      // Strictly in routing_rank_experts' order (pairs descending, then id): no expert twice.
+      if (e + 1 < E) {
+        const int4 next = p.ranked_experts[e + 1];
+        const int64 pairs = static_cast<int64>(r.z) - r.y, next_pairs = static_cast<int64>(next.z) - next.y;
+        bad |= pairs < next_pairs || (pairs == next_pairs && r.x >= next.x);
+      }
+    }
+  }
+  const int32 tiles = min(max(tile_off[E], 0), p.max_tiles);
+  for (int64 t = first; t < p.max_tiles; t += stride) {
+    const int32 tile = static_cast<int32>(t);
+    int32 expert = -1;
+    int64 row = -1;
+    if (tile < tiles) {
+      int32 lo = 0, hi = E - 1;  // as routing_place's search
+      while (lo < hi) {
+        const int32 mid = (lo + hi + 1) / 2;
+        if (tile_off[mid] <= tile) lo = mid; else hi = mid - 1;
+      }
+      expert = lo;
+      row = off[lo] + static_cast<int64>(tile - tile_off[lo]) * p.block_m;
+    }
+    bad |= p.tile_expert[tile] != expert || p.tile_row_begin[tile] != row;
+  }
+  for (int64 i = first; i < N; i += stride) {
+    const int32 pair = p.sorted_pairs[i];
+    const int32 row = p.pair_rows[i];
+    bad |= pair < 0 || pair >= N || row < 0 || row >= N;
+    if (pair >= 0 && pair < N) bad |= p.pair_rows[pair] != i;
+  }
+  // Only over this problem's stamp: another's, or none, already tells the host the state is not one.
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicCAS(p.stamp, p.stamp_value, 0xffffffffu);
+}
+
 template <int PHASE, int THREADS, int ITEMS>
 __global__ void __launch_bounds__(THREADS) routing_kernel(const __grid_constant__ RoutingParams p) {
   extern __shared__ int32 routing_smem[];
@@ -276,6 +339,8 @@ __global__ void __launch_bounds__(THREADS) routing_kernel(const __grid_constant_
     routing_count<THREADS, ITEMS>(p, routing_smem);
   } else if constexpr (PHASE == kRoutingScan) {
     routing_scan_bucket<THREADS>(p, routing_smem);
+  } else if constexpr (PHASE == kRoutingCheck) {
+    routing_check<THREADS>(p);
   } else {
     routing_place<THREADS, ITEMS>(p, routing_smem);
   }

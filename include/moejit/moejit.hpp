@@ -163,7 +163,9 @@ class FusedMoe {
   // a stamp of its problem and build at the state's end (cleared before its first kernel, and by a
   // memory-efficient backward): the first backward over an adopted state reads it on its stream,
   // after the copy, synchronising the stream, and refuses a state stamped for another problem or
-  // build, or not at all, with StateError, before anything is enqueued (MOEJIT_CHECK_ADOPTED=0:
+  // build, or not at all, or whose routing tables are not what a forward writes (a damaged copy;
+  // the routing kernel's check phase, on the stream before the read), with StateError, before
+  // anything else is enqueued (MOEJIT_CHECK_ADOPTED=0:
   // no read, the caller trusted). A backward being captured cannot read it and takes the state
   // unchecked; the next one outside a capture checks it. Throws InvalidArgument for a null, misaligned or non-device `saved` (or
   // one of another context's memory), StateError for an inference plan.

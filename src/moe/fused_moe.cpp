@@ -6,6 +6,7 @@
 #include <array>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/env.hpp"
@@ -105,9 +106,11 @@ struct FusedMoe::Impl {
 
   // An adopted or captured state's stamp, read on the backward's stream (after the caller's copy
   // into it, or the graph's run), unless the stream is being captured, where nothing can be read
-  // back: it stays unchecked, and the next backward outside a capture checks it. Before
-  // SavedStates::use: a refusal consumes nothing. MOEJIT_CHECK_ADOPTED=0 spares the stream
-  // synchronisation, and trusts the caller.
+  // back: it stays unchecked, and the next backward outside a capture checks it. The routing
+  // kernel's check phase runs first: a stamp of this problem over tables that a forward would not
+  // have written (a damaged copy) comes back as kDamagedStamp, so no kernel indexes with them.
+  // Before SavedStates::use: a refusal consumes nothing. MOEJIT_CHECK_ADOPTED=0 spares the check
+  // and the stream synchronisation, and trusts the caller.
   void check_unverified(const void* saved, CUstream stream) const {
     const std::optional<SavedStates::Unchecked> unchecked = SavedStates::instance().unchecked(context, saved);
     if (!unchecked || !env::check_adopted_states()) return;
@@ -115,19 +118,32 @@ struct FusedMoe::Impl {
     // Another thread's global-mode capture would take the readback for an unsafe call and end.
     const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
     const cuda::Driver& d = cuda::driver();
+    const auto base = reinterpret_cast<CUdeviceptr>(saved);
+    const RoleKernel& routing = role(Role::kRouting);
+    launch_routing_check(*routing.kernel, routing.config,
+                         {base + layout.routing_offset, problem.tokens * problem.topk, problem.experts, block_m,
+                          base + layout.stamp, stamp, stream});
     std::array<std::uint32_t, MemoryLayout::kStampBytes / 4> words{};
-    MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), reinterpret_cast<CUdeviceptr>(saved) + layout.stamp,
-                                  MemoryLayout::kStampBytes, stream));
+    MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), base + layout.stamp, MemoryLayout::kStampBytes, stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));
-    if (std::any_of(words.begin(), words.end(), [&](std::uint32_t w) { return w != stamp; })) {
+    const auto ours = [&](std::uint32_t w) { return w == stamp; };
+    if (!std::all_of(words.begin(), words.end(), ours)) {
       const char* recorded = unchecked->state == SavedStates::State::kAdopted
                                  ? "adopted with adopt_saved()"
                                  : "written by a forward() captured into a CUDA graph";
+      const std::string problem_fields = fmt::format("T={}, E={}, H={}, I={}, K={}", problem.tokens, problem.experts,
+                                                     problem.hidden, problem.intermediate, problem.topk);
+      if (words[0] == kDamagedStamp && std::all_of(words.begin() + 1, words.end(), ours)) {
+        throw StateError(fmt::format(
+            "saved: {}, and stamped by a forward() of this problem ({}), but its routing tables hold what no forward "
+            "writes (a damaged or partial copy); run forward() again first",
+            recorded, problem_fields));
+      }
       throw StateError(fmt::format(
-          "saved: {}, but it holds no completed forward() state of this problem (T={}, E={}, H={}, I={}, K={}) of "
-          "this build: its stamp is another's, or none (a graph not yet run, a forward stopped part-way, a consumed "
-          "state, or never a state); run forward() again first",
-          recorded, problem.tokens, problem.experts, problem.hidden, problem.intermediate, problem.topk));
+          "saved: {}, but it holds no completed forward() state of this problem ({}) of this build: its stamp is "
+          "another's, or none (a graph not yet run, a forward stopped part-way, a consumed state, or never a state); "
+          "run forward() again first",
+          recorded, problem_fields));
     }
     SavedStates::instance().checked(context, saved, unchecked->recorded);
   }

@@ -30,6 +30,8 @@ struct Routing {  // templates/routing.cuh RoutingParams
   std::int32_t* sorted_pairs;
   std::int32_t* pair_rows;
   std::int32_t* ranked_experts;  // int4 entries
+  std::uint32_t* stamp;
+  std::uint32_t stamp_value;
 };
 
 struct RoutingView {  // templates/common/moe_tiles.cuh

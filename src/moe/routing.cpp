@@ -2,10 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "moe/kernel_params.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit {
+namespace {
+
+// The check's grid: 1024 blocks of 128-1024 threads cover an H200 several times over.
+constexpr long long kMaxCheckBlocks = 1024;
+
+}  // namespace
+
 RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
   auto at = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(ws + off); };
   return {at(l.chunk_counts), at(l.expert_counts),  at(l.expert_offsets), at(l.expert_tile_offsets),
@@ -76,6 +85,31 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   if (chunks > 1) kernel.launch(0, {chunks}, {threads}, smem(0), a.stream, args);
   if (p.scanned) kernel.launch(2, {static_cast<unsigned>(a.experts + 1)}, {threads}, smem(2), a.stream, args);
   kernel.launch(1, {chunks}, {threads}, smem(1), a.stream, args);
+}
+
+void launch_routing_check(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingCheckArgs& a) {
+  const RoutingLayout l = routing_layout(a.pairs, a.experts, a.block_m);
+  const RoutingBuffers b = routing_buffers(a.tables, l);
+  params::Routing p{};
+  p.num_pairs = static_cast<std::int32_t>(a.pairs);
+  p.num_experts = a.experts;
+  p.block_m = a.block_m;
+  p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
+  p.expert_offsets = b.expert_offsets;
+  p.expert_tile_offsets = b.expert_tile_offsets;
+  p.tile_expert = b.tile_expert;
+  p.tile_row_begin = b.tile_row_begin;
+  p.sorted_pairs = b.sorted_pairs;
+  p.pair_rows = b.pair_rows;
+  p.ranked_experts = b.ranked_experts;
+  p.stamp = reinterpret_cast<std::uint32_t*>(a.stamp);
+  p.stamp_value = a.stamp_value;
+  void* args[] = {&p};
+  const long long threads = config.threads();
+  const long long widest = std::max({a.pairs, l.max_tiles, static_cast<long long>(a.experts)});
+  // Grid-stride: enough blocks to fill the device, each thread a few items at most.
+  const auto blocks = static_cast<unsigned>(std::min<long long>((widest + threads - 1) / threads, kMaxCheckBlocks));
+  kernel.launch(3, {blocks}, {static_cast<unsigned>(threads)}, 0, a.stream, args);
 }
 
 }  // namespace moejit

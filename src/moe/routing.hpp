@@ -46,4 +46,20 @@ RoutingLayout validate_routing_args(const RoutingArgs& args);
 // Enqueues routing with a loaded routing kernel of config `config`.
 void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args);
 
+// A saved state's routing tables, as a forward of (pairs, experts, block_m) wrote them at
+// `tables`, with its expert ranking (training's).
+struct RoutingCheckArgs {
+  CUdeviceptr tables = 0;
+  long long pairs = 0;
+  int experts = 0;
+  int block_m = 0;
+  CUdeviceptr stamp = 0;            // the state's stamp (MemoryLayout::stamp)
+  std::uint32_t stamp_value = 0;    // state_stamp of its problem
+  CUstream stream = nullptr;
+};
+
+// Enqueues the routing kernel's check phase: where a table holds anything a forward would not
+// have written, and the stamp's first word is stamp_value, that word becomes kDamagedStamp.
+void launch_routing_check(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingCheckArgs& args);
+
 }  // namespace moejit

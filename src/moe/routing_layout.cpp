@@ -13,6 +13,7 @@ long long routing_smem_bytes(int phase, int threads, int experts) {
   const long long warps = threads / 32;
   if (phase == 0) return 4 * buckets;
   if (phase == 2) return 4 * (threads + warps + 1);
+  if (phase == 3) return 0;
   long long pow2 = 1;
   while (pow2 < experts) pow2 *= 2;
   // Next rows and offsets, then the per-warp counts, whose space first holds the tile offsets

@@ -22,14 +22,15 @@ long long routing_max_tiles(long long pairs, int experts, int block_m);
 
 // Launches of the routing template: phase 0 counts per chunk, phase 2 scans the chunk table where
 // it is large (routing_scans), phase 1 places and scatters (templates/routing.cuh); a single
-// chunk launches phase 1 only.
-inline constexpr int kRoutingPhases = 3;
+// chunk launches phase 1 only. Phase 3 checks a saved state's tables (launch_routing_check).
+inline constexpr int kRoutingPhases = 4;
 
 // Whether routing runs its scan launch: where every place block reading the whole chunk table
 // (chunks^2 (E+1) ints) would cost more than the launch.
 bool routing_scans(long long chunks, int experts);
 
-// Dynamic shared memory of a routing phase (0 count, 1 place and scatter, 2 scan), bytes.
+// Dynamic shared memory of a routing phase (0 count, 1 place and scatter, 2 scan, 3 check: none),
+// bytes.
 long long routing_smem_bytes(int phase, int threads, int experts);
 
 struct RoutingLayout {

@@ -33,7 +33,7 @@ std::uint32_t state_stamp(const MoeProblem& p) {
                   p.experts, p.hidden, p.intermediate, p.topk, dtype_name(p.dtype), mode_name(p.mode));
   const std::uint64_t h = Hasher().add(fields).value();
   const auto folded = static_cast<std::uint32_t>(h ^ (h >> 32));
-  return folded == 0 || folded == 0xffffffffu ? 1u : folded;
+  return folded == 0 || folded == kDamagedStamp ? 1u : folded;
 }
 
 SavedStates& SavedStates::instance() {

@@ -44,6 +44,11 @@ namespace moejit {
 // backward before it consumes the state) nor 0xffffffff.
 std::uint32_t state_stamp(const MoeProblem& problem);
 
+// What the routing kernel's check phase (templates/routing.cuh, kRoutingCheck) writes over a
+// stamp's first word where the state's routing tables hold what no forward writes (a damaged
+// copy): state_stamp never returns it.
+inline constexpr std::uint32_t kDamagedStamp = 0xffffffffu;
+
 class SavedStates {
  public:
   // Complete, its stamp not yet checked: kAdopted on the caller's word (adopt_saved); kCaptured

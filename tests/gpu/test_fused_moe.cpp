@@ -1302,6 +1302,47 @@ TEST_CASE("an adopted state is checked by its forward's stamp: another problem's
   CHECK(test::differences(got.dw2, want.dw2) == "none");
   CHECK(test::differences(got.ds, want.ds) == "none");
 
+  // A copy of its own problem's state, stamped, whose routing tables were damaged after: each of
+  // these would send a kernel's reads or writes out of bounds. Refused before anything runs.
+  {
+    const MemoryLayout layout = memory_layout(problem_of(many, Mode::kTraining));
+    const RoutingLayout& tables = layout.routing;
+    const std::size_t base = layout.routing_offset;
+    const std::size_t pairs = static_cast<std::size_t>(many.tokens) * many.topk;
+    std::vector<std::int32_t> routing(tables.total_bytes / 4);
+    MOEJIT_CU(cuda::driver().cuMemcpyDtoH(routing.data(), copy->get() + base, tables.total_bytes));
+    const auto word = [&](std::size_t offset, std::size_t i) -> std::int32_t& { return routing[offset / 4 + i]; };
+    const std::vector<std::pair<const char*, std::function<void()>>> damages = {
+        {"a sorted row's pair past T*K", [&] { word(tables.sorted_pairs, 5) = 1 << 30; }},
+        {"a pair's row negative", [&] { word(tables.pair_rows, pairs - 1) = -7; }},
+        {"two sorted rows naming one pair", [&] { word(tables.sorted_pairs, 1) = word(tables.sorted_pairs, 0); }},
+        {"an expert's first row moved", [&] { word(tables.expert_offsets, 1) += 1; }},
+        {"the routed rows past T*K", [&] { word(tables.expert_offsets, many.experts) = 1 << 20; }},
+        {"a tile's first row moved", [&] { word(tables.tile_row_begin, 0) += 64; }},
+        {"a tile's expert out of range", [&] { word(tables.tile_expert, 0) = 1 << 20; }},
+        {"the dW ranking naming one expert twice",
+         [&] { word(tables.ranked_experts, 4) = word(tables.ranked_experts, 0); }},
+    };
+    for (const auto& [what, damage] : damages) {
+      INFO(what);
+      const std::vector<std::int32_t> intact = routing;
+      damage();
+      auto damaged = copy_of(*copy);
+      stream.synchronize();  // the copy, before the tables go over it
+      MOEJIT_CU(cuda::driver().cuMemcpyHtoD(damaged->get() + base, routing.data(), tables.total_bytes));
+      routing = intact;
+      plan.adopt_saved(damaged->as<void>());
+      run.poison();
+      CHECK_THROWS_WITH(plan.backward(with_saved(run, *damaged)),
+                        Catch::StartsWith("saved: adopted with adopt_saved(), and stamped by a forward() of this "
+                                          "problem (T=64, E=16,") &&
+                            Catch::Contains("its routing tables hold what no forward writes"));
+      stream.synchronize();
+      const std::vector<double> dx = download(run.dx, many.dtype, 64 * 64);
+      CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+    }
+  }
+
   // A memory-efficient backward clears the stamp of the state it consumes: a copy taken after
   // it holds none; one taken before runs.
   FusedMoe memeff(problem_of(many, Mode::kMemoryEfficient));

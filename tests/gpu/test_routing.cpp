@@ -1,5 +1,6 @@
 // Routing on the GPU against the host reference: sorted order, counts, offsets and the tile
-// table, for the routings that break MoE kernels. Outputs are poisoned before every run.
+// table, for the routings that break MoE kernels, and the check phase passing every table it
+// wrote. Outputs are poisoned before every run.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -29,6 +30,18 @@ reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<
   cuda::Stream stream;
   RoutingArgs args{d_ids.get(), tokens, topk, experts, block_m, ws.get(), ws.bytes(), stream.get(), rank_experts};
   launch_routing(kernel, config, args);
+  if (rank_experts) {
+    // A saved state's check (as a backward over a copy runs it) finds every table as routing wrote
+    // it: the stamp's word stays.
+    constexpr std::uint32_t kStamp = 0x5a17c0de;
+    cuda::DeviceBuffer stamp(4);
+    stamp.upload(&kStamp, 4);
+    launch_routing_check(kernel, config, {ws.get(), tokens * topk, experts, block_m, stamp.get(), kStamp, stream.get()});
+    std::uint32_t after = 0;
+    stream.synchronize();
+    stamp.download(&after, 4);
+    CHECK(after == kStamp);
+  }
   stream.synchronize();
 
   auto read = [&](std::size_t offset, std::size_t count) {

@@ -37,10 +37,12 @@ TEST_CASE("generated unit is tiny and names every instantiation", "[codegen]") {
   c.items = 16;
   GeneratedUnit u = generate_unit({Role::kRouting, c, DType::kBF16, "sm_90a"});
   CHECK(u.file_name == "routing.w8_i16.cu");
-  REQUIRE(u.name_expressions.size() == 3);  // count, place and scatter, the chunk table's scan
+  // count, place and scatter, the chunk table's scan, a saved state's check
+  REQUIRE(u.name_expressions.size() == 4);
   CHECK(u.name_expressions[0] == "moejit::routing_kernel<0, 256, 16>");
   CHECK(u.name_expressions[1] == "moejit::routing_kernel<1, 256, 16>");
   CHECK(u.name_expressions[2] == "moejit::routing_kernel<2, 256, 16>");
+  CHECK(u.name_expressions[3] == "moejit::routing_kernel<3, 256, 16>");
   CHECK(u.source.find("#include \"routing.cuh\"") != std::string::npos);
   CHECK(u.source.size() < 512);
   c.items = 0;
@@ -84,8 +86,8 @@ TEST_CASE("every routing config compiles for sm_90a and sm_80", "[codegen][nvrtc
       INFO(arch << " " << c.name() << "\n" << out.log);
       CHECK(out.cubin.size() > 1000);
       CHECK(out.cubin.compare(0, 4, "\x7f" "ELF") == 0);
-      REQUIRE(out.lowered_names.size() == 3);
-      REQUIRE(out.resources.size() == 3);
+      REQUIRE(out.lowered_names.size() == 4);
+      REQUIRE(out.resources.size() == 4);
       for (const auto& r : out.resources) {
         CHECK(r.registers > 0);
         CHECK(r.spill_store_bytes == 0);
