@@ -5,9 +5,9 @@
 
 A stack of `layers` MoE layers (each its own weights, the default shape) runs forward and backward
 under torch.autograd.graph.save_on_cpu(pin_memory=True), so every backward gets its saved state
-back as a copy, which the front end declares with adopt_saved: the library then reads the
-state's stamp back on the stream before the backward (one synchronisation per layer), unless
-MOEJIT_CHECK_ADOPTED=0. Rounds alternate the two settings; each round times 5 steps with CUDA
+back as a copy, which the front end declares with adopt_saved: the library then checks the
+state's routing tables (the routing kernel's check phase) and reads its stamp back on the stream
+before the backward (one synchronisation per layer), unless MOEJIT_CHECK_ADOPTED=0. Rounds alternate the two settings; each round times 5 steps with CUDA
 events after 2 untimed ones. Prints the median step time of each setting and their ratio.
 Inputs are fresh random data (never zeros); each layer's weights are its own (1.2 GB a layer at
 the default shape), far more than the L2 holds.
