@@ -11,7 +11,7 @@
 #include "core/env.hpp"
 #include "core/fs.hpp"
 #include "core/log.hpp"
-#include "cuda/driver.hpp"
+#include "cuda/handles.hpp"
 #include "db/tuning_lookup.hpp"
 #include "tuner/autotuner.hpp"
 #include "tuner/config_space.hpp"
@@ -43,10 +43,15 @@ db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
 
 namespace {
 
+// A stream the driver cannot answer for is taken as capturing: the plan is built untuned (the
+// warning below says why), and the stream's error comes from the call that enqueues on it.
 bool capturing(CUstream_st* stream) {
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  const CUresult r = cuda::driver().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &status);
-  return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+  try {
+    return cuda::stream_capturing(reinterpret_cast<CUstream>(stream));
+  } catch (const CudaError& e) {
+    log::warn("cannot tell whether the plan's stream is capturing a CUDA graph: {}", e.what());
+    return true;
+  }
 }
 
 std::optional<TileConfig> override_for(Role role, const MoeShape& shape, const cuda::DeviceInfo& device,

@@ -57,6 +57,12 @@ StreamOwner stream_owner(CUstream stream) {
   return owner;
 }
 
+bool stream_capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  MOEJIT_CU(driver().cuStreamIsCapturing(stream, &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 int green_sm_count(CUgreenCtx green) {
   const Driver& d = driver();
   if (green == nullptr || d.cuGreenCtxGetDevResource == nullptr) return 0;

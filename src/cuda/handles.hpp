@@ -43,6 +43,10 @@ struct StreamOwner {
 };
 StreamOwner stream_owner(CUstream stream);
 
+// Whether work enqueued on `stream` now joins a graph capture (its own, or one it was joined to).
+// Throws CudaError.
+bool stream_capturing(CUstream stream);
+
 // The SMs a green context holds (its share of the device); 0 where the driver cannot tell.
 int green_sm_count(CUgreenCtx green);
 

@@ -114,7 +114,7 @@ struct FusedMoe::Impl {
   void check_unverified(const void* saved, CUstream stream) const {
     const std::optional<SavedStates::Unchecked> unchecked = SavedStates::instance().unchecked(context, saved);
     if (!unchecked || !env::check_adopted_states()) return;
-    if (capturing(stream)) return;
+    if (cuda::stream_capturing(stream)) return;
     // Another thread's global-mode capture would take the readback for an unsafe call and end.
     const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
     const cuda::Driver& d = cuda::driver();
@@ -146,12 +146,6 @@ struct FusedMoe::Impl {
           recorded, problem_fields));
     }
     SavedStates::instance().checked(context, saved, unchecked->recorded);
-  }
-
-  static bool capturing(CUstream stream) {
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    MOEJIT_CU(cuda::driver().cuStreamIsCapturing(stream, &status));
-    return status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
 
   // Reads the dropped-pair count back, then the ids for a token that names an expert twice: the
@@ -257,7 +251,7 @@ void FusedMoe::forward(const ForwardArgs& a) {
   CUstream stream = on.stream;
   ForwardSteps f = forward_steps(a, s.problem, s.layout, s.block_m);
   // A captured forward's state is written when its graph runs, if ever: its stamp is checked.
-  const bool captured = Impl::capturing(stream);
+  const bool captured = cuda::stream_capturing(stream);
   std::vector<std::int32_t> ids;
   if (s.options.check_expert_ids) {
     // check_expert_ids synchronises the stream, which a capture forbids: refused before anything is
