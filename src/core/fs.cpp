@@ -24,21 +24,6 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Closes its descriptor (if any) when it dies.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 // What a file that is not a regular one is, for messages.
 const char* file_kind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
@@ -82,6 +67,18 @@ std::filesystem::path unique_temp_name(const std::filesystem::path& target) {
 constexpr int kTempNameAttempts = 16;
 
 }  // namespace
+
+Fd::~Fd() { close(); }
+
+Fd& Fd::operator=(Fd&& other) noexcept {
+  if (this != &other) {
+    close();
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+int Fd::close() noexcept { return fd_ < 0 ? 0 : ::close(std::exchange(fd_, -1)); }
 
 void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   std::filesystem::path tmp;

@@ -15,6 +15,25 @@
 
 namespace moejit::fs {
 
+// Owns a file descriptor (negative: none) and closes it when it dies.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) noexcept : fd_(fd) {}
+  ~Fd();
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept;
+  int get() const noexcept { return fd_; }
+  // Closes it now, for a caller that must know whether close() failed (errno says why): its
+  // result, 0 when there was none.
+  int close() noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
 // Writes bytes to a unique temporary file in the target's directory, flushes it to disk and
 // renames it over the target: readers see the old file or the whole new one, never a part.
 // Creates missing parent directories. Throws IoError.
