@@ -82,49 +82,51 @@ int Fd::close() noexcept { return fd_ < 0 ? 0 : ::close(std::exchange(fd_, -1));
 
 void atomic_write(const std::filesystem::path& target, std::string_view bytes) {
   std::filesystem::path tmp;
-  int fd = -1, error = ENOENT;
+  Fd fd;
+  int error = ENOENT;
   std::error_code folder_error;  // of the last attempt to make the folder
-  for (int attempt = 0; fd < 0 && attempt < kTempNameAttempts; ++attempt) {
+  for (int attempt = 0; fd.get() < 0 && attempt < kTempNameAttempts; ++attempt) {
     // Made again after ENOENT: another process may remove the folder once it is empty (the
     // kernel cache's sweep of another build's folder) between making it and opening the file.
     if (error == ENOENT && target.has_parent_path()) {
       std::filesystem::create_directories(target.parent_path(), folder_error);
     }
     tmp = unique_temp_name(target);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    error = fd < 0 ? errno : 0;
-    if (fd < 0 && error != EEXIST && error != ENOENT) break;
+    fd = Fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    error = fd.get() < 0 ? errno : 0;
+    if (fd.get() < 0 && error != EEXIST && error != ENOENT) break;
   }
   // The file's ENOENT only says the folder is missing; making it says why (EACCES, EROFS).
-  if (fd < 0 && error == ENOENT && folder_error) {
+  if (fd.get() < 0 && error == ENOENT && folder_error) {
     throw IoError(fmt::format("cannot create the folder {}: {}", target.parent_path().string(),
                               folder_error.message()));
   }
-  if (fd < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(error)));
+  if (fd.get() < 0) throw IoError(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(error)));
+  // On failure errno is kept as a number and the file closed and removed before anything that
+  // allocates (and so may throw) runs: an exception there leaves no temporary file behind.
   std::size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      std::string why = errno_text();
-      ::close(fd);
+      const int err = errno;
+      fd.close();
       remove_quietly(tmp);
-      throw IoError(fmt::format("cannot write {}: {}", tmp.string(), why));
+      throw IoError(fmt::format("cannot write {}: {}", tmp.string(), std::strerror(err)));
     }
     done += static_cast<std::size_t>(n);
   }
   // close() runs whether or not fsync() failed: a failed flush must not leak the descriptor.
-  const bool flushed = ::fsync(fd) == 0;
-  std::string flush_error = flushed ? std::string() : errno_text();
-  if (::close(fd) != 0 && flushed) flush_error = errno_text();
-  if (!flush_error.empty()) {
+  int flush_error = ::fsync(fd.get()) == 0 ? 0 : errno;
+  if (fd.close() != 0 && flush_error == 0) flush_error = errno;
+  if (flush_error != 0) {
     remove_quietly(tmp);
-    throw IoError(fmt::format("cannot flush {}: {}", tmp.string(), flush_error));
+    throw IoError(fmt::format("cannot flush {}: {}", tmp.string(), std::strerror(flush_error)));
   }
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    std::string why = errno_text();
+    const int err = errno;
     remove_quietly(tmp);
-    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), target.string(), why));
+    throw IoError(fmt::format("cannot rename {} to {}: {}", tmp.string(), target.string(), std::strerror(err)));
   }
 }
 
