@@ -267,36 +267,34 @@ const char* network_file_system(std::uint32_t magic) noexcept {
 FileLock::FileLock(const std::filesystem::path& lock_path, std::chrono::milliseconds timeout) {
   std::error_code ec;
   if (lock_path.has_parent_path()) std::filesystem::create_directories(lock_path.parent_path(), ec);
-  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
+  // Held locally until locked, so that every throw below closes it.
+  Fd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
     const int err = errno;
-    if (err == EACCES || err == EROFS) fd_ = ::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), std::strerror(err)));
+    if (err == EACCES || err == EROFS) fd = Fd(::open(lock_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      throw IoError(fmt::format("cannot open lock file {}: {}", lock_path.string(), std::strerror(err)));
+    }
   }
   // Polled rather than blocking, so a deadline holds (flock has no timed form).
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EINTR) continue;
     std::string why = err == EWOULDBLOCK ? fmt::format("still held by another process after {} ms", timeout.count())
                                          : std::strerror(err);
-    if (err != EWOULDBLOCK) {
-      ::close(fd_);
-      throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
-    }
+    if (err != EWOULDBLOCK) throw IoError(fmt::format("cannot lock {}: {}", lock_path.string(), why));
     if (std::chrono::steady_clock::now() >= deadline) {
-      ::close(fd_);
       throw LockTimeout(fmt::format("cannot lock {}: {}", lock_path.string(), why));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  fd_ = std::move(fd);
 }
 
 FileLock::~FileLock() {
-  if (fd_ >= 0) {
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
-  }
+  // fd_ closes itself after this.
+  if (fd_.get() >= 0) ::flock(fd_.get(), LOCK_UN);
 }
 
 }  // namespace moejit::fs

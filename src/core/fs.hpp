@@ -113,11 +113,11 @@ class FileLock {
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
   // The moved-from lock holds nothing and releases nothing.
-  FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  FileLock(FileLock&&) noexcept = default;
   FileLock& operator=(FileLock&&) = delete;
 
  private:
-  int fd_ = -1;
+  Fd fd_;
 };
 
 }  // namespace moejit::fs
