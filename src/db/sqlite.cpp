@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <system_error>
 #include <thread>
@@ -71,10 +72,9 @@ bool damaged(int rc, const std::string& path) {
   if ((rc & 0xff) == SQLITE_CORRUPT) return true;
   if ((rc & 0xff) != SQLITE_NOTADB) return false;
   char head[sizeof kSqliteHeader] = {};
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  const ssize_t n = ::read(fd, head, sizeof head);
-  ::close(fd);
+  const fs::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return false;
+  const ssize_t n = ::read(fd.get(), head, sizeof head);
   return n == static_cast<ssize_t>(sizeof head) && std::memcmp(head, kSqliteHeader, sizeof head) == 0;
 }
 
@@ -149,16 +149,18 @@ Connection Connection::memory() {
 
 Connection Connection::memory_copy() const {
   Connection c = memory();
-  sqlite3_backup* backup = sqlite3_backup_init(c.db_, "main", db_, "main");
+  std::unique_ptr<sqlite3_backup, decltype(&sqlite3_backup_finish)> backup(
+      sqlite3_backup_init(c.db_, "main", db_, "main"), &sqlite3_backup_finish);
   if (backup == nullptr) c.fail(fmt::format("cannot start copying {}", path_));
   // A writer elsewhere may hold the file for a moment: wait as long as a statement would.
   int rc = SQLITE_OK;
   for (int waited = 0; waited <= kBusyTimeoutMs; waited += 10) {
-    rc = sqlite3_backup_step(backup, -1);
+    rc = sqlite3_backup_step(backup.get(), -1);
     if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) break;
     sqlite3_sleep(10);
   }
-  sqlite3_backup_finish(backup);
+  // Finished here, before the copy in c is used.
+  backup.reset();
   if (rc != SQLITE_DONE) {
     const std::string message = fmt::format("{}: cannot copy into memory: {}", path_, sqlite3_errstr(rc));
     if (damaged(rc, path_)) throw CorruptDatabase(message);
