@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <cmath>
 #include <compare>
 #include <limits>
 #include <optional>
@@ -524,19 +523,12 @@ std::optional<TuningRow> TuningDb::nearest_bucket(const TuningKey& key, const Pr
   bind_family(s, key);
   s.bind(":template_hash", build.template_hash).bind(":nvrtc_version", build.nvrtc_version);
   std::optional<TuningRow> best;
-  double best_distance = 0;
   while (s.step()) {
     std::optional<TuningRow> read = read_row(conn_, s);
     if (!read) continue;
     TuningRow& row = *read;
     if (accept && !accept(row)) continue;
-    const double distance = std::abs(std::log2(static_cast<double>(row.key.tpe_bucket)) -
-                                     std::log2(static_cast<double>(key.tpe_bucket)));
-    if (!best || distance < best_distance ||
-        (distance == best_distance && row.key.tpe_bucket > best->key.tpe_bucket)) {
-      best = std::move(row);
-      best_distance = distance;
-    }
+    if (!best || closer_bucket(row.key.tpe_bucket, best->key.tpe_bucket, key.tpe_bucket)) best = std::move(row);
   }
   t.commit();
   return best;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/json_int.hpp"
@@ -50,6 +52,14 @@ int tpe_bucket(long long pairs, int experts) {
   int bucket = kMinTpeBucket;
   while (bucket < load && bucket < kMaxTpeBucket) bucket *= 2;
   return bucket;
+}
+
+bool closer_bucket(int candidate, int best, int wanted) {
+  const auto distance = [wanted](int bucket) {
+    return std::abs(std::log2(static_cast<double>(bucket)) - std::log2(static_cast<double>(wanted)));
+  };
+  const double to_candidate = distance(candidate), to_best = distance(best);
+  return to_candidate < to_best || (to_candidate == to_best && candidate > best);
 }
 
 void to_json(nlohmann::json& j, const TuningKey& k) {

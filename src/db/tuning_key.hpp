@@ -45,6 +45,11 @@ struct TuningKey {
 // TK=0 -> 16; TK=1<<20, E=128 -> 8192 -> 4096. Throws InvalidArgument when experts <= 0.
 int tpe_bucket(long long pairs, int experts);
 
+// Whether a row of bucket `candidate` serves a key of bucket `wanted` better than one of bucket
+// `best`: nearer in log2 distance, ties to the larger bucket, whose tiles were measured with more
+// work per expert. Buckets are positive.
+bool closer_bucket(int candidate, int best, int wanted);
+
 // Whether `mode` is one of the modes a key may carry.
 bool is_valid_mode(const std::string& mode);
 

@@ -218,6 +218,37 @@ TEST_CASE("tpe_bucket rounds TK/E up to a power of two within [16, 4096]", "[db]
   CHECK_THROWS_AS(tpe_bucket(100, 0), InvalidArgument);
 }
 
+TEST_CASE("closer_bucket prefers the nearer bucket in log2 distance, ties to the larger", "[db]") {
+  // The bucket nearest_bucket's loop ends on, given the stored buckets in this order.
+  const auto nearest = [](std::vector<int> stored, int wanted) {
+    int best = stored.front();
+    for (int b : stored) {
+      if (closer_bucket(b, best, wanted)) best = b;
+    }
+    return best;
+  };
+  // Exact match wins over any other, whatever the order.
+  CHECK(closer_bucket(64, 128, 64));
+  CHECK_FALSE(closer_bucket(128, 64, 64));
+  CHECK(nearest({16, 64, 1024}, 64) == 64);
+  CHECK(nearest({1024, 64, 16}, 64) == 64);
+  // Ties (one doubling either way; two) go to the larger bucket in either order.
+  CHECK(closer_bucket(64, 16, 32));
+  CHECK_FALSE(closer_bucket(16, 64, 32));
+  CHECK(nearest({16, 64}, 32) == 64);
+  CHECK(nearest({64, 16}, 32) == 64);
+  CHECK(nearest({64, 1024}, 256) == 1024);
+  // The same bucket is no closer than itself: the first row read stays.
+  CHECK_FALSE(closer_bucket(64, 64, 32));
+  // Below the smallest stored bucket, or above the largest: the nearest end.
+  CHECK(nearest({64, 256, 1024}, 16) == 64);
+  CHECK(nearest({1024, 256, 64}, 16) == 64);
+  CHECK(nearest({64, 256, 1024}, 4096) == 1024);
+  CHECK(nearest({1024, 256, 64}, 4096) == 1024);
+  // Log2 distance, not linear: 16 is nearer 32 than 128 is (one doubling against two).
+  CHECK(nearest({128, 16}, 32) == 16);
+}
+
 TEST_CASE("record then lookup returns the row exactly, across reopening", "[db]") {
   TempDir dir("db");
   const auto path = dir / "nested" / "dir" / "tuning.sqlite";  // parent directories are created
