@@ -203,7 +203,9 @@ int run_tune(int argc, char** argv, int start) {
       fmt::print(stderr, "moejit tune: gpu{}: {}\n", device, e.what());
     }
   };
-  std::vector<std::thread> threads;
+  // jthread: if one cannot start, those already started are joined as the exception leaves,
+  // where a joinable std::thread's destructor would call std::terminate.
+  std::vector<std::jthread> threads;
   for (int d : devices) threads.emplace_back(worker, d);
   for (auto& t : threads) t.join();
   fmt::print("done: {} item(s), {} failure(s)\n", items.size(), failures.load());
