@@ -26,9 +26,6 @@ struct DeviceInfo {
   // "sm_80" style otherwise.
   std::string arch() const;
   int cc() const { return cc_major * 10 + cc_minor; }
-  // sm_100 / sm_103: the datacenter Blackwell parts (tcgen05, TMEM). Consumer Blackwell
-  // (sm_120) is not.
-  bool is_datacenter_blackwell() const { return cc() == 100 || cc() == 103; }
   bool is_hopper() const { return cc() == 90; }
 };
 
