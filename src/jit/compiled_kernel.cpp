@@ -4,15 +4,6 @@
 
 namespace moejit::jit {
 
-const char* origin_name(Origin o) noexcept {
-  switch (o) {
-    case Origin::kMemory: return "memory";
-    case Origin::kDisk: return "disk";
-    case Origin::kCompiled: return "compiled";
-  }
-  return "unknown";
-}
-
 int CompiledKernel::max_registers() const {
   int r = 0;
   for (const auto& k : resources) r = std::max(r, k.registers);

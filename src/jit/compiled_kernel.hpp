@@ -11,7 +11,6 @@ namespace moejit::jit {
 
 // Where a compiled kernel came from on this request.
 enum class Origin { kMemory, kDisk, kCompiled };
-const char* origin_name(Origin o) noexcept;
 
 struct CompiledKernel {
   KernelKey key;
