@@ -26,7 +26,6 @@ namespace moejit::cuda {
   X(cuStreamGetCtx)                                                                         \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuThreadExchangeStreamCaptureMode)         \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
-  X(cuGraphGetNodes)                                                                        \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
   X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
   X(cuOccupancyMaxActiveClusters)                                                           \
