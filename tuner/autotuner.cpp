@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fmt/format.h>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/env.hpp"

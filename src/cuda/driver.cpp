@@ -2,8 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <mutex>
-
 #include <fmt/format.h>
 
 #include "core/env.hpp"

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
-#include <utility>
 
 #include "jit/embedded_templates.hpp"
 #include "moejit/error.hpp"

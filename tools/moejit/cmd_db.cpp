@@ -11,7 +11,6 @@
 
 #include "args.hpp"
 #include "commands.hpp"
-#include "core/env.hpp"
 #include "core/fs.hpp"
 #include "db/tuning_db.hpp"
 #include "moejit/error.hpp"
