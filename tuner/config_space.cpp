@@ -71,12 +71,6 @@ void push_both_grids(std::vector<TileConfig>& out, Role role, TileConfig c) {
   }
 }
 
-long long next_pow2(long long v) {
-  long long p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
 // Halves a tile edge while it is wider than the problem (never below the space's minimum).
 int fit(int edge, long long extent, int minimum) {
   while (edge > minimum && edge > next_pow2(extent)) edge /= 2;

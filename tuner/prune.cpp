@@ -13,12 +13,6 @@ namespace {
 
 constexpr int kMaxAccumulators = 128;  // fp32 registers per thread before ptxas starts spilling
 
-long long next_pow2(long long v) {
-  long long p = 1;
-  while (p < v) p *= 2;
-  return p;
-}
-
 std::optional<std::string> gemm_reason(Role role, const TileConfig& c, const MoeShape& shape) {
   // Routing cuts each expert's rows into tiles of this height, which every token GEMM must take.
   if (role_kind(role) == RoleKind::kTokenGemm && c.block_m != token_block_m(shape)) {

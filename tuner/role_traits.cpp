@@ -45,6 +45,12 @@ GemmDims gemm_dims(Role r, const MoeShape& s) {
   }
 }
 
+long long next_pow2(long long v) {
+  long long p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
 int gemm_tile_n(Role r, const TileConfig& c) { return r == Role::kFwdUp ? 2 * c.block_n : c.block_n; }
 
 int gemm_warp_rows(Role r, const TileConfig& c) {

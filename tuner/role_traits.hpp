@@ -29,6 +29,10 @@ struct GemmDims {
 };
 GemmDims gemm_dims(Role r, const MoeShape& shape);
 
+// The smallest power of two >= v (1 for v <= 1): tile edges and warp counts are powers of two,
+// which pruning and the config spaces fit to a problem's extents with it.
+long long next_pow2(long long v);
+
 // Columns of the B tile: BLOCK_N, doubled for fwd_up (gate and up rows together).
 int gemm_tile_n(Role r, const TileConfig& c);
 
