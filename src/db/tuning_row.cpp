@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/json_int.hpp"
-#include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/error.hpp"
 #include "moejit/version.hpp"
 

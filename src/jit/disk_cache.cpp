@@ -11,8 +11,8 @@
 #include "core/fs.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
-#include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/error.hpp"
 #include "moejit/version.hpp"
 

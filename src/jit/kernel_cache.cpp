@@ -16,8 +16,8 @@
 #include "cuda/driver.hpp"
 #include "jit/codegen.hpp"
 #include "jit/disk_cache.hpp"
-#include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/error.hpp"
 #include "tuner/gating.hpp"
 

@@ -1,3 +1,5 @@
+#include "jit/template_hash.hpp"
+
 #include "core/hash.hpp"
 #include "jit/embedded_templates.hpp"
 

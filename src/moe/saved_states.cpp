@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/hash.hpp"
-#include "jit/embedded_templates.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/version.hpp"
 
 namespace moejit {

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "db/tuning_db.hpp"
-#include "jit/embedded_templates.hpp"
 #include "jit/kernel_cache.hpp"
+#include "jit/template_hash.hpp"
 #include "moe/kernel_specs.hpp"
 #include "support/gpu.hpp"
 #include "support/moe_case.hpp"

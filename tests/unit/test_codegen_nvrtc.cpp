@@ -6,6 +6,7 @@
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
 #include "jit/ptxas_info.hpp"
+#include "jit/template_hash.hpp"
 #include "support/process.hpp"
 #include "support/tile_configs.hpp"
 #include "moejit/error.hpp"

@@ -6,6 +6,7 @@
 #include "jit/codegen.hpp"
 #include "jit/embedded_templates.hpp"
 #include "jit/kernel_key.hpp"
+#include "jit/template_hash.hpp"
 
 using namespace moejit;
 

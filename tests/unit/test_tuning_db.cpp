@@ -29,7 +29,7 @@
 #include "db/sqlite.hpp"
 #include "db/tuning_db.hpp"
 #include "db/tuning_lookup.hpp"
-#include "jit/embedded_templates.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/error.hpp"
 #include "support/process.hpp"
 #include "support/temp_dir.hpp"

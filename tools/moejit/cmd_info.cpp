@@ -10,6 +10,7 @@
 #include "jit/disk_cache.hpp"
 #include "jit/embedded_templates.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/template_hash.hpp"
 #include "moejit/error.hpp"
 #include "moejit/version.hpp"
 
