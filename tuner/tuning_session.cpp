@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/driver.hpp"
+#include "moe/kernel_params.hpp"
 #include "moe/launch.hpp"
 #include "moe/routing.hpp"
 #include "tuner/role_traits.hpp"
@@ -15,25 +16,6 @@
 namespace moejit {
 namespace {
 
-// Mirrors templates/util.cuh.
-struct FillParams {
-  void* out;
-  long long count;
-  unsigned long long seed;
-  float lo, hi;
-};
-struct TopkIdsParams {
-  std::int32_t* ids;
-  long long tokens;
-  std::int32_t topk, experts;
-  unsigned long long seed;
-};
-struct RelDiffParams {
-  const void* got;
-  const void* want;
-  long long count;
-  double* sums;
-};
 enum UtilityKernel { kFill = 0, kTopkIds = 1, kRelDiff = 2 };
 
 cuda::DeviceBuffer alloc(std::size_t bytes) { return cuda::DeviceBuffer(std::max<std::size_t>(bytes, 256)); }
@@ -95,7 +77,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
 
   utility_ = &jit::KernelCache::instance().load({Role::kUtility, TileConfig{}, problem.dtype, device.arch()});
   auto fill = [&](const cuda::DeviceBuffer& b, std::size_t count, float lo, float hi, unsigned long long seed) {
-    FillParams p{b.as<void>(), static_cast<long long>(count), seed, lo, hi};
+    params::Fill p{b.as<void>(), static_cast<long long>(count), seed, lo, hi};
     void* args[] = {&p};
     utility_->launch(kFill, {static_cast<unsigned>(device.sm_count * 8)}, {256}, 0, stream_.get(), args);
   };
@@ -104,7 +86,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   fill(w2_, E * H * I, -2.f / std::sqrt(float(I)), 2.f / std::sqrt(float(I)), 3);
   fill(scores_, TK, 0.05f, 1.f, 4);
   fill(d_out_, T * H, -1.f, 1.f, 5);
-  TopkIdsParams ids{ids_.as<std::int32_t>(), problem.tokens, problem.topk, problem.experts, 6};
+  params::TopkIds ids{ids_.as<std::int32_t>(), problem.tokens, problem.topk, problem.experts, 6};
   void* args[] = {&ids};
   utility_->launch(kTopkIds, {static_cast<unsigned>(device.sm_count * 4)}, {256}, 0, stream_.get(), args);
 
@@ -367,7 +349,7 @@ std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUde
   MOEJIT_CU(d.cuMemsetD8Async(sums_.get(), 0, chunks.size() * 3 * sizeof(double), stream_.get()));
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const auto [first, end] = chunks[c];
-    RelDiffParams p{reinterpret_cast<const void*>(got + 2 * first), reinterpret_cast<const void*>(want + 2 * first),
+    params::RelDiff p{reinterpret_cast<const void*>(got + 2 * first), reinterpret_cast<const void*>(want + 2 * first),
                     static_cast<long long>(end - first), sums_.as<double>() + 3 * c};
     void* args[] = {&p};
     const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (end - first + 255) / 256);

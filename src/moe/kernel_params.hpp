@@ -153,4 +153,25 @@ struct BwdDw1 {  // templates/bwd_dw1.cuh
   TensorMap dw1_map;
 };
 
+struct Fill {  // templates/util.cuh FillParams
+  void* out;
+  std::int64_t count;
+  std::uint64_t seed;
+  float lo, hi;
+};
+
+struct TopkIds {  // templates/util.cuh TopkIdsParams
+  std::int32_t* ids;
+  std::int64_t tokens;
+  std::int32_t topk, experts;
+  std::uint64_t seed;
+};
+
+struct RelDiff {  // templates/util.cuh RelDiffParams
+  const void* got;
+  const void* want;
+  std::int64_t count;
+  double* sums;
+};
+
 }  // namespace moejit::params
