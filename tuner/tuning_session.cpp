@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/driver.hpp"
+#include "jit/codegen.hpp"
 #include "moe/kernel_params.hpp"
 #include "moe/launch.hpp"
 #include "moe/routing.hpp"
@@ -15,8 +16,6 @@
 
 namespace moejit {
 namespace {
-
-enum UtilityKernel { kFill = 0, kTopkIds = 1, kRelDiff = 2 };
 
 cuda::DeviceBuffer alloc(std::size_t bytes) { return cuda::DeviceBuffer(std::max<std::size_t>(bytes, 256)); }
 
@@ -79,7 +78,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   auto fill = [&](const cuda::DeviceBuffer& b, std::size_t count, float lo, float hi, unsigned long long seed) {
     params::Fill p{b.as<void>(), static_cast<long long>(count), seed, lo, hi};
     void* args[] = {&p};
-    utility_->launch(kFill, {static_cast<unsigned>(device.sm_count * 8)}, {256}, 0, stream_.get(), args);
+    utility_->launch(jit::kUtilityFill, {static_cast<unsigned>(device.sm_count * 8)}, {256}, 0, stream_.get(), args);
   };
   fill(x_, T * H, -1.f, 1.f, 1);
   fill(w1_, E * 2 * I * H, -2.f / std::sqrt(float(H)), 2.f / std::sqrt(float(H)), 2);
@@ -88,7 +87,7 @@ TuningSession::TuningSession(const MoeProblem& problem, const cuda::DeviceInfo& 
   fill(d_out_, T * H, -1.f, 1.f, 5);
   params::TopkIds ids{ids_.as<std::int32_t>(), problem.tokens, problem.topk, problem.experts, 6};
   void* args[] = {&ids};
-  utility_->launch(kTopkIds, {static_cast<unsigned>(device.sm_count * 4)}, {256}, 0, stream_.get(), args);
+  utility_->launch(jit::kUtilityTopkIds, {static_cast<unsigned>(device.sm_count * 4)}, {256}, 0, stream_.get(), args);
 
   ForwardArgs f;
   f.x = x_.as<void>();
@@ -353,7 +352,7 @@ std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUde
                     static_cast<long long>(end - first), sums_.as<double>() + 3 * c};
     void* args[] = {&p};
     const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (end - first + 255) / 256);
-    utility_->launch(kRelDiff, {static_cast<unsigned>(blocks)}, {256}, 0, stream_.get(), args);
+    utility_->launch(jit::kUtilityRelDiff, {static_cast<unsigned>(blocks)}, {256}, 0, stream_.get(), args);
   }
   stream_.synchronize();
   sums_.download(sums.data(), chunks.size() * 3 * sizeof(double));

@@ -1,5 +1,6 @@
 #include "jit/codegen.hpp"
 
+#include <array>
 #include <fmt/format.h>
 
 #include "moe/routing_layout.hpp"
@@ -86,16 +87,16 @@ std::vector<std::string> template_arguments(const KernelSpec& spec) {
   throw InternalError("no template arguments for this role");
 }
 
-// The utility module: fill, top-k ids and relative difference, in that launch order.
+// The utility module: each kernel at its UtilityKernel index.
 GeneratedUnit utility_unit(const KernelSpec& spec) {
   GeneratedUnit unit;
   unit.file_name = fmt::format("utility.{}.cu", dtype_name(spec.dtype));
   unit.source = fmt::format("// moejit: {}\n#include \"util.cuh\"\n", spec.readable_name());
   const char* t = element_type(spec.dtype);
-  const std::pair<std::string, const char*> kernels[] = {
-      {fmt::format("moejit::fill_uniform_kernel<{}>", t), "moejit::FillParams"},
-      {"moejit::fill_topk_ids_kernel", "moejit::TopkIdsParams"},
-      {fmt::format("moejit::rel_diff_kernel<{}>", t), "moejit::RelDiffParams"}};
+  std::array<std::pair<std::string, const char*>, kUtilityKernels> kernels;
+  kernels[kUtilityFill] = {fmt::format("moejit::fill_uniform_kernel<{}>", t), "moejit::FillParams"};
+  kernels[kUtilityTopkIds] = {"moejit::fill_topk_ids_kernel", "moejit::TopkIdsParams"};
+  kernels[kUtilityRelDiff] = {fmt::format("moejit::rel_diff_kernel<{}>", t), "moejit::RelDiffParams"};
   for (const auto& [kernel, params] : kernels) {
     if (kernel.find('<') != std::string::npos) {
       unit.source += fmt::format("template __global__ void {}(const __grid_constant__ {});\n", kernel, params);
