@@ -3,21 +3,18 @@
 // once per process even when many threads ask at once.
 #pragma once
 
-#include <cuda.h>
-
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
-#include "cuda/handles.hpp"
 #include "jit/compiled_kernel.hpp"
 #include "jit/kernel_spec.hpp"
+#include "jit/loaded_kernel.hpp"
 
 namespace moejit::jit {
 
@@ -30,32 +27,6 @@ struct CompileResult {
   // Why the kernel compiled for this request is not in the disk cache (DiskCache::store); none
   // when it was stored, came from a cache, or the disk cache is off.
   std::optional<std::string> not_stored;
-};
-
-struct Dim3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-
-// A kernel module loaded in one context, ready to launch.
-struct LoadedKernel {
-  std::shared_ptr<const CompiledKernel> compiled;
-  cuda::Module module;
-  std::vector<CUfunction> functions;  // aligned with compiled->name_expressions
-  int max_dynamic_smem = 0;           // opt-in bytes set on every function at load
-
-  // Launches functions[index], in clusters of `cluster` blocks along x when above 1 (grid.x a
-  // multiple of it). Dynamic shared memory beyond max_dynamic_smem throws.
-  void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args,
-              unsigned cluster = 1) const;
-
-  // Clusters of `cluster` blocks (1: blocks) of functions[index] at this block size and shared
-  // memory that the device runs at once: a persistent grid's size. At least 1; asked of the
-  // driver once per (index, smem_bytes, cluster).
-  unsigned resident_clusters(std::size_t index, Dim3 block, unsigned smem_bytes, unsigned cluster) const;
-
- private:
-  mutable std::mutex resident_mu_;
-  mutable std::map<std::tuple<std::size_t, unsigned, unsigned>, unsigned> resident_;
 };
 
 class KernelCache {

@@ -4,7 +4,7 @@
 
 #include <cuda.h>
 
-#include "jit/kernel_cache.hpp"
+#include "jit/loaded_kernel.hpp"
 #include "jit/role.hpp"
 #include "moe/kernel_params.hpp"
 #include "moe/shape.hpp"

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "jit/kernel_cache.hpp"
+#include "jit/loaded_kernel.hpp"
 #include "moe/routing_layout.hpp"
 #include "tuner/tile_config.hpp"
 
