@@ -116,6 +116,8 @@ std::shared_ptr<const CompiledKernel> build(const KernelSpec& spec, const Genera
   return kernel;
 }
 
+// Two attributes: cuda::query_current_device() would read the whole descriptor (name, UUID, memory,
+// every limit), driver calls the arch gate does not need and that could fail on their own.
 int context_device_cc() {
   const cuda::Driver& d = cuda::driver();
   CUdevice dev = 0;
