@@ -16,11 +16,14 @@
 //                   for the expert-major (dW) grids where asked, and each block scatters its chunk, stable
 //                   in the flat index. With one chunk the block counts its pairs itself.
 //   kRoutingCheck   grid-stride over a saved state's tables, before a backward takes a state it
-//                   did not see written (an adopted copy, a captured forward): checks that every
-//                   table equals what kRoutingPlace writes for its own offsets, and that
-//                   sorted_pairs and pair_rows are inverse permutations of [0, T*K), so that every
+//                   did not see written (an adopted copy, a captured forward): checks that the
+//                   offsets run from 0 to at most T*K in order, that the tile table and the expert
+//                   ranking are what kRoutingPlace derives from them, and that sorted_pairs and
+//                   pair_rows are inverse permutations of [0, T*K) (which pair sits in which
+//                   expert's rows cannot be checked: topk_ids is not in the state), so that every
 //                   index the backward's kernels take from them is in bounds; a table that is not
 //                   turns the state's stamp to kDamagedStamp (src/moe/saved_states.hpp).
+//                   expert_counts and chunk_counts, which no backward reads, are not checked.
 // A chunk is THREADS * ITEMS consecutive pairs, walked in ITEMS sub-tiles of THREADS.
 // Dynamic shared memory per phase (ints): count E+1, scan THREADS+W+1, place 2(E+1) + max(W(E+1), E+1+W+1, 2P) with
 // W = THREADS/32 and P = E rounded up to a power of two; src/moe/routing_layout.cpp computes the

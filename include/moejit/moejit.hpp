@@ -151,8 +151,9 @@ class FusedMoe {
   // captured (declare the replayed state with adopt_saved where calls since the capture wrote
   // over it), and its stamp is checked as an adopted state's (adopt_saved): the first backward
   // outside a capture after it reads the stamp, synchronising the stream, and refuses a state
-  // whose graph has not run. A state copied to a new address is checked by what that address last
-  // held: see adopt_saved.
+  // whose graph has not run (unless the buffer still holds an earlier forward's state of this
+  // problem, which it then takes: stale, within bounds). A state copied to a new address is
+  // checked by what that address last held: see adopt_saved.
   void backward(const BackwardArgs& args);
   // Declares that `saved` holds a state a forward() of this problem completed, copied there
   // afterwards (offloaded to the host and brought back, as PyTorch's save_on_cpu does, or from

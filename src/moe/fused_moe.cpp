@@ -121,8 +121,8 @@ struct FusedMoe::Impl {
     const auto base = reinterpret_cast<CUdeviceptr>(saved);
     const RoleKernel& routing = role(Role::kRouting);
     launch_routing_check(*routing.kernel, routing.config,
-                         {base + layout.routing_offset, problem.tokens * problem.topk, problem.experts, block_m,
-                          base + layout.stamp, stamp, stream});
+                         {base + layout.routing_offset, layout.routing, problem.tokens * problem.topk,
+                          problem.experts, block_m, base + layout.stamp, stamp, stream});
     std::array<std::uint32_t, MemoryLayout::kStampBytes / 4> words{};
     MOEJIT_CU(d.cuMemcpyDtoHAsync(words.data(), base + layout.stamp, MemoryLayout::kStampBytes, stream));
     MOEJIT_CU(d.cuStreamSynchronize(stream));

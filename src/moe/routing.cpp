@@ -88,7 +88,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
 }
 
 void launch_routing_check(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingCheckArgs& a) {
-  const RoutingLayout l = routing_layout(a.pairs, a.experts, a.block_m);
+  const RoutingLayout& l = a.layout;
   const RoutingBuffers b = routing_buffers(a.tables, l);
   params::Routing p{};
   p.num_pairs = static_cast<std::int32_t>(a.pairs);

@@ -47,9 +47,11 @@ RoutingLayout validate_routing_args(const RoutingArgs& args);
 void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args);
 
 // A saved state's routing tables, as a forward of (pairs, experts, block_m) wrote them at
-// `tables`, with its expert ranking (training's).
+// `tables`, laid out as `layout` (routing_layout of the same three), with its expert ranking
+// (training's).
 struct RoutingCheckArgs {
   CUdeviceptr tables = 0;
+  RoutingLayout layout;
   long long pairs = 0;
   int experts = 0;
   int block_m = 0;

@@ -2,6 +2,7 @@
 // role's intermediate, for the shapes and routings that break MoE kernels, every config of each
 // role's space, the three modes, CUDA-graph replay and bad inputs.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
@@ -19,6 +20,7 @@
 #include "jit/kernel_cache.hpp"
 #include "moe/memory_layout.hpp"
 #include "moe/routing.hpp"
+#include "moe/saved_states.hpp"
 #include "moe/validate.hpp"
 #include "support/differences.hpp"
 #include "support/driver_symbol.hpp"
@@ -1311,47 +1313,6 @@ TEST_CASE("an adopted state is checked by its forward's stamp: another problem's
   CHECK(test::differences(got.dw2, want.dw2) == "none");
   CHECK(test::differences(got.ds, want.ds) == "none");
 
-  // A copy of its own problem's state, stamped, whose routing tables were damaged after: each of
-  // these would send a kernel's reads or writes out of bounds. Refused before anything runs.
-  {
-    const MemoryLayout layout = memory_layout(problem_of(many, Mode::kTraining));
-    const RoutingLayout& tables = layout.routing;
-    const std::size_t base = layout.routing_offset;
-    const std::size_t pairs = static_cast<std::size_t>(many.tokens) * many.topk;
-    std::vector<std::int32_t> routing(tables.total_bytes / 4);
-    MOEJIT_CU(cuda::driver().cuMemcpyDtoH(routing.data(), copy->get() + base, tables.total_bytes));
-    const auto word = [&](std::size_t offset, std::size_t i) -> std::int32_t& { return routing[offset / 4 + i]; };
-    const std::vector<std::pair<const char*, std::function<void()>>> damages = {
-        {"a sorted row's pair past T*K", [&] { word(tables.sorted_pairs, 5) = 1 << 30; }},
-        {"a pair's row negative", [&] { word(tables.pair_rows, pairs - 1) = -7; }},
-        {"two sorted rows naming one pair", [&] { word(tables.sorted_pairs, 1) = word(tables.sorted_pairs, 0); }},
-        {"an expert's first row moved", [&] { word(tables.expert_offsets, 1) += 1; }},
-        {"the routed rows past T*K", [&] { word(tables.expert_offsets, many.experts) = 1 << 20; }},
-        {"a tile's first row moved", [&] { word(tables.tile_row_begin, 0) += 64; }},
-        {"a tile's expert out of range", [&] { word(tables.tile_expert, 0) = 1 << 20; }},
-        {"the dW ranking naming one expert twice",
-         [&] { word(tables.ranked_experts, 4) = word(tables.ranked_experts, 0); }},
-    };
-    for (const auto& [what, damage] : damages) {
-      INFO(what);
-      const std::vector<std::int32_t> intact = routing;
-      damage();
-      auto damaged = copy_of(*copy);
-      stream.synchronize();  // the copy, before the tables go over it
-      MOEJIT_CU(cuda::driver().cuMemcpyHtoD(damaged->get() + base, routing.data(), tables.total_bytes));
-      routing = intact;
-      plan.adopt_saved(damaged->as<void>());
-      run.poison();
-      CHECK_THROWS_WITH(plan.backward(with_saved(run, *damaged)),
-                        Catch::StartsWith("saved: adopted with adopt_saved(), and stamped by a forward() of this "
-                                          "problem (T=64, E=16,") &&
-                            Catch::Contains("its routing tables hold what no forward writes"));
-      stream.synchronize();
-      const std::vector<double> dx = download(run.dx, many.dtype, 64 * 64);
-      CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
-    }
-  }
-
   // A memory-efficient backward clears the stamp of the state it consumes: a copy taken after
   // it holds none; one taken before runs.
   FusedMoe memeff(problem_of(many, Mode::kMemoryEfficient));
@@ -1394,6 +1355,98 @@ TEST_CASE("an adopted state is checked by its forward's stamp: another problem's
   CHECK_THROWS_AS(inference.adopt_saved(copy->as<void>()), StateError);
 }
 
+namespace {
+
+// A saved state's routing tables, read back and written over by tests that damage them.
+struct SavedTables {
+  RoutingLayout layout;
+  std::size_t base = 0;  // the tables' offset in the state
+  std::vector<std::int32_t> words;
+  std::int32_t& at(std::size_t offset, std::size_t i) { return words[offset / 4 + i]; }
+  void read(const cuda::DeviceBuffer& saved) {
+    words.resize(layout.total_bytes / 4);
+    MOEJIT_CU(cuda::driver().cuMemcpyDtoH(words.data(), saved.get() + base, layout.total_bytes));
+  }
+  void write(const cuda::DeviceBuffer& saved) const {
+    MOEJIT_CU(cuda::driver().cuMemcpyHtoD(saved.get() + base, words.data(), layout.total_bytes));
+  }
+};
+
+SavedTables saved_tables(const MoeProblem& problem) {
+  const MemoryLayout l = memory_layout(problem);
+  return {l.routing, l.routing_offset, {}};
+}
+
+}  // namespace
+
+TEST_CASE("an adopted copy of its own problem's state whose routing tables were damaged is refused before anything runs",
+          "[gpu][moe]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // The second: T*K wider than the check's blocks, so blocks past the first find the damage.
+  for (const CaseSpec& spec : {CaseSpec{64, 16, 64, 64, 2}, CaseSpec{4096, 16, 64, 64, 2}}) {
+    INFO("T=" << spec.tokens);
+    const MoeProblem problem = problem_of(spec, Mode::kTraining);
+    FusedMoe plan(problem);
+    DeviceRun run(make_case(spec), plan.memory());
+    cuda::Stream stream;
+    plan.forward(run.forward_args(stream.get()));
+    stream.synchronize();
+    SavedTables tables = saved_tables(problem);
+    tables.read(run.saved);
+    const RoutingLayout& l = tables.layout;
+    const std::size_t pairs = static_cast<std::size_t>(spec.tokens) * spec.topk;
+    const auto E = static_cast<std::size_t>(spec.experts);
+    const auto tiles = static_cast<std::size_t>(tables.at(l.expert_tile_offsets, E));
+    REQUIRE(tiles < static_cast<std::size_t>(l.max_tiles));  // -1 entries past the tile count exist
+    const auto ranked = [&](std::size_t entry, std::size_t field) -> std::int32_t& {
+      return tables.at(l.ranked_experts, 4 * entry + field);
+    };
+    // Each would send a kernel's reads or writes out of bounds, or its k loop past its rows.
+    const std::vector<std::pair<const char*, std::function<void()>>> damages = {
+        {"a sorted row's pair past T*K", [&] { tables.at(l.sorted_pairs, 5) = 1 << 30; }},
+        {"the last sorted row's pair T*K", [&] { tables.at(l.sorted_pairs, pairs - 1) = static_cast<int>(pairs); }},
+        {"a pair's row negative", [&] { tables.at(l.pair_rows, pairs - 1) = -7; }},
+        {"two sorted rows naming one pair", [&] { tables.at(l.sorted_pairs, 1) = tables.at(l.sorted_pairs, 0); }},
+        {"an expert's first row moved", [&] { tables.at(l.expert_offsets, 1) += 1; }},
+        {"the routed rows past T*K", [&] { tables.at(l.expert_offsets, E) = 1 << 20; }},
+        {"the end of the rows short of T*K", [&] { tables.at(l.expert_offsets, E + 1) -= 1; }},
+        {"one tile more in the count", [&] { tables.at(l.expert_tile_offsets, E) += 1; }},
+        {"a tile's first row moved", [&] { tables.at(l.tile_row_begin, 0) += 64; }},
+        {"a tile's expert out of range", [&] { tables.at(l.tile_expert, 0) = 1 << 20; }},
+        {"an expert past the tile count", [&] { tables.at(l.tile_expert, tiles) = 0; }},
+        {"the dW ranking naming one expert twice, its rows right",
+         [&] { for (std::size_t f = 0; f < 4; ++f) ranked(1, f) = ranked(0, f); }},
+        {"the dW ranking out of order", [&] {
+           for (std::size_t f = 0; f < 4; ++f) std::swap(ranked(0, f), ranked(E - 1, f));
+         }},
+        {"a dW range past T*K", [&] { ranked(E - 1, 2) = 1 << 28; }},
+    };
+    const std::vector<std::int32_t> intact = tables.words;
+    for (const auto& [what, damage] : damages) {
+      INFO(what);
+      tables.words = intact;
+      damage();
+      cuda::DeviceBuffer damaged(plan.memory().saved_bytes);
+      MOEJIT_CU(cuda::driver().cuMemcpyDtoDAsync(damaged.get(), run.saved.get(), plan.memory().saved_bytes,
+                                                 stream.get()));
+      stream.synchronize();  // the copy, before the tables go over it
+      tables.write(damaged);
+      plan.adopt_saved(damaged.as<void>());
+      run.poison();
+      BackwardArgs b = run.backward_args(stream.get());
+      b.saved = damaged.as<void>();
+      CHECK_THROWS_WITH(plan.backward(b), Catch::StartsWith(fmt::format(
+                                              "saved: adopted with adopt_saved(), and stamped by a forward() of this "
+                                              "problem (T={}, E=16,",
+                                              spec.tokens)) &&
+                                              Catch::Contains("its routing tables hold what no forward writes"));
+      stream.synchronize();
+      const std::vector<double> dx = download(run.dx, spec.dtype, static_cast<std::size_t>(spec.tokens) * spec.hidden);
+      CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
+    }
+  }
+}
+
 TEST_CASE("a forward captured into a graph never run leaves a state its backward refuses; once the graph runs, it is used",
           "[gpu][moe][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
@@ -1418,17 +1471,29 @@ TEST_CASE("a forward captured into a graph never run leaves a state its backward
   const std::vector<double> dx = download(fresh.dx, spec.dtype, 64 * 64);
   CHECK(std::all_of(dx.begin(), dx.end(), [](double v) { return std::isnan(v); }));
 
-  // The same capture, run: the backward checks its stamp once, and gives the eager run's bits.
+  // The same capture, run: the backward checks the state, and gives the eager run's bits.
   const cuda::CapturedGraph forward(stream.get(), [&] { plan.forward(fresh.forward_args(stream.get())); });
   forward.launch(stream.get());
   plan.backward(fresh.backward_args(stream.get()));
   stream.synchronize();
+  CHECK_FALSE(SavedStates::instance().unchecked(cuda::current_context_id(), fresh.saved.as<void>()));
   const Outputs got = outputs_of(fresh, spec, Mode::kTraining);
   CHECK(test::differences(got.out, want.out) == "none");
   CHECK(test::differences(got.dx, want.dx) == "none");
   CHECK(test::differences(got.dw1, want.dw1) == "none");
   CHECK(test::differences(got.dw2, want.dw2) == "none");
   CHECK(test::differences(got.ds, want.ds) == "none");
+
+  // Stamped for this problem by the graph's run, its tables damaged since, then captured into
+  // again and never run: the check phase finds the tables.
+  SavedTables tables = saved_tables(problem_of(spec, Mode::kTraining));
+  tables.read(fresh.saved);
+  tables.at(tables.layout.sorted_pairs, 0) = -1;
+  tables.write(fresh.saved);
+  { const cuda::CapturedGraph never_run(stream.get(), [&] { plan.forward(fresh.forward_args(stream.get())); }); }
+  CHECK_THROWS_WITH(plan.backward(fresh.backward_args(stream.get())),
+                    Catch::StartsWith("saved: written by a forward() captured into a CUDA graph, and stamped by a "
+                                      "forward() of this problem (T=64, E=16,"));
 }
 
 TEST_CASE("after a primary-context reset, a saved state of the old context is refused at its address; the new context's forward there runs",

@@ -36,7 +36,8 @@ reference::RoutingReference run_routing(const test::Gpu& gpu, const std::vector<
     constexpr std::uint32_t kStamp = 0x5a17c0de;
     cuda::DeviceBuffer stamp(4);
     stamp.upload(&kStamp, 4);
-    launch_routing_check(kernel, config, {ws.get(), tokens * topk, experts, block_m, stamp.get(), kStamp, stream.get()});
+    launch_routing_check(kernel, config,
+                         {ws.get(), l, tokens * topk, experts, block_m, stamp.get(), kStamp, stream.get()});
     std::uint32_t after = 0;
     stream.synchronize();
     stamp.download(&after, 4);
