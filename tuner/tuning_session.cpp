@@ -334,8 +334,8 @@ std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUde
     // Few values (a pair's score-gradient slots, one per 64 columns of I): compared here rather
     // than by a kernel of their own.
     std::vector<float> g(count), w(count);
-    MOEJIT_CU(d.cuMemcpyDtoH(g.data(), got, s.bytes));
-    MOEJIT_CU(d.cuMemcpyDtoH(w.data(), want, s.bytes));
+    read_back(g.data(), got, s.bytes);
+    read_back(w.data(), want, s.bytes);
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       for (std::size_t i = chunks[c].first; i < chunks[c].second; ++i) {
         if (!std::isfinite(g[i])) sums[c][2] += 1;
@@ -354,9 +354,13 @@ std::vector<std::array<double, 3>> TuningSession::chunk_sums(const Span& s, CUde
     const std::size_t blocks = std::min<std::size_t>(device_.sm_count * 4, (end - first + 255) / 256);
     utility_->launch(jit::kUtilityRelDiff, {static_cast<unsigned>(blocks)}, {256}, 0, stream_.get(), args);
   }
-  stream_.synchronize();
-  sums_.download(sums.data(), chunks.size() * 3 * sizeof(double));
+  read_back(sums.data(), sums_.get(), chunks.size() * 3 * sizeof(double));
   return sums;
+}
+
+void TuningSession::read_back(void* to, CUdeviceptr from, std::size_t bytes) {
+  MOEJIT_CU(cuda::driver().cuMemcpyDtoHAsync(to, from, bytes, stream_.get()));
+  stream_.synchronize();
 }
 
 void TuningSession::poison(Role role) {
@@ -367,7 +371,6 @@ void TuningSession::poison(Role role) {
 }
 
 double TuningSession::diff(Role role) {
-  const cuda::Driver& d = cuda::driver();
   stream_.synchronize();
   double worst = 0;
   std::size_t offset = 0;
@@ -376,8 +379,8 @@ double TuningSession::diff(Role role) {
     offset += round_up(s.bytes);
     if (role == Role::kRouting) {
       std::string got_bytes(s.bytes, '\0'), want_bytes(s.bytes, '\0');
-      MOEJIT_CU(d.cuMemcpyDtoH(got_bytes.data(), s.ptr, s.bytes));
-      MOEJIT_CU(d.cuMemcpyDtoH(want_bytes.data(), want, s.bytes));
+      read_back(got_bytes.data(), s.ptr, s.bytes);
+      read_back(want_bytes.data(), want, s.bytes);
       if (got_bytes != want_bytes) return std::numeric_limits<double>::infinity();
       continue;
     }

@@ -97,6 +97,10 @@ class TuningSession {
   // Per chunk of `s` (check_chunks): sum of (got - want)^2, sum of want^2, and the
   // non-finite values of got. `got` and `want` hold s.bytes each.
   std::vector<std::array<double, 3>> chunk_sums(const Span& s, CUdeviceptr got, CUdeviceptr want);
+  // Copies `bytes` at `from` back on the session's own (non-blocking) stream and waits for it: a
+  // synchronous copy goes through the legacy stream, whose implicit synchronisation with every
+  // blocking stream would invalidate a capture of one (the building thread's own, say).
+  void read_back(void* to, CUdeviceptr from, std::size_t bytes);
   void scatter(params::GatherSum& params);
 
   MoeProblem problem_;

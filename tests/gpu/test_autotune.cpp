@@ -294,6 +294,49 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
   check_outputs(*run, data);
 }
 
+TEST_CASE("a plan tuned while its own thread captures a blocking stream in global mode builds, and the capture survives",
+          "[gpu][tune][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  TempDir dir("capture-own");
+  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+  const CaseData data = make_case(kSpec);
+  MemoryPlan memory;
+  {
+    ScopedEnv off("MOEJIT_AUTOTUNE", "0");  // buffer sizes only; nothing tuned here
+    memory = FusedMoe(kProblem).memory();
+  }
+  auto run = std::make_unique<DeviceRun>(data, memory);
+  const cuda::Driver& d = cuda::driver();
+  // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
+  // the tune (on the legacy stream) while it is captured would invalidate the capture.
+  CUstream blocking = nullptr;
+  MOEJIT_CU(d.cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+  MOEJIT_CU(d.cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  std::unique_ptr<FusedMoe> plan;
+  std::string failure;
+  try {
+    plan = std::make_unique<FusedMoe>(kProblem);  // its stream, the legacy one, is not captured: it tunes
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  CUgraph graph = nullptr;
+  const CUresult ended = d.cuStreamEndCapture(blocking, &graph);
+  if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
+  MOEJIT_CU(d.cuStreamDestroy(blocking));
+  CHECK(ended == CUDA_SUCCESS);
+  REQUIRE(failure.empty());
+  REQUIRE(plan);
+  for (const auto& [role, source] : plan->config_sources()) {
+    INFO(role);
+    CHECK(source == "tuned");
+  }
+  cuda::Stream stream;
+  plan->forward(run->forward_args(stream.get()));
+  plan->backward(run->backward_args(stream.get()));
+  stream.synchronize();
+  check_outputs(*run, data);
+}
+
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const MoeShape shape{kProblem.tokens, kProblem.experts, kProblem.hidden, kProblem.intermediate, kProblem.topk,
