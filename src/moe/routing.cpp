@@ -13,6 +13,24 @@ namespace {
 // The check's grid: 1024 blocks of 128-1024 threads cover an H200 several times over.
 constexpr long long kMaxCheckBlocks = 1024;
 
+// The fields both the routing and its check take: the problem's sizes and the tables.
+params::Routing table_params(const RoutingBuffers& b, const RoutingLayout& l, long long pairs, int experts,
+                             int block_m) {
+  params::Routing p{};
+  p.num_pairs = static_cast<std::int32_t>(pairs);
+  p.num_experts = experts;
+  p.block_m = block_m;
+  p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
+  p.expert_offsets = b.expert_offsets;
+  p.expert_tile_offsets = b.expert_tile_offsets;
+  p.tile_expert = b.tile_expert;
+  p.tile_row_begin = b.tile_row_begin;
+  p.sorted_pairs = b.sorted_pairs;
+  p.pair_rows = b.pair_rows;
+  p.ranked_experts = b.ranked_experts;
+  return p;
+}
+
 }  // namespace
 
 RoutingBuffers routing_buffers(CUdeviceptr ws, const RoutingLayout& l) {
@@ -58,23 +76,13 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   if (chunk < kRoutingMinChunk) {
     throw InternalError(fmt::format("routing config {} has chunks below the workspace's minimum", config.name()));
   }
-  params::Routing p{};
+  params::Routing p = table_params(b, l, pairs, a.experts, a.block_m);
   p.topk_ids = reinterpret_cast<const std::int32_t*>(a.topk_ids);
-  p.num_pairs = static_cast<std::int32_t>(pairs);
-  p.num_experts = a.experts;
-  p.block_m = a.block_m;
   p.num_chunks = static_cast<std::int32_t>((pairs + chunk - 1) / chunk);
-  p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
   p.scanned = routing_scans(p.num_chunks, a.experts) ? 1 : 0;
   p.chunk_counts = b.chunk_counts;
   p.expert_counts = b.expert_counts;
-  p.expert_offsets = b.expert_offsets;
-  p.expert_tile_offsets = b.expert_tile_offsets;
-  p.tile_expert = b.tile_expert;
-  p.tile_row_begin = b.tile_row_begin;
-  p.sorted_pairs = b.sorted_pairs;
-  p.pair_rows = b.pair_rows;
-  p.ranked_experts = a.rank_experts ? b.ranked_experts : nullptr;
+  if (!a.rank_experts) p.ranked_experts = nullptr;
   void* args[] = {&p};
   const unsigned threads = static_cast<unsigned>(config.threads());
   const unsigned chunks = static_cast<unsigned>(p.num_chunks);
@@ -89,19 +97,7 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
 
 void launch_routing_check(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingCheckArgs& a) {
   const RoutingLayout& l = a.layout;
-  const RoutingBuffers b = routing_buffers(a.tables, l);
-  params::Routing p{};
-  p.num_pairs = static_cast<std::int32_t>(a.pairs);
-  p.num_experts = a.experts;
-  p.block_m = a.block_m;
-  p.max_tiles = static_cast<std::int32_t>(l.max_tiles);
-  p.expert_offsets = b.expert_offsets;
-  p.expert_tile_offsets = b.expert_tile_offsets;
-  p.tile_expert = b.tile_expert;
-  p.tile_row_begin = b.tile_row_begin;
-  p.sorted_pairs = b.sorted_pairs;
-  p.pair_rows = b.pair_rows;
-  p.ranked_experts = b.ranked_experts;
+  params::Routing p = table_params(routing_buffers(a.tables, l), l, a.pairs, a.experts, a.block_m);
   p.stamp = reinterpret_cast<std::uint32_t*>(a.stamp);
   p.stamp_value = a.stamp_value;
   void* args[] = {&p};

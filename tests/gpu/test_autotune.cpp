@@ -60,6 +60,25 @@ void check_outputs(const DeviceRun& run, const CaseData& data) {
   CHECK(rel_l2(download(run.d_weights, DType::kBF16, tk), bwd.d_topk_weights) < 1e-2);
 }
 
+// The buffers a plan of kProblem needs, sized without tuning anything.
+MemoryPlan untuned_memory() {
+  ScopedEnv off("MOEJIT_AUTOTUNE", "0");
+  return FusedMoe(kProblem).memory();
+}
+
+// A plan that tuned every role, run into `run` and checked against the reference.
+void check_tuned_plan(FusedMoe& plan, const DeviceRun& run, const CaseData& data) {
+  for (const auto& [role, source] : plan.config_sources()) {
+    INFO(role);
+    CHECK(source == "tuned");
+  }
+  cuda::Stream stream;
+  plan.forward(run.forward_args(stream.get()));
+  plan.backward(run.backward_args(stream.get()));
+  stream.synchronize();
+  check_outputs(run, data);
+}
+
 void check_against_reference(FusedMoe& plan, const CaseData& data) {
   DeviceRun run(data, plan.memory());
   cuda::Stream stream;
@@ -252,13 +271,8 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
   TempDir dir("capture-other");
   ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
   const CaseData data = make_case(kSpec);
-  MemoryPlan memory;
-  {
-    ScopedEnv off("MOEJIT_AUTOTUNE", "0");  // buffer sizes only; nothing tuned here
-    memory = FusedMoe(kProblem).memory();
-  }
   // Allocated before the capture: this thread's own allocations are refused while it captures.
-  auto run = std::make_unique<DeviceRun>(data, memory);
+  auto run = std::make_unique<DeviceRun>(data, untuned_memory());
   cuda::Stream captured;
   const cuda::Driver& d = cuda::driver();
   // PyTorch's default capture mode. A global capture forbids other threads' allocations, module
@@ -283,15 +297,7 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
   if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
   REQUIRE(failure.empty());
   REQUIRE(plan);
-  for (const auto& [role, source] : plan->config_sources()) {
-    INFO(role);
-    CHECK(source == "tuned");
-  }
-  cuda::Stream stream;
-  plan->forward(run->forward_args(stream.get()));
-  plan->backward(run->backward_args(stream.get()));
-  stream.synchronize();
-  check_outputs(*run, data);
+  check_tuned_plan(*plan, *run, data);
 }
 
 TEST_CASE("a plan tuned while its own thread captures a blocking stream in global mode builds, and the capture survives",
@@ -300,12 +306,7 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
   TempDir dir("capture-own");
   ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
   const CaseData data = make_case(kSpec);
-  MemoryPlan memory;
-  {
-    ScopedEnv off("MOEJIT_AUTOTUNE", "0");  // buffer sizes only; nothing tuned here
-    memory = FusedMoe(kProblem).memory();
-  }
-  auto run = std::make_unique<DeviceRun>(data, memory);
+  auto run = std::make_unique<DeviceRun>(data, untuned_memory());
   const cuda::Driver& d = cuda::driver();
   // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
   // the tune (on the legacy stream) while it is captured would invalidate the capture.
@@ -326,15 +327,7 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
   CHECK(ended == CUDA_SUCCESS);
   REQUIRE(failure.empty());
   REQUIRE(plan);
-  for (const auto& [role, source] : plan->config_sources()) {
-    INFO(role);
-    CHECK(source == "tuned");
-  }
-  cuda::Stream stream;
-  plan->forward(run->forward_args(stream.get()));
-  plan->backward(run->backward_args(stream.get()));
-  stream.synchronize();
-  check_outputs(*run, data);
+  check_tuned_plan(*plan, *run, data);
 }
 
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
