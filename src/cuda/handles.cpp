@@ -1,5 +1,7 @@
 #include "cuda/handles.hpp"
 
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -82,17 +84,30 @@ CUcontext raw_current_context() {
   return ctx;
 }
 
+// What the legacy stream names for the current context, asked of the driver once per context
+// (by its id, never reused): the legacy stream may not be asked while a blocking stream of the
+// context is being captured (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and the capture is invalidated),
+// and a forward on another stream checks its context meanwhile.
+StreamOwner current_owner() {
+  const CUcontext raw = raw_current_context();  // NoDeviceError where none is
+  unsigned long long id = 0;
+  MOEJIT_CU(driver().cuCtxGetId(raw, &id));
+  // Never destroyed: a thread still running a plan at exit may ask.
+  static std::mutex* mu = new std::mutex;
+  static auto* owners = new std::map<unsigned long long, StreamOwner>;
+  const std::lock_guard lock(*mu);
+  const auto it = owners->find(id);
+  if (it != owners->end()) return it->second;
+  const StreamOwner owner = stream_owner(nullptr);
+  owners->emplace(id, owner);
+  return owner;
+}
+
 }  // namespace
 
-CUcontext current_context() {
-  raw_current_context();  // NoDeviceError where none is: the null stream below names the current one
-  return stream_owner(nullptr).context;
-}
+CUcontext current_context() { return current_owner().context; }
 
-bool green_context_current() {
-  raw_current_context();  // as above
-  return stream_owner(nullptr).green != nullptr;
-}
+bool green_context_current() { return current_owner().green != nullptr; }
 
 ScopedContext::ScopedContext(CUcontext context) {
   if (raw_current_context() == context) return;

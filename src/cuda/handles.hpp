@@ -30,7 +30,9 @@ class PrimaryContext {
 
 // The context current on this thread; throws NoDeviceError when there is none. Where a green
 // context is current (cuCtxFromGreenCtx), its device's primary context: a green context shares
-// that context's memory and modules and only runs kernels on fewer SMs.
+// that context's memory and modules and only runs kernels on fewer SMs. Asks the legacy stream
+// once per context, which a capture of a blocking stream forbids: the first call in a context
+// must come before such a capture (a plan's construction, usually).
 CUcontext current_context();
 
 // The contexts `stream` enqueues in: `context` as current_context() names it (for a green

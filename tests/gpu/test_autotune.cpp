@@ -313,10 +313,14 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
   CUstream blocking = nullptr;
   MOEJIT_CU(d.cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
   MOEJIT_CU(d.cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  // The plan's own stream is another, not captured: it tunes.
+  const cuda::Stream own;
+  Options options;
+  options.stream = own.get();
   std::unique_ptr<FusedMoe> plan;
   std::string failure;
   try {
-    plan = std::make_unique<FusedMoe>(kProblem);  // its stream, the legacy one, is not captured: it tunes
+    plan = std::make_unique<FusedMoe>(kProblem, options);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -324,6 +328,7 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
   const CUresult ended = d.cuStreamEndCapture(blocking, &graph);
   if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
   MOEJIT_CU(d.cuStreamDestroy(blocking));
+  INFO(failure);
   CHECK(ended == CUDA_SUCCESS);
   REQUIRE(failure.empty());
   REQUIRE(plan);

@@ -835,33 +835,52 @@ TEST_CASE("a backward without topk_ids, and a frozen one without x, gives the sa
   check_outputs(outputs_of(run, spec, Mode::kMemoryEfficient), reference_of(data));
 }
 
-TEST_CASE("a captured CUDA graph replays forward and backward with new inputs", "[gpu][moe][graph]") {
+// A stream created with the driver's default flags: blocking, it synchronises implicitly with the
+// legacy stream (as cudaStreamCreate's do), so while it is captured nothing may touch that one.
+class BlockingStream {
+ public:
+  BlockingStream() { MOEJIT_CU(cuda::driver().cuStreamCreate(&stream_, CU_STREAM_DEFAULT)); }
+  ~BlockingStream() { cuda::driver().cuStreamDestroy(stream_); }
+  BlockingStream(const BlockingStream&) = delete;
+  BlockingStream& operator=(const BlockingStream&) = delete;
+  CUstream get() const { return stream_; }
+
+ private:
+  CUstream stream_ = nullptr;
+};
+
+TEST_CASE("a captured CUDA graph replays forward and backward with new inputs, on a non-blocking and a blocking stream",
+          "[gpu][moe][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
   const CaseSpec spec{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 11};
   CaseSpec spec2 = spec;
   spec2.seed = 12;
   const CaseData first = make_case(spec), second = make_case(spec2);
-  FusedMoe plan(problem_of(spec, Mode::kTraining));
-  DeviceRun run(first, plan.memory());
-  cuda::Stream stream;
-  const cuda::CapturedGraph step(stream.get(), [&] {
-    plan.forward(run.forward_args(stream.get()));
-    plan.backward(run.backward_args(stream.get()));
-  });
-  run.upload_inputs(second);  // new values under the same pointers
-  run.poison();
-  step.launch(stream.get());
-  stream.synchronize();
-  // Every output of the replay (each was poisoned), against an eager run of the new inputs.
-  const std::size_t th = static_cast<std::size_t>(spec.tokens) * spec.hidden;
-  const std::size_t ew = static_cast<std::size_t>(spec.experts) * spec.hidden * spec.intermediate;
   const Outputs eager = run_case(second, Mode::kTraining);
-  CHECK(test::differences(download(run.out, spec.dtype, th), eager.out) == "none");
-  CHECK(test::differences(download(run.dx, spec.dtype, th), eager.dx) == "none");
-  CHECK(test::differences(download(run.dw1, spec.dtype, 2 * ew), eager.dw1) == "none");
-  CHECK(test::differences(download(run.dw2, spec.dtype, ew), eager.dw2) == "none");
-  const std::size_t tk = static_cast<std::size_t>(spec.tokens) * spec.topk;
-  CHECK(test::differences(download(run.d_weights, spec.dtype, tk), eager.ds) == "none");
+  cuda::Stream non_blocking;
+  const BlockingStream blocking;
+  for (CUstream stream : {non_blocking.get(), blocking.get()}) {
+    INFO((stream == blocking.get() ? "blocking" : "non-blocking"));
+    FusedMoe plan(problem_of(spec, Mode::kTraining));
+    DeviceRun run(first, plan.memory());
+    const cuda::CapturedGraph step(stream, [&] {
+      plan.forward(run.forward_args(stream));
+      plan.backward(run.backward_args(stream));
+    });
+    run.upload_inputs(second);  // new values under the same pointers
+    run.poison();
+    step.launch(stream);
+    MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream));
+    // Every output of the replay (each was poisoned), against an eager run of the new inputs.
+    const std::size_t th = static_cast<std::size_t>(spec.tokens) * spec.hidden;
+    const std::size_t ew = static_cast<std::size_t>(spec.experts) * spec.hidden * spec.intermediate;
+    CHECK(test::differences(download(run.out, spec.dtype, th), eager.out) == "none");
+    CHECK(test::differences(download(run.dx, spec.dtype, th), eager.dx) == "none");
+    CHECK(test::differences(download(run.dw1, spec.dtype, 2 * ew), eager.dw1) == "none");
+    CHECK(test::differences(download(run.dw2, spec.dtype, ew), eager.dw2) == "none");
+    const std::size_t tk = static_cast<std::size_t>(spec.tokens) * spec.topk;
+    CHECK(test::differences(download(run.d_weights, spec.dtype, tk), eager.ds) == "none");
+  }
   check_outputs(eager, reference_of(second));
 }
 
