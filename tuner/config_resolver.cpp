@@ -44,11 +44,17 @@ db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
 namespace {
 
 // A stream the driver cannot answer for is taken as capturing: the plan is built untuned (the
-// warning below says why), and the stream's error comes from the call that enqueues on it.
+// warning below says why), and the stream's error comes from the call that enqueues on it. The
+// legacy stream is never captured itself; asked while a blocking stream is (this thread's, say),
+// the driver answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, without harm to that capture, and the
+// tune runs on a stream of its own.
 bool capturing(CUstream_st* stream) {
+  const auto s = reinterpret_cast<CUstream>(stream);
   try {
-    return cuda::stream_capturing(reinterpret_cast<CUstream>(stream));
+    return cuda::stream_capturing(s);
   } catch (const CudaError& e) {
+    const bool legacy = s == nullptr || s == CU_STREAM_LEGACY;
+    if (legacy && e.result() == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return false;
     log::warn("cannot tell whether the plan's stream is capturing a CUDA graph: {}", e.what());
     return true;
   }

@@ -85,7 +85,8 @@ CUcontext raw_current_context() {
 }
 
 // What the legacy stream names for the current context, asked of the driver once per context
-// (by its id, never reused): the legacy stream may not be asked while a blocking stream of the
+// (by its handle and id, which is never reused; a green context's handle differs from its primary
+// context's whatever their ids): the legacy stream may not be asked while a blocking stream of the
 // context is being captured (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and the capture is invalidated),
 // and a forward on another stream checks its context meanwhile.
 StreamOwner current_owner() {
@@ -94,12 +95,12 @@ StreamOwner current_owner() {
   MOEJIT_CU(driver().cuCtxGetId(raw, &id));
   // Never destroyed: a thread still running a plan at exit may ask.
   static std::mutex* mu = new std::mutex;
-  static auto* owners = new std::map<unsigned long long, StreamOwner>;
+  static auto* owners = new std::map<std::pair<CUcontext, unsigned long long>, StreamOwner>;
   const std::lock_guard lock(*mu);
-  const auto it = owners->find(id);
+  const auto it = owners->find({raw, id});
   if (it != owners->end()) return it->second;
   const StreamOwner owner = stream_owner(nullptr);
-  owners->emplace(id, owner);
+  owners->emplace(std::pair{raw, id}, owner);
   return owner;
 }
 

@@ -32,7 +32,8 @@ class PrimaryContext {
 // context is current (cuCtxFromGreenCtx), its device's primary context: a green context shares
 // that context's memory and modules and only runs kernels on fewer SMs. Asks the legacy stream
 // once per context, which a capture of a blocking stream forbids: the first call in a context
-// must come before such a capture (a plan's construction, usually).
+// must come before such a capture (a plan's construction, usually; a green context made current
+// after the plan was built asks at its first forward or backward).
 CUcontext current_context();
 
 // The contexts `stream` enqueues in: `context` as current_context() names it (for a green

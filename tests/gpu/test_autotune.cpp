@@ -20,6 +20,7 @@
 #include "jit/kernel_cache.hpp"
 #include "jit/template_hash.hpp"
 #include "moe/kernel_specs.hpp"
+#include "support/blocking_stream.hpp"
 #include "support/gpu.hpp"
 #include "support/moe_case.hpp"
 #include "support/process.hpp"
@@ -308,15 +309,14 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
   const CaseData data = make_case(kSpec);
   auto run = std::make_unique<DeviceRun>(data, untuned_memory());
   const cuda::Driver& d = cuda::driver();
-  // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
-  // the tune (on the legacy stream) while it is captured would invalidate the capture.
-  CUstream blocking = nullptr;
-  MOEJIT_CU(d.cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
-  MOEJIT_CU(d.cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL));
   // The plan's own stream is another, not captured: it tunes.
   const cuda::Stream own;
   Options options;
   options.stream = own.get();
+  // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
+  // the tune (on the legacy stream) while it is captured would invalidate the capture.
+  const test::BlockingStream blocking;
+  MOEJIT_CU(d.cuStreamBeginCapture(blocking.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
   std::unique_ptr<FusedMoe> plan;
   std::string failure;
   try {
@@ -325,9 +325,8 @@ TEST_CASE("a plan tuned while its own thread captures a blocking stream in globa
     failure = e.what();
   }
   CUgraph graph = nullptr;
-  const CUresult ended = d.cuStreamEndCapture(blocking, &graph);
+  const CUresult ended = d.cuStreamEndCapture(blocking.get(), &graph);
   if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
-  MOEJIT_CU(d.cuStreamDestroy(blocking));
   INFO(failure);
   CHECK(ended == CUDA_SUCCESS);
   REQUIRE(failure.empty());

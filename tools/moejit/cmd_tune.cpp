@@ -204,9 +204,14 @@ int run_tune(int argc, char** argv, int start) {
     }
   };
   // jthread: if one cannot start, those already started are joined as the exception leaves,
-  // where a joinable std::thread's destructor would call std::terminate.
+  // where a joinable std::thread's destructor would call std::terminate; they take no more items.
   std::vector<std::jthread> threads;
-  for (int d : devices) threads.emplace_back(worker, d);
+  try {
+    for (int d : devices) threads.emplace_back(worker, d);
+  } catch (...) {
+    next = items.size();
+    throw;
+  }
   for (auto& t : threads) t.join();
   fmt::print("done: {} item(s), {} failure(s)\n", items.size(), failures.load());
   return failures == 0 ? 0 : 1;
