@@ -62,9 +62,9 @@ void check_outputs(const DeviceRun& run, const CaseData& data) {
 }
 
 // The buffers a plan of kProblem needs, sized without tuning anything.
-MemoryPlan untuned_memory() {
+MemoryPlan untuned_memory(const MoeProblem& problem = kProblem) {
   ScopedEnv off("MOEJIT_AUTOTUNE", "0");
-  return FusedMoe(kProblem).memory();
+  return FusedMoe(problem).memory();
 }
 
 // A plan that tuned every role, run into `run` and checked against the reference.
@@ -304,34 +304,42 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
 TEST_CASE("a plan tuned while its own thread captures a blocking stream in global mode builds, and the capture survives",
           "[gpu][tune][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
-  TempDir dir("capture-own");
-  ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
-  const CaseData data = make_case(kSpec);
-  auto run = std::make_unique<DeviceRun>(data, untuned_memory());
   const cuda::Driver& d = cuda::driver();
-  // The plan's own stream is another, not captured: it tunes.
   const cuda::Stream own;
-  Options options;
-  options.stream = own.get();
-  // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
-  // the tune (on the legacy stream) while it is captured would invalidate the capture.
-  const test::BlockingStream blocking;
-  MOEJIT_CU(d.cuStreamBeginCapture(blocking.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
-  std::unique_ptr<FusedMoe> plan;
-  std::string failure;
-  try {
-    plan = std::make_unique<FusedMoe>(kProblem, options);
-  } catch (const std::exception& e) {
-    failure = e.what();
+  // On a stream of its own, not captured; on the default stream, which the driver refuses to
+  // query while a blocking stream is captured (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), and which is
+  // never captured itself. Each its own problem, so that neither finds the other's rows.
+  CaseSpec on_default = kSpec;
+  on_default.tokens = 2048;
+  for (const auto& [spec, stream] : {std::pair{kSpec, own.get()}, std::pair{on_default, CUstream{nullptr}}}) {
+    INFO((stream == nullptr ? "default stream" : "a stream of its own"));
+    const MoeProblem problem{spec.tokens, spec.experts, spec.hidden, spec.intermediate, spec.topk};
+    TempDir dir(stream == nullptr ? "capture-own-default" : "capture-own");
+    ScopedEnv tune("MOEJIT_AUTOTUNE", "1"), db("MOEJIT_DB", (dir / "tuning.sqlite").string());
+    const CaseData data = make_case(spec);
+    auto run = std::make_unique<DeviceRun>(data, untuned_memory(problem));
+    Options options;
+    options.stream = stream;
+    // A blocking stream synchronises implicitly with the legacy stream: one synchronous copy from
+    // the tune (on the legacy stream) while it is captured would invalidate the capture.
+    const test::BlockingStream blocking;
+    MOEJIT_CU(d.cuStreamBeginCapture(blocking.get(), CU_STREAM_CAPTURE_MODE_GLOBAL));
+    std::unique_ptr<FusedMoe> plan;
+    std::string failure;
+    try {
+      plan = std::make_unique<FusedMoe>(problem, options);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    CUgraph graph = nullptr;
+    const CUresult ended = d.cuStreamEndCapture(blocking.get(), &graph);
+    if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
+    INFO(failure);
+    CHECK(ended == CUDA_SUCCESS);
+    REQUIRE(failure.empty());
+    REQUIRE(plan);
+    check_tuned_plan(*plan, *run, data);
   }
-  CUgraph graph = nullptr;
-  const CUresult ended = d.cuStreamEndCapture(blocking.get(), &graph);
-  if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
-  INFO(failure);
-  CHECK(ended == CUDA_SUCCESS);
-  REQUIRE(failure.empty());
-  REQUIRE(plan);
-  check_tuned_plan(*plan, *run, data);
 }
 
 TEST_CASE("a candidate whose output is wrong is rejected, never chosen", "[gpu][tune]") {
