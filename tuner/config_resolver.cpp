@@ -140,7 +140,7 @@ std::map<Role, ResolvedConfig> resolve_configs(const MoeProblem& problem, const 
       return rows;
     };
     try {
-      for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal)) {
+      for (const auto& row : tune_shared(problem, device, missing, lookup, tune, legal, budget_s)) {
         if (legal(row)) out[row.key.role] = {row.winner, "tuned"};
       }
     } catch (const OutOfMemoryError& e) {

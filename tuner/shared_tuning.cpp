@@ -92,15 +92,16 @@ std::chrono::seconds tuning_lock_timeout(double budget_s) {
 
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
-                                       const db::TuningDb::RowFilter& accept) {
-  const std::optional<std::filesystem::path> user_db = env::user_db_path();
+                                       const db::TuningDb::RowFilter& accept, double budget_s) {
+  std::optional<std::filesystem::path> user_db;
+  if (!lookup.user_db_path().empty()) user_db = lookup.user_db_path();
   std::optional<fs::FileLock> lock;
   if (!user_db) {
     log::warn("tuning without a cross-process lock or a user database: MOEJIT_DB, XDG_CACHE_HOME and HOME "
               "unset, no private folder in the temporary folder");
   } else {
     try {
-      lock.emplace(tuning_lock_path(*user_db, problem, device), problem_lock_timeout(env::tune_budget_s()));
+      lock.emplace(tuning_lock_path(*user_db, problem, device), problem_lock_timeout(budget_s));
     } catch (const IoError& e) {
       log::warn("tuning without a cross-process lock: {}", e.what());
     }

@@ -22,7 +22,7 @@ namespace moejit {
 inline constexpr std::chrono::minutes kTuningLockTimeout{5};
 
 // How long one tuner waits on another: kTuningLockTimeout, or the holder's budget
-// (MOEJIT_TUNE_BUDGET_S, which tune_shared reads; the same for the processes of one job) and a
+// (MOEJIT_TUNE_BUDGET_S, which tune_shared takes; the same for the processes of one job) and a
 // minute more where that is longer. Waiters that gave up on a holder still inside its budget
 // would tune beside it on the same GPU, each timing the other's kernels into its own.
 std::chrono::seconds tuning_lock_timeout(double budget_s);
@@ -54,9 +54,12 @@ std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, con
 // tuned row (tuned_partly) gives way to a row of its key recorded meanwhile that was tuned whole
 // and that `accept` allows: that row is kept and returned. Without a user database
 // (env::user_db_path() names none) it tunes unlocked and records nothing on disk; with one this
-// process cannot write, it records nothing there and says so once.
+// process cannot write, it records nothing there and says so once. The user database is the
+// lookup's (TuningLookup::user_db_path), not the setting's now: MOEJIT_DB changed by set_option
+// while a plan builds would otherwise lock and save one tune in a database its rows were not
+// looked up in. `budget_s`: the tune's (problem_lock_timeout).
 std::vector<db::TuningRow> tune_shared(const MoeProblem& problem, const cuda::DeviceInfo& device,
                                        const std::vector<Role>& missing, db::TuningLookup& lookup, const TuneFn& tune,
-                                       const db::TuningDb::RowFilter& accept);
+                                       const db::TuningDb::RowFilter& accept, double budget_s);
 
 }  // namespace moejit

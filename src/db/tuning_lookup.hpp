@@ -66,6 +66,10 @@ class TuningLookup {
   // Puts a row (typically just tuned) in the in-process map, replacing that key's entry.
   void remember(const TuningRow& row);
 
+  // The user database this lookup reads (empty: none), where its tunes are saved: a setting
+  // changed since it was made names another file, which this lookup's rows did not come from.
+  const std::filesystem::path& user_db_path() const { return user_path_; }
+
   // Closes the user DB if open; the next resolve opens it again. A tuner about to save lets go of
   // it first: emptying a damaged file needs it alone (TuningDb::open_for_saving).
   void close_user_db();

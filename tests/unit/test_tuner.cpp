@@ -55,6 +55,7 @@ TileConfig gemm(int bm, int bn, int bk) {
 db::CandidateResult timed(const TileConfig& c, double ms) { return {c, ms, 0.01, false, ""}; }
 
 const MoeProblem kProblem{8192, 128, 2048, 768, 8, DType::kBF16, Mode::kTraining};
+constexpr double kBudgetS = 60;  // tune_shared's lock wait only: the fake tunes take none
 
 // A row of this build for `role` of `problem`, its whole space timed (the winner alone here).
 db::TuningRow whole_row(Role role, const MoeProblem& problem, const TileConfig& winner) {
@@ -512,7 +513,7 @@ TEST_CASE("processes starting together tune a problem once and share its rows", 
             }
             return rows;
           };
-          const auto rows = tune_shared(kProblem, h200, roles, lookup, fake, {});
+          const auto rows = tune_shared(kProblem, h200, roles, lookup, fake, {}, kBudgetS);
           return rows.size() == roles.size() && rows[0].winner == gemm(128, 64, 32) ? 0 : 2;
         }) == 1);
   CHECK(db::TuningDb(dir / "tuning.sqlite").rows().size() == roles.size());
@@ -556,14 +557,36 @@ TEST_CASE("a stored row the caller refuses (pruned since) is tuned again, not ta
     return std::vector<db::TuningRow>{row};
   };
   const db::TuningDb::RowFilter refuse_stored = [&](const db::TuningRow& r) { return r.winner != stored.winner; };
-  const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, refuse_stored);
+  const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, refuse_stored, kBudgetS);
   CHECK(tuned == 1);
   REQUIRE(rows.size() == 1);
   CHECK(rows[0].winner == gemm(128, 64, 32));
   // An allowed stored row counts as tuned by another process: nothing is tuned.
   tuned = 0;
-  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, {}).size() == 1);
+  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, {}, kBudgetS).size() == 1);
   CHECK(tuned == 0);
+}
+
+TEST_CASE("a tune is saved in the database its lookup read, though MOEJIT_DB names another since", "[tuner]") {
+  TempDir dir("db-changed");
+  ScopedEnv shipped("MOEJIT_SHIPPED_DB_DIR", "");
+  const auto h200 = cuda::fabricated::h200();
+  const auto looked_up = dir / "looked-up.sqlite", set_since = dir / "set-since.sqlite";
+  db::TuningLookup lookup(looked_up, {}, db::current_provenance(0), [](const db::TuningKey&) { return TileConfig{}; });
+  ScopedEnv db_env("MOEJIT_DB", set_since.string());  // set_option("DB") while the plan was being built
+  const TuneFn fake = [&](const std::vector<Role>&) {
+    db::TuningRow row;
+    row.key = tuning_key(Role::kFwdUp, kProblem, h200);
+    row.winner = gemm(128, 64, 32);
+    row.median_ms = 0.5;
+    row.provenance = db::current_provenance(0);
+    return std::vector<db::TuningRow>{row};
+  };
+  REQUIRE(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, fake, {}, kBudgetS).size() == 1);
+  CHECK(db::TuningDb(looked_up).rows().size() == 1);
+  CHECK(std::filesystem::exists(looked_up.string() + ".locks"));  // and locked beside it
+  CHECK_FALSE(std::filesystem::exists(set_since));
+  CHECK_FALSE(std::filesystem::exists(set_since.string() + ".locks"));
 }
 
 TEST_CASE("a first call's narrow row does not replace a whole-space row recorded while it tuned", "[tuner]") {
@@ -599,7 +622,7 @@ TEST_CASE("a first call's narrow row does not replace a whole-space row recorded
       if (whole_first) db::TuningDb(db_path).record(whole);  // another process, not under the lock
       return std::vector<db::TuningRow>{narrow};
     };
-    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, first_call, {});
+    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, first_call, {}, kBudgetS);
     REQUIRE(rows.size() == 1);
     const TileConfig expected = whole_first ? whole.winner : narrow.winner;
     CHECK(rows[0].winner == expected);
@@ -667,7 +690,7 @@ TEST_CASE("a plan's partial row keeps only a whole stored row the caller accepts
       db::TuningDb(db_path).record(row_of(c.stored, c.stored_kind));  // another process, or an import
       return std::vector<db::TuningRow>{fresh};
     };
-    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, legal);
+    const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, legal, kBudgetS);
     REQUIRE(rows.size() == 1);
     const TileConfig expected = c.keeps_stored ? c.stored : fresh.winner;
     CHECK(rows[0].winner == expected);
@@ -689,7 +712,7 @@ TEST_CASE("a plan's tuned rows are saved in one transaction; a row that cannot b
                                        // failing one dropped the rows after it
     return rows;
   };
-  CHECK(tune_shared(kProblem, h200, roles, lookup, tune, {}).size() == roles.size());
+  CHECK(tune_shared(kProblem, h200, roles, lookup, tune, {}, kBudgetS).size() == roles.size());
   db::TuningDb db(db_path);
   CHECK(db.lookup(tuning_key(Role::kFwdUp, kProblem, h200), db::current_provenance(0)));
   CHECK_FALSE(db.lookup(tuning_key(Role::kFwdDown, kProblem, h200), db::current_provenance(0)));
@@ -715,7 +738,7 @@ TEST_CASE("tuned rows are not saved into another user's database, and nothing is
             tuned += static_cast<int>(missing.size());
             return std::vector<db::TuningRow>{whole_row(Role::kFwdDown, kProblem, gemm(128, 64, 32))};
           };
-          const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp, Role::kFwdDown}, lookup, tune, {});
+          const auto rows = tune_shared(kProblem, h200, {Role::kFwdUp, Role::kFwdDown}, lookup, tune, {}, kBudgetS);
           test::expect(rows.size() == 2 && tuned == 1, "the owner's row is not used, or the other not tuned");
           test::expect(db::TuningDb(db_path, db::OpenMode::kReadOnly).rows().size() == 1, "a row was saved");
         }) == 0);
@@ -749,7 +772,7 @@ TEST_CASE("ranks finding a damaged user database tune a problem once: one emptie
             for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
             return rows;
           };
-          return tune_shared(kProblem, h200, roles, lookup, fake, {}).size() == roles.size() ? 0 : 2;
+          return tune_shared(kProblem, h200, roles, lookup, fake, {}, kBudgetS).size() == roles.size() ? 0 : 2;
         }) == 1);
   CHECK(db::TuningDb(db_path).rows().size() == roles.size());
   int copies = 0;
@@ -790,7 +813,7 @@ TEST_CASE("a plan's own lookup lets go of a malformed user database, so its tune
     for (Role role : missing) rows.push_back(whole_row(role, kProblem, gemm(128, 64, 32)));
     return rows;
   };
-  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, {}).size() == 1);
+  CHECK(tune_shared(kProblem, h200, {Role::kFwdUp}, lookup, tune, {}, kBudgetS).size() == 1);
   db::TuningDb db(db_path);
   CHECK_NOTHROW(db.check_intact());
   CHECK(db.lookup(tuning_key(Role::kFwdUp, kProblem, h200), db::current_provenance(0)));
