@@ -29,13 +29,14 @@ db::TuningLookup& tuning_lookup(const cuda::DeviceInfo& device) {
   const db::Provenance current = db::current_provenance(device.driver_version);
   // No user database path: the lookup reads the shipped tables alone (an empty path).
   const std::filesystem::path user_db = env::user_db_path().value_or(std::filesystem::path());
-  const std::string id = user_db.string() + "|" + env::shipped_db_dir().string() + "|" + current.template_hash + "|" +
+  const std::filesystem::path shipped_dir = env::shipped_db_dir();  // once: the id names what the lookup reads
+  const std::string id = user_db.string() + "|" + shipped_dir.string() + "|" + current.template_hash + "|" +
                          current.nvrtc_version;
   std::lock_guard<std::mutex> lock(*mu);
   auto& slot = (*lookups)[id];
   if (!slot) {
     // The heuristic level is handled by the resolver (it needs the problem's real shape).
-    slot = std::make_unique<db::TuningLookup>(user_db, env::shipped_db_dir(), current,
+    slot = std::make_unique<db::TuningLookup>(user_db, shipped_dir, current,
                                               [](const db::TuningKey&) { return TileConfig{}; });
   }
   return *slot;

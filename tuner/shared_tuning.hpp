@@ -53,7 +53,7 @@ std::filesystem::path tuning_lock_path(const std::filesystem::path& user_db, con
 // (TuningDb::open_for_saving: a damaged file is emptied, a copy kept) and remembered by `lookup`. A partial
 // tuned row (tuned_partly) gives way to a row of its key recorded meanwhile that was tuned whole
 // and that `accept` allows: that row is kept and returned. Without a user database
-// (env::user_db_path() names none) it tunes unlocked and records nothing on disk; with one this
+// (the lookup's user_db_path() is empty) it tunes unlocked and records nothing on disk; with one this
 // process cannot write, it records nothing there and says so once. The user database is the
 // lookup's (TuningLookup::user_db_path), not the setting's now: MOEJIT_DB changed by set_option
 // while a plan builds would otherwise lock and save one tune in a database its rows were not

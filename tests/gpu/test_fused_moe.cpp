@@ -843,11 +843,15 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs, o
   CaseSpec spec2 = spec;
   spec2.seed = 12;
   const CaseData first = make_case(spec), second = make_case(spec2);
-  const Outputs eager = run_case(second, Mode::kTraining);
+  const std::size_t th = static_cast<std::size_t>(spec.tokens) * spec.hidden;
+  const std::size_t ew = static_cast<std::size_t>(spec.experts) * spec.hidden * spec.intermediate;
+  const std::size_t tk = static_cast<std::size_t>(spec.tokens) * spec.topk;
   cuda::Stream non_blocking;
   const test::BlockingStream blocking;
-  // The blocking stream first: its capture is the first launch of these kernels in the process,
-  // so whatever a first launch asks of the driver (a persistent grid's occupancy) is asked there.
+  // The blocking stream first, and the eager run after: its capture holds the first launches of
+  // these kernels in the process, so whatever a first launch asks of the driver (a persistent
+  // grid's occupancy) is asked inside it.
+  std::vector<Outputs> replays;
   for (CUstream stream : {blocking.get(), non_blocking.get()}) {
     INFO((stream == blocking.get() ? "blocking" : "non-blocking"));
     FusedMoe plan(problem_of(spec, Mode::kTraining));
@@ -860,15 +864,22 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs, o
     run.poison();
     step.launch(stream);
     MOEJIT_CU(cuda::driver().cuStreamSynchronize(stream));
-    // Every output of the replay (each was poisoned), against an eager run of the new inputs.
-    const std::size_t th = static_cast<std::size_t>(spec.tokens) * spec.hidden;
-    const std::size_t ew = static_cast<std::size_t>(spec.experts) * spec.hidden * spec.intermediate;
-    CHECK(test::differences(download(run.out, spec.dtype, th), eager.out) == "none");
-    CHECK(test::differences(download(run.dx, spec.dtype, th), eager.dx) == "none");
-    CHECK(test::differences(download(run.dw1, spec.dtype, 2 * ew), eager.dw1) == "none");
-    CHECK(test::differences(download(run.dw2, spec.dtype, ew), eager.dw2) == "none");
-    const std::size_t tk = static_cast<std::size_t>(spec.tokens) * spec.topk;
-    CHECK(test::differences(download(run.d_weights, spec.dtype, tk), eager.ds) == "none");
+    Outputs got;
+    got.out = download(run.out, spec.dtype, th);
+    got.dx = download(run.dx, spec.dtype, th);
+    got.dw1 = download(run.dw1, spec.dtype, 2 * ew);
+    got.dw2 = download(run.dw2, spec.dtype, ew);
+    got.ds = download(run.d_weights, spec.dtype, tk);
+    replays.push_back(std::move(got));
+  }
+  // Every output of each replay (each was poisoned), against an eager run of the new inputs.
+  const Outputs eager = run_case(second, Mode::kTraining);
+  for (const Outputs& got : replays) {
+    CHECK(test::differences(got.out, eager.out) == "none");
+    CHECK(test::differences(got.dx, eager.dx) == "none");
+    CHECK(test::differences(got.dw1, eager.dw1) == "none");
+    CHECK(test::differences(got.dw2, eager.dw2) == "none");
+    CHECK(test::differences(got.ds, eager.ds) == "none");
   }
   check_outputs(eager, reference_of(second));
 }
