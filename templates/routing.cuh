@@ -332,6 +332,7 @@ __device__ void routing_check(const RoutingParams& p) {
     if (pair >= 0 && pair < N) bad |= p.pair_rows[pair] != i;
   }
   // Only over this problem's stamp: another's, or none, already tells the host the state is not one.
+  // 0xffffffff is kDamagedStamp (src/moe/saved_states.hpp), which no state_stamp equals.
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicCAS(p.stamp, p.stamp_value, 0xffffffffu);
 }
 
