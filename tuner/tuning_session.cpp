@@ -196,7 +196,7 @@ std::optional<std::string> TuningSession::try_run(Role role, const RoleKernel& k
 void TuningSession::scatter(params::GatherSum& params) {
   if (gather_sum_.kernel == nullptr) throw InternalError("token rows are scattered by the primed gather_sum kernel");
   const LaunchGeometry g = launch_geometry(Role::kGatherSum, gather_sum_.config, shape_, layout_.routing.max_tiles, aligned_);
-  launch_scatter_rows(*gather_sum_.kernel, g, params, stream_.get());
+  launch_scatter_rows(*gather_sum_.kernel, g, params, LaunchStream{stream_.get()});
 }
 
 void TuningSession::prime(const std::map<Role, RoleKernel>& kernels) {

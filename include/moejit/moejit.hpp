@@ -135,6 +135,10 @@ class FusedMoe {
   // Where each role's config came from: "override", "memory", "user_db", "shipped_db", "tuned",
   // "nearest_bucket" or "heuristic".
   std::map<std::string, std::string> config_sources() const;
+  // Whether the last forward() or backward() launched its kernels as the plan's graph of that
+  // call (one launch, kept from call to call; README: Enqueueing) rather than one by one on the
+  // stream. False before the first call.
+  bool last_call_graphed() const;
 
   // Throws InvalidArgument (naming the argument) before enqueuing anything; check_expert_ids'
   // rejection comes after the routing (Options).

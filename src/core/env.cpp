@@ -208,6 +208,11 @@ bool check_adopted_states() {
   return !v || *v != 0;
 }
 
+bool call_graphs() {
+  auto v = get_int("MOEJIT_CALL_GRAPHS");
+  return !v || *v != 0;
+}
+
 double parse_tune_budget_s(const std::string& text, const std::string& what) {
   char* end = nullptr;
   const double s = std::strtod(text.c_str(), &end);

@@ -41,6 +41,10 @@ bool autotune_enabled();
 // MOEJIT_CHECK_ADOPTED=0: a backward over a state declared with adopt_saved, or written by a
 // captured forward, takes it without reading its stamp back (one stream synchronisation each); any other integer, or unset, checks.
 bool check_adopted_states();
+// MOEJIT_CALL_GRAPHS=0: a plan enqueues each kernel of an eager forward() or backward() on the
+// stream, instead of launching the call as one graph kept from call to call
+// (src/cuda/call_graph.hpp); any other integer, or unset, uses the graphs. Read when a plan is built.
+bool call_graphs();
 // MOEJIT_TUNE_BUDGET_S: wall-clock seconds one self-tuning run may take; default 60.
 double tune_budget_s();
 // A tuning budget in seconds from text ("30", "2.5"): above 0 and at most kMaxTuneBudgetS (the

@@ -26,6 +26,8 @@ namespace moejit::cuda {
   X(cuStreamGetCtx)                                                                         \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuThreadExchangeStreamCaptureMode)         \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)            \
+  X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphAddMemsetNode) X(cuGraphKernelNodeSetAttribute) \
+  X(cuGraphExecKernelNodeSetParams) X(cuGraphExecMemsetNodeSetParams)                       \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                 \
   X(cuEventElapsedTime) X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                      \
   X(cuOccupancyMaxActiveClusters)                                                           \

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/handles.hpp"
+#include "cuda/work_queue.hpp"
 #include "jit/compiled_kernel.hpp"
 
 namespace moejit::jit {
@@ -27,8 +28,11 @@ struct LoadedKernel {
   std::vector<CUfunction> functions;  // aligned with compiled->name_expressions
   int max_dynamic_smem = 0;           // opt-in bytes set on every function at load
 
-  // Launches functions[index], in clusters of `cluster` blocks along x when above 1 (grid.x a
-  // multiple of it). Dynamic shared memory beyond max_dynamic_smem throws.
+  // Launches functions[index] into `queue`, in clusters of `cluster` blocks along x when above 1
+  // (grid.x a multiple of it). Dynamic shared memory beyond max_dynamic_smem throws.
+  void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, cuda::WorkQueue& queue, void** args,
+              unsigned cluster = 1) const;
+  // The same, straight onto `stream`.
   void launch(std::size_t index, Dim3 grid, Dim3 block, unsigned smem_bytes, CUstream stream, void** args,
               unsigned cluster = 1) const;
 

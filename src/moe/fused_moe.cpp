@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/env.hpp"
+#include "cuda/call_graph.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/handles.hpp"
@@ -49,7 +52,16 @@ struct FusedMoe::Impl {
   int block_m = 0;
   std::uint32_t stamp = 0;  // state_stamp(problem)
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
+  bool graphs = true;   // env::call_graphs() when the plan was built
+  std::atomic<bool> last_graphed = false;
+  // Held while a call sets and launches its graph: another thread's call on this plan meanwhile
+  // (which the API does not promise to serve, but the PyTorch front end's shared plans may make)
+  // enqueues on its stream instead.
+  std::mutex graph_mu;
   std::map<Role, RoleKernel> kernels;
+  // One graph per sequence of work a call enqueues (cuda::CallGraph).
+  enum CallKind : std::size_t { kForwardCall, kBackwardCall, kFrozenBackwardCall, kCallKinds };
+  std::array<cuda::CallGraph, kCallKinds> call_graphs;
 
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
@@ -64,9 +76,10 @@ struct FusedMoe::Impl {
 
   // `ids`: checking mode's host copy of the expert ids, sized before anything is enqueued (empty
   // otherwise), so that a failed allocation leaves the call rejected rather than half-run.
-  void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count, std::vector<std::int32_t>& ids) const {
+  void run_routing(const RoutingArgs& args, const std::int32_t* dropped_count, std::vector<std::int32_t>& ids,
+                   const LaunchStream& on) const {
     const RoleKernel& k = role(Role::kRouting);
-    launch_routing(*k.kernel, k.config, args);
+    launch_routing(*k.kernel, k.config, args, on.queue);
     if (options.check_expert_ids) check_expert_ids(dropped_count, args, ids);
   }
 
@@ -89,7 +102,7 @@ struct FusedMoe::Impl {
     if (owner.context != current) {
       throw InvalidArgument("stream", "belongs to another CUDA context than the one this FusedMoe was built in");
     }
-    return {stream, cuda::green_sm_count(owner.green), device.sm_count};
+    return {stream, cuda::green_sm_count(owner.green), device.sm_count, owner.green != nullptr};
   }
 
   // Inference writes no saved state: a buffer passed there anyway keeps what it held. Recorded in
@@ -99,9 +112,8 @@ struct FusedMoe::Impl {
   }
 
   // The state's stamp, stream-ordered (a memset node where the stream is captured).
-  void write_stamp(const void* saved, std::uint32_t value, CUstream stream) const {
-    MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(saved) + layout.stamp, value,
-                                              MemoryLayout::kStampBytes / 4, stream));
+  void write_stamp(const void* saved, std::uint32_t value, const LaunchStream& on) const {
+    on.queue->memset32(reinterpret_cast<CUdeviceptr>(saved) + layout.stamp, value, MemoryLayout::kStampBytes / 4);
   }
 
   // An adopted or captured state's stamp, read on the backward's stream (after the caller's copy
@@ -175,9 +187,35 @@ struct FusedMoe::Impl {
 
   bool reads_sorted(Role r, SortedRows rows) const { return sorted_rows_read(r, role(r).config) == rows; }
 
-  void scatter(params::GatherSum& params, CUstream stream) const {
+  void scatter(params::GatherSum& params, const LaunchStream& on) const {
     const RoleKernel& k = role(Role::kGatherSum);
-    launch_scatter_rows(*k.kernel, k.geometry, params, stream);
+    launch_scatter_rows(*k.kernel, k.geometry, params, on);
+  }
+
+  // Runs `body`, which enqueues one call's work where the LaunchStream it is given says, as the
+  // call's graph (cuda::CallGraph), or straight onto the stream: where the stream is being
+  // captured (the caller's graph takes the launches), where the call reads back in the middle
+  // (check_expert_ids), on a green context's stream, and where graphs are off or were refused.
+  // `body` may run twice: when the graph does not take the call, nothing was enqueued yet.
+  template <typename Body>
+  void enqueue(CallKind kind, LaunchStream on, CUcontext current, bool stream_only, Body&& body) {
+    cuda::CallGraph& graph = call_graphs[kind];
+    last_graphed = false;
+    if (graphs && !stream_only && !on.green) {
+      const std::unique_lock<std::mutex> lock(graph_mu, std::try_to_lock);
+      if (lock.owns_lock() && !graph.refused()) {
+        cuda::CallGraph::Call call(graph, current);
+        on.queue = &call;
+        body(static_cast<const LaunchStream&>(on));
+        if (call.finish(on.stream)) {
+          last_graphed = true;
+          return;
+        }
+      }
+    }
+    cuda::StreamQueue queue(on.stream);
+    on.queue = &queue;
+    body(static_cast<const LaunchStream&>(on));
   }
 };
 
@@ -195,6 +233,7 @@ FusedMoe::FusedMoe(const MoeProblem& problem, const Options& options) : impl_(st
   // Read by backward(), and only over an adopted state: a malformed value fails the plan now.
   env::check_adopted_states();
   s.aligned = vector_aligned(problem);
+  s.graphs = env::call_graphs();
   s.layout = memory_layout(problem);
   s.memory = {s.layout.saved_bytes, s.layout.forward_bytes, s.layout.backward_bytes};
 
@@ -236,6 +275,8 @@ std::map<std::string, std::string> FusedMoe::configs() const {
   return out;
 }
 
+bool FusedMoe::last_call_graphed() const { return live().last_graphed; }
+
 std::map<std::string, std::string> FusedMoe::config_sources() const {
   std::map<std::string, std::string> out;
   for (const auto& [r, k] : live().kernels) out[role_name(r)] = k.source;
@@ -263,14 +304,16 @@ void FusedMoe::forward(const ForwardArgs& a) {
   }
   SavedStates::instance().overwrite(tensors, nullptr);  // this call's own state is recorded below
   try {
-    // A forward that stops part-way leaves no stamp: a copy of the buffer holds no state.
-    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, 0, stream);
-    s.run_routing(f.routing, f.dropped_count, ids);
-    if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, stream);
-    s.launch(Role::kFwdUp, &f.fwd_up, on);
-    s.launch(Role::kFwdDown, &f.fwd_down, on);
-    s.launch(Role::kGatherSum, &f.gather_out, on);
-    if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, s.stamp, stream);
+    s.enqueue(Impl::kForwardCall, on, current, captured || s.options.check_expert_ids, [&](const LaunchStream& q) {
+      // A forward that stops part-way leaves no stamp: a copy of the buffer holds no state.
+      if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, 0, q);
+      s.run_routing(f.routing, f.dropped_count, ids, q);
+      if (s.reads_sorted(Role::kFwdUp, SortedRows::kX)) s.scatter(f.scatter_x, q);
+      s.launch(Role::kFwdUp, &f.fwd_up, q);
+      s.launch(Role::kFwdDown, &f.fwd_down, q);
+      s.launch(Role::kGatherSum, &f.gather_out, q);
+      if (s.layout.stamp != MemoryLayout::kNone) s.write_stamp(a.saved, s.stamp, q);
+    });
   } catch (...) {
     s.record_saved(a.saved, SavedStates::State::kPartial);
     throw;
@@ -304,39 +347,42 @@ void FusedMoe::backward(const BackwardArgs& a) {
                               s.problem.mode == Mode::kMemoryEfficient ? SavedStates::Use::kConsume
                                                                        : SavedStates::Use::kRead);
   SavedStates::instance().overwrite(tensors, a.saved);
-  MOEJIT_CU(cuda::driver().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count, stream));
-  // A copy of the state taken from here on holds no state: its stamp says so.
-  if (s.problem.mode == Mode::kMemoryEfficient) s.write_stamp(a.saved, 0, stream);
-  if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
-      (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {
-    s.scatter(b.scatter_d_out, stream);
-  }
-  if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, on);
-  if (b.chunk_experts < s.problem.experts || b.chunk_columns < s.problem.intermediate) {
-    const RoleKernel& down = s.role(Role::kBwdDown);
-    const RoleKernel& dw2 = s.role(Role::kBwdDw2);
-    const int inter = static_cast<int>(s.problem.intermediate);
-    for (int first = 0; first < s.problem.experts; first += b.chunk_experts) {
-      for (int n_begin = 0; n_begin < inter; n_begin += b.chunk_columns) {
-        ExpertChunk c = expert_chunk(b, first, n_begin);
-        const int columns = c.bwd_dw2.n_end - n_begin;
-        launch_role(Role::kBwdDown, down.config, s.shape, *down.kernel,
-                    column_subset(down.geometry, inter, columns, down.config.block_n), &c.bwd_down, on);
-        launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
-                    expert_subset(column_subset(dw2.geometry, inter, columns, dw2.config.block_n), s.problem.experts,
-                                  c.bwd_dw2.routing.experts),
-                    &c.bwd_dw2, on);
-      }
+  const Impl::CallKind kind = b.weight_grads ? Impl::kBackwardCall : Impl::kFrozenBackwardCall;
+  s.enqueue(kind, on, current, cuda::stream_capturing(stream), [&](const LaunchStream& q) {
+    q.queue->memset32(reinterpret_cast<CUdeviceptr>(b.ds_acc), 0, b.ds_count);
+    // A copy of the state taken from here on holds no state: its stamp says so.
+    if (s.problem.mode == Mode::kMemoryEfficient) s.write_stamp(a.saved, 0, q);
+    if (s.reads_sorted(Role::kBwdDown, SortedRows::kDOut) ||
+        (b.weight_grads && s.reads_sorted(Role::kBwdDw2, SortedRows::kDOut))) {
+      s.scatter(b.scatter_d_out, q);
     }
-  } else {
-    s.launch(Role::kBwdDown, &b.bwd_down, on);
-    if (b.weight_grads && !b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, on);
-  }
-  s.launch(Role::kBwdDx, &b.bwd_dx, on);
-  s.launch(Role::kGatherSum, &b.gather_dx, on);
-  if (!b.weight_grads) return;
-  if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, stream);
-  s.launch(Role::kBwdDw1, &b.bwd_dw1, on);
+    if (b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, q);
+    if (b.chunk_experts < s.problem.experts || b.chunk_columns < s.problem.intermediate) {
+      const RoleKernel& down = s.role(Role::kBwdDown);
+      const RoleKernel& dw2 = s.role(Role::kBwdDw2);
+      const int inter = static_cast<int>(s.problem.intermediate);
+      for (int first = 0; first < s.problem.experts; first += b.chunk_experts) {
+        for (int n_begin = 0; n_begin < inter; n_begin += b.chunk_columns) {
+          ExpertChunk c = expert_chunk(b, first, n_begin);
+          const int columns = c.bwd_dw2.n_end - n_begin;
+          launch_role(Role::kBwdDown, down.config, s.shape, *down.kernel,
+                      column_subset(down.geometry, inter, columns, down.config.block_n), &c.bwd_down, q);
+          launch_role(Role::kBwdDw2, dw2.config, s.shape, *dw2.kernel,
+                      expert_subset(column_subset(dw2.geometry, inter, columns, dw2.config.block_n),
+                                    s.problem.experts, c.bwd_dw2.routing.experts),
+                      &c.bwd_dw2, q);
+        }
+      }
+    } else {
+      s.launch(Role::kBwdDown, &b.bwd_down, q);
+      if (b.weight_grads && !b.dw2_first) s.launch(Role::kBwdDw2, &b.bwd_dw2, q);
+    }
+    s.launch(Role::kBwdDx, &b.bwd_dx, q);
+    s.launch(Role::kGatherSum, &b.gather_dx, q);
+    if (!b.weight_grads) return;
+    if (s.reads_sorted(Role::kBwdDw1, SortedRows::kX)) s.scatter(b.scatter_x, q);
+    s.launch(Role::kBwdDw1, &b.bwd_dw1, q);
+  });
 }
 
 }  // namespace moejit

@@ -90,13 +90,22 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
     clusters = clusters_on_share(clusters, on.share_sms, on.device_sms);
     grid.x = std::min(grid.x, g.cluster * clusters);
   }
-  kernel.launch(kRoleKernel, grid, g.block, g.smem_bytes, on.stream, args, g.cluster);
+  launch_kernel(kernel, kRoleKernel, grid, g.block, g.smem_bytes, on, args, g.cluster);
+}
+
+void launch_kernel(const jit::LoadedKernel& kernel, std::size_t index, jit::Dim3 grid, jit::Dim3 block,
+                   unsigned smem_bytes, const LaunchStream& on, void** args, unsigned cluster) {
+  if (on.queue != nullptr) {
+    kernel.launch(index, grid, block, smem_bytes, *on.queue, args, cluster);
+  } else {
+    kernel.launch(index, grid, block, smem_bytes, on.stream, args, cluster);
+  }
 }
 
 void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,
-                         CUstream stream) {
+                         const LaunchStream& on) {
   void* args[] = {&params};
-  gather_sum.launch(kScatterRowsKernel, g.grid, g.block, g.smem_bytes, stream, args);
+  launch_kernel(gather_sum, kScatterRowsKernel, g.grid, g.block, g.smem_bytes, on, args);
 }
 
 }  // namespace moejit

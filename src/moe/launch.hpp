@@ -46,7 +46,13 @@ struct LaunchStream {
   CUstream stream = nullptr;
   int share_sms = 0;  // a green context's stream: its share, of the device's device_sms
   int device_sms = 0;
+  bool green = false;  // the stream runs on a green context (share_sms is 0 where the driver cannot tell its SMs)
+  cuda::WorkQueue* queue = nullptr;  // where the launches go (a call's graph); null: straight onto `stream`
 };
+
+// Launches functions[index] of `kernel` where `on` sends its work.
+void launch_kernel(const jit::LoadedKernel& kernel, std::size_t index, jit::Dim3 grid, jit::Dim3 block,
+                   unsigned smem_bytes, const LaunchStream& on, void** args, unsigned cluster = 1);
 
 // Enqueues the role's kernel, compiled for `config`, with `params` (a pointer to its parameter
 // struct; a TMA config's tensor maps are encoded into it first). gather_sum: the sum. A persistent
@@ -57,6 +63,6 @@ void launch_role(Role role, const TileConfig& config, const MoeShape& shape, con
 // Enqueues the gather_sum module's scatter (templates/gather_sum.cuh) with `params`, on the
 // gather_sum geometry `g`.
 void launch_scatter_rows(const jit::LoadedKernel& gather_sum, const LaunchGeometry& g, params::GatherSum& params,
-                         CUstream stream);
+                         const LaunchStream& on);
 
 }  // namespace moejit

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "moe/kernel_params.hpp"
+#include "moe/launch.hpp"
 #include "moejit/error.hpp"
 
 namespace moejit {
@@ -68,7 +69,8 @@ RoutingLayout validate_routing_args(const RoutingArgs& a) {
   return l;
 }
 
-void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& a) {
+void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& a,
+                    cuda::WorkQueue* queue) {
   const RoutingLayout l = validate_routing_args(a);
   const long long pairs = a.tokens * a.topk;
   const RoutingBuffers b = routing_buffers(a.workspace, l);
@@ -89,10 +91,12 @@ void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, c
   auto smem = [&](int phase) {
     return static_cast<unsigned>(routing_smem_bytes(phase, config.threads(), a.experts));
   };
+  LaunchStream on{a.stream};
+  on.queue = queue;
   // One chunk: the scatter phase counts its pairs itself, so the count launch is skipped.
-  if (chunks > 1) kernel.launch(0, {chunks}, {threads}, smem(0), a.stream, args);
-  if (p.scanned) kernel.launch(2, {static_cast<unsigned>(a.experts + 1)}, {threads}, smem(2), a.stream, args);
-  kernel.launch(1, {chunks}, {threads}, smem(1), a.stream, args);
+  if (chunks > 1) launch_kernel(kernel, 0, {chunks}, {threads}, smem(0), on, args);
+  if (p.scanned) launch_kernel(kernel, 2, {static_cast<unsigned>(a.experts + 1)}, {threads}, smem(2), on, args);
+  launch_kernel(kernel, 1, {chunks}, {threads}, smem(1), on, args);
 }
 
 void launch_routing_check(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingCheckArgs& a) {

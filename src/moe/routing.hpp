@@ -43,8 +43,10 @@ RoutingBuffers routing_buffers(CUdeviceptr workspace, const RoutingLayout& layou
 // arguments need.
 RoutingLayout validate_routing_args(const RoutingArgs& args);
 
-// Enqueues routing with a loaded routing kernel of config `config`.
-void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args);
+// Enqueues routing with a loaded routing kernel of config `config`, into `queue` where given (a
+// call's graph), else onto args.stream.
+void launch_routing(const jit::LoadedKernel& kernel, const TileConfig& config, const RoutingArgs& args,
+                    cuda::WorkQueue* queue = nullptr);
 
 // A saved state's routing tables, as a forward of (pairs, experts, block_m) wrote them at
 // `tables`, laid out as `layout` (routing_layout of the same three), with its expert ranking

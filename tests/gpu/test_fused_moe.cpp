@@ -28,6 +28,7 @@
 #include "support/green_context.hpp"
 #include "support/gpu.hpp"
 #include "support/kernel_paths.hpp"
+#include "support/temp_dir.hpp"
 #include "support/moe_case.hpp"
 #include "support/virtual_memory.hpp"
 #include "tuner/autotuner.hpp"
@@ -882,6 +883,86 @@ TEST_CASE("a captured CUDA graph replays forward and backward with new inputs, o
     CHECK(test::differences(got.ds, eager.ds) == "none");
   }
   check_outputs(eager, reference_of(second));
+}
+
+TEST_CASE("an eager plan launches each call as its graph: later calls on new buffers give the bits of stream launches",
+          "[gpu][moe][graph]") {
+  MOEJIT_REQUIRE_GPU(gpu);
+  // Each step on buffers of its own, so every later call sets new pointers in every node. The
+  // second spec runs bwd_down and bwd_dw2 in column chunks in memory-efficient mode; the cluster
+  // pairs keep their cluster through the node updates; a frozen backward is a second graph, and
+  // the full one after it still updates its own.
+  const CaseSpec specs[] = {{512, 8, 256, 128, 2, DType::kBF16, Routing::kRandom, 71},
+                            {1100, 2, 256, 640, 2, DType::kBF16, Routing::kRandom, 72}};
+  for (const CaseSpec& base : specs) {
+    const MoeShape shape{base.tokens, base.experts, base.hidden, base.intermediate, base.topk, base.dtype};
+    std::vector<Options> variants(1);
+    for (Role r : {Role::kFwdUp, Role::kBwdDx}) {
+      for (const PruneDecision& d : prune_space(r, shape, gpu->info)) {
+        if (!d.reason && d.config.cluster == 2) {
+          Options pair;
+          pair.config_overrides[role_name(r)] = d.config.name();
+          variants.push_back(pair);
+          break;
+        }
+      }
+    }
+    for (Mode mode : {Mode::kTraining, Mode::kMemoryEfficient}) {
+      for (const Options& options : variants) {
+        INFO(describe(base) << ", " << mode_name(mode) << ", "
+                            << (options.config_overrides.empty() ? "defaults" : options.config_overrides.begin()->second));
+        std::vector<CaseData> data;
+        for (int step = 0; step < 3; ++step) {
+          CaseSpec spec = base;
+          spec.seed += 100 * step;
+          data.push_back(make_case(spec));
+        }
+        // The same steps with each kernel launched on the stream.
+        std::vector<Outputs> want;
+        {
+          const test::ScopedEnv off("MOEJIT_CALL_GRAPHS", "0");
+          FusedMoe plan(problem_of(base, mode), options);
+          cuda::Stream stream;
+          for (const CaseData& d : data) {
+            DeviceRun run(d, plan.memory());
+            run_step(plan, run, mode, stream.get());
+            CHECK_FALSE(plan.last_call_graphed());
+            want.push_back(outputs_of(run, base, mode));
+          }
+        }
+        FusedMoe plan(problem_of(base, mode), options);
+        cuda::Stream stream;
+        std::vector<std::unique_ptr<DeviceRun>> runs;
+        for (std::size_t step = 0; step < data.size(); ++step) {
+          runs.push_back(std::make_unique<DeviceRun>(data[step], plan.memory()));  // poisoned
+          DeviceRun& run = *runs.back();
+          plan.forward(run.forward_args(stream.get()));
+          CHECK(plan.last_call_graphed());
+          if (step == 1) {
+            // A frozen backward between: dx and the score gradient as the full backward's.
+            BackwardArgs frozen = run.backward_args(stream.get());
+            frozen.dw1 = frozen.dw2 = nullptr;
+            plan.backward(frozen);
+            CHECK(plan.last_call_graphed());
+            stream.synchronize();
+            CHECK(test::differences(download(run.dx, base.dtype, want[step].dx.size()), want[step].dx) == "none");
+            CHECK(test::differences(download(run.d_weights, base.dtype, want[step].ds.size()), want[step].ds) == "none");
+            run.poison();
+            plan.forward(run.forward_args(stream.get()));
+          }
+          plan.backward(run.backward_args(stream.get()));
+          CHECK(plan.last_call_graphed());
+          stream.synchronize();
+          check_same_bits(outputs_of(run, base, mode), want[step]);
+        }
+        // A capturing stream's calls go to the caller's graph, not the plan's.
+        const cuda::CapturedGraph captured(stream.get(), [&] {
+          plan.forward(runs[0]->forward_args(stream.get()));
+          CHECK_FALSE(plan.last_call_graphed());
+        });
+      }
+    }
+  }
 }
 
 TEST_CASE("plans built and run from eight threads at once give the reference's answers", "[gpu][moe][threads]") {
