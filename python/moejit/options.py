@@ -28,6 +28,7 @@ _LIBRARY_OPTIONS = {
     "CUDA_DRIVER": "driver library to dlopen instead of libcuda.so.1",
     "AUTOTUNE": "0: never self-tune (databases are still read)",
     "CHECK_ADOPTED": "0: a backward takes an adopted (copied) or captured forward's state without checking its stamp",
+    "CALL_GRAPHS": "0: plans built afterwards launch each kernel of an eager call on the stream, not as one graph",
     "TUNE_BUDGET_S": "wall-clock seconds one self-tuning run may take",
 }
 OPTIONS = {

@@ -84,6 +84,7 @@ constexpr Variable kVariables[] = {
     {"MOEJIT_CUDA_DRIVER", nullptr},
     {"MOEJIT_AUTOTUNE", [](const std::string& v) { parse_int("MOEJIT_AUTOTUNE", v); }},
     {"MOEJIT_CHECK_ADOPTED", [](const std::string& v) { parse_int("MOEJIT_CHECK_ADOPTED", v); }},
+    {"MOEJIT_CALL_GRAPHS", [](const std::string& v) { parse_int("MOEJIT_CALL_GRAPHS", v); }},
     {"MOEJIT_TUNE_BUDGET_S", [](const std::string& v) { parse_tune_budget_s(v, "MOEJIT_TUNE_BUDGET_S"); }},
 };
 

@@ -204,6 +204,9 @@ struct FusedMoe::Impl {
     if (graphs && !stream_only && !on.green) {
       const std::unique_lock<std::mutex> lock(graph_mu, std::try_to_lock);
       if (lock.owns_lock() && !graph.refused()) {
+        // Building and instantiating a graph while another thread captures in the global mode
+        // would end that capture, as a plan's construction would.
+        const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
         cuda::CallGraph::Call call(graph, current);
         on.queue = &call;
         body(static_cast<const LaunchStream&>(on));

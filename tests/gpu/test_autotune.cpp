@@ -266,7 +266,7 @@ TEST_CASE("a plan built while its stream is captured does not tune", "[gpu][tune
   check_outputs(*run, data);  // the replay's own outputs
 }
 
-TEST_CASE("a plan tuned while another thread captures a graph in global mode builds, and the capture survives",
+TEST_CASE("a plan tuned while another thread captures a graph in global mode builds and runs, and the capture survives",
           "[gpu][tune][graph]") {
   MOEJIT_REQUIRE_GPU(gpu);
   TempDir dir("capture-other");
@@ -274,7 +274,7 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
   const CaseData data = make_case(kSpec);
   // Allocated before the capture: this thread's own allocations are refused while it captures.
   auto run = std::make_unique<DeviceRun>(data, untuned_memory());
-  cuda::Stream captured;
+  cuda::Stream captured, eager;
   const cuda::Driver& d = cuda::driver();
   // PyTorch's default capture mode. A global capture forbids other threads' allocations, module
   // loads and synchronisations; the cold plan's tuning makes all three, and each failed with
@@ -287,6 +287,10 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
     try {
       MOEJIT_CU(cuda::driver().cuCtxSetCurrent(context));
       plan = std::make_unique<FusedMoe>(kProblem);
+      // Its first eager calls build, instantiate and launch their graphs while the capture is open.
+      plan->forward(run->forward_args(eager.get()));
+      plan->backward(run->backward_args(eager.get()));
+      if (!plan->last_call_graphed()) failure = "the eager backward did not launch as its graph";
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -296,6 +300,7 @@ TEST_CASE("a plan tuned while another thread captures a graph in global mode bui
   const CUresult ended = d.cuStreamEndCapture(captured.get(), &graph);
   CHECK(ended == CUDA_SUCCESS);
   if (graph != nullptr) MOEJIT_CU(d.cuGraphDestroy(graph));
+  MOEJIT_CU(d.cuStreamSynchronize(eager.get()));
   REQUIRE(failure.empty());
   REQUIRE(plan);
   check_tuned_plan(*plan, *run, data);

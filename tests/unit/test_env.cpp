@@ -198,7 +198,7 @@ TEST_CASE("set_option stands in for the environment, unsetting included, until c
 
 TEST_CASE("set_option refuses unknown names, and values their reader would refuse, when set", "[env][options]") {
   const ClearedOptions cleared{"MOEJIT_AUTOTUNE", "MOEJIT_JOBS", "MOEJIT_TUNE_BUDGET_S", "MOEJIT_DISK_CACHE",
-                               "MOEJIT_LOG", "MOEJIT_CHECK_ADOPTED"};
+                               "MOEJIT_LOG", "MOEJIT_CHECK_ADOPTED", "MOEJIT_CALL_GRAPHS"};
   for (const char* unknown : {"DBPATH", "MOEJIT_LIBRARY", "db", "MOEJIT_", ""}) {
     INFO(unknown);
     CHECK_THROWS_AS(set_option(unknown, "1"), InvalidArgument);
@@ -221,6 +221,14 @@ TEST_CASE("set_option refuses unknown names, and values their reader would refus
   CHECK_FALSE(env::check_adopted_states());
   set_option("CHECK_ADOPTED", "1");
   CHECK(env::check_adopted_states());
+  ScopedEnv call_graphs("MOEJIT_CALL_GRAPHS", "1");
+  ::unsetenv("MOEJIT_CALL_GRAPHS");
+  CHECK(env::call_graphs());  // unset: graphs
+  CHECK_THROWS_WITH(set_option("CALL_GRAPHS", "no"), Catch::StartsWith("MOEJIT_CALL_GRAPHS"));
+  set_option("CALL_GRAPHS", "0");
+  CHECK_FALSE(env::call_graphs());
+  set_option("CALL_GRAPHS", "2");
+  CHECK(env::call_graphs());
   set_option("TUNE_BUDGET_S", "2.5");
   CHECK(env::tune_budget_s() == 2.5);
   set_option("LOG", "loud");  // read as warn, as from the environment
