@@ -119,8 +119,10 @@ struct Options {
 
 // A plan for one problem: validates it, chooses a config per kernel role, compiles (or loads
 // from the cache) and loads every kernel into the current CUDA context. Construct it once per
-// shape; forward()/backward() then cost only the launches. Not thread-safe for concurrent
-// calls on one object from several threads.
+// shape; forward()/backward() then cost only the launches, one graph launch each eagerly
+// (README: Enqueueing). Not thread-safe for concurrent calls on one object from several threads
+// (a call that finds the plan's graph in another thread's use launches one by one instead, but
+// nothing else is promised).
 class FusedMoe {
  public:
   explicit FusedMoe(const MoeProblem& problem, const Options& options = {});
