@@ -1,5 +1,6 @@
 #include "cuda/call_graph.hpp"
 
+#include "core/log.hpp"
 #include "cuda/driver.hpp"
 
 namespace moejit::cuda {
@@ -29,39 +30,52 @@ CUDA_MEMSET_NODE_PARAMS memset_params(CUdeviceptr dst, std::uint32_t value, std:
   return p;
 }
 
+// Best effort: a failed release is said, never thrown.
+void say_failed(CUresult r, const char* what) noexcept {
+  if (r == CUDA_SUCCESS) return;
+  try {
+    log::warn("{} failed during cleanup: {}", what, result_name(r));
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 CallGraph::~CallGraph() {
   if (graph_ == nullptr && exec_ == nullptr) return;
-  CUcontext current = nullptr;
+  // The context's id, asked through its handle, is its own only while it lives (a destroyed one
+  // answers an error, a reset primary context another id): its graphs went with it otherwise.
   unsigned long long id = 0;
-  const Driver& d = driver();
-  if (d.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr && d.cuCtxGetId(current, &id) == CUDA_SUCCESS &&
-      id == context_id_) {
-    release();
-  }
+  if (context_ != nullptr && driver().cuCtxGetId(context_, &id) == CUDA_SUCCESS && id == context_id_) release();
 }
 
 void CallGraph::release() noexcept {
   const Driver& d = driver();
-  if (exec_ != nullptr) d.cuGraphExecDestroy(exec_);
-  if (graph_ != nullptr) d.cuGraphDestroy(graph_);
+  if (exec_ != nullptr) say_failed(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy");
+  if (graph_ != nullptr) say_failed(d.cuGraphDestroy(graph_), "cuGraphDestroy");
   exec_ = nullptr;
   graph_ = nullptr;
   nodes_.clear();
 }
 
+void CallGraph::refuse(CUresult r, const char* what) noexcept {
+  refused_ = true;
+  try {
+    log::info("{} refused ({}): this call sequence launches one kernel at a time from now on", what, result_name(r));
+  } catch (...) {
+  }
+}
+
 CallGraph::Call::Call(CallGraph& graph, CUcontext context)
     : g_(graph), context_(context), building_(graph.exec_ == nullptr) {
-  if (g_.refused_) {
-    failed_ = true;
-    return;
-  }
   if (!building_) return;
   g_.release();
   const Driver& d = driver();
-  if (d.cuGraphCreate(&g_.graph_, 0) != CUDA_SUCCESS || d.cuCtxGetId(context, &g_.context_id_) != CUDA_SUCCESS) {
-    g_.refused_ = failed_ = true;
+  CUresult r = d.cuCtxGetId(context, &g_.context_id_);
+  if (r == CUDA_SUCCESS) r = d.cuGraphCreate(&g_.graph_, 0);
+  if (r != CUDA_SUCCESS) {
+    g_.refuse(r, "cuGraphCreate");
+    failed_ = true;
     return;
   }
   g_.context_ = context;
@@ -99,7 +113,10 @@ void CallGraph::Call::kernel(const KernelWork& w) {
   } else {
     r = d.cuGraphExecKernelNodeSetParams(g_.exec_, g_.nodes_[next_].node, &p);
   }
-  if (r != CUDA_SUCCESS) g_.refused_ = failed_ = true;
+  if (r != CUDA_SUCCESS) {
+    g_.refuse(r, building_ ? "adding a kernel node" : "setting a kernel node");
+    failed_ = true;
+  }
   ++next_;
 }
 
@@ -116,13 +133,21 @@ void CallGraph::Call::memset32(CUdeviceptr dst, std::uint32_t value, std::size_t
   } else {
     r = d.cuGraphExecMemsetNodeSetParams(g_.exec_, g_.nodes_[next_].node, &p, context_);
   }
-  if (r != CUDA_SUCCESS) g_.refused_ = failed_ = true;
+  if (r != CUDA_SUCCESS) {
+    g_.refuse(r, building_ ? "adding a memset node" : "setting a memset node");
+    failed_ = true;
+  }
   ++next_;
 }
 
 bool CallGraph::Call::finish(CUstream stream) {
   if (!failed_ && !building_ && next_ != g_.nodes_.size()) failed_ = true;
-  if (!failed_ && building_ && driver().cuGraphInstantiate(&g_.exec_, g_.graph_, 0) != CUDA_SUCCESS) g_.refused_ = failed_ = true;
+  if (!failed_ && building_) {
+    if (const CUresult r = driver().cuGraphInstantiate(&g_.exec_, g_.graph_, 0); r != CUDA_SUCCESS) {
+      g_.refuse(r, "cuGraphInstantiate");
+      failed_ = true;
+    }
+  }
   if (failed_) {
     // A graph part-built, or one whose sequence this call did not follow, is built again (a
     // refused one never is).

@@ -9,8 +9,8 @@
 // cluster or kind at some position, or another count) runs on its stream instead, and the graph is
 // built again at the next call. Where the driver refuses to add or update a node (a memset into
 // memory of no context, say), the call runs on its stream too, and so does every later call of this
-// graph. One launch of a graph is ordered after the previous one of the same graph, which a stream
-// already orders.
+// graph. One launch of a graph is ordered after the previous one of the same graph, on whatever
+// stream: its user keeps one graph per stream.
 #pragma once
 
 #include <cuda.h>
@@ -24,8 +24,8 @@ namespace moejit::cuda {
 class CallGraph {
  public:
   CallGraph() = default;
-  // Releases the graph where `context`, the context its nodes run in, is still the current one
-  // (a graph of a context since destroyed went with it). Never throws.
+  // Releases the graph while the context its nodes run in lives (a graph of a context since
+  // destroyed or reset went with it). Never throws.
   ~CallGraph();
   CallGraph(const CallGraph&) = delete;
   CallGraph& operator=(const CallGraph&) = delete;
@@ -63,6 +63,8 @@ class CallGraph {
     unsigned cluster = 1;
   };
   void release() noexcept;
+  // Marks the graph refused, saying why (info: the calls still run, one launch at a time).
+  void refuse(CUresult r, const char* what) noexcept;
 
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;

@@ -6,9 +6,11 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/env.hpp"
@@ -54,14 +56,16 @@ struct FusedMoe::Impl {
   bool aligned = true;  // H and I multiples of 8: 16-byte vector paths
   bool graphs = true;   // env::call_graphs() when the plan was built
   std::atomic<bool> last_graphed = false;
-  // Held while a call sets and launches its graph: another thread's call on this plan meanwhile
-  // (which the API does not promise to serve, but the PyTorch front end's shared plans may make)
-  // enqueues on its stream instead.
+  // Held while a call sets and launches its graph: a call from another thread meanwhile (which
+  // the API does not promise to serve) enqueues on its stream instead of waiting.
   std::mutex graph_mu;
   std::map<Role, RoleKernel> kernels;
-  // One graph per sequence of work a call enqueues (cuda::CallGraph).
-  enum CallKind : std::size_t { kForwardCall, kBackwardCall, kFrozenBackwardCall, kCallKinds };
-  std::array<cuda::CallGraph, kCallKinds> call_graphs;
+  // One graph per sequence of work a call enqueues (cuda::CallGraph) and stream: a graph's
+  // launches are ordered after each other, so one graph on two streams would tie them together
+  // (and deadlock streams whose kernels wait on each other, as communication kernels do).
+  enum CallKind { kForwardCall, kBackwardCall, kFrozenBackwardCall };
+  static constexpr std::size_t kMaxCallGraphs = 16;  // past it, calls on new streams launch one by one
+  std::map<std::pair<CallKind, CUstream>, std::unique_ptr<cuda::CallGraph>> call_graphs;
 
   const RoleKernel& role(Role r) const { return kernels.at(r); }
 
@@ -192,22 +196,30 @@ struct FusedMoe::Impl {
     launch_scatter_rows(*k.kernel, k.geometry, params, on);
   }
 
+  // The graph of `kind` on `stream`, made empty on first use; null past kMaxCallGraphs. Under graph_mu.
+  cuda::CallGraph* call_graph(CallKind kind, CUstream stream) {
+    auto it = call_graphs.find({kind, stream});
+    if (it != call_graphs.end()) return it->second.get();
+    if (call_graphs.size() >= kMaxCallGraphs) return nullptr;
+    return call_graphs.emplace(std::pair{kind, stream}, std::make_unique<cuda::CallGraph>()).first->second.get();
+  }
+
   // Runs `body`, which enqueues one call's work where the LaunchStream it is given says, as the
   // call's graph (cuda::CallGraph), or straight onto the stream: where the stream is being
   // captured (the caller's graph takes the launches), where the call reads back in the middle
-  // (check_expert_ids), on a green context's stream, and where graphs are off or were refused.
+  // (check_expert_ids), on a green context's stream, while another thread holds the plan's graphs,
+  // on a stream past kMaxCallGraphs, and where graphs are off or the driver refused this one.
   // `body` may run twice: when the graph does not take the call, nothing was enqueued yet.
   template <typename Body>
   void enqueue(CallKind kind, LaunchStream on, CUcontext current, bool stream_only, Body&& body) {
-    cuda::CallGraph& graph = call_graphs[kind];
-    last_graphed = false;
     if (graphs && !stream_only && !on.green) {
       const std::unique_lock<std::mutex> lock(graph_mu, std::try_to_lock);
-      if (lock.owns_lock() && !graph.refused()) {
+      cuda::CallGraph* graph = lock.owns_lock() ? call_graph(kind, on.stream) : nullptr;
+      if (graph != nullptr && !graph->refused()) {
         // Building and instantiating a graph while another thread captures in the global mode
         // would end that capture, as a plan's construction would.
         const cuda::CaptureModeGuard relaxed(CU_STREAM_CAPTURE_MODE_RELAXED);
-        cuda::CallGraph::Call call(graph, current);
+        cuda::CallGraph::Call call(*graph, current);
         on.queue = &call;
         body(static_cast<const LaunchStream&>(on));
         if (call.finish(on.stream)) {
@@ -288,6 +300,7 @@ std::map<std::string, std::string> FusedMoe::config_sources() const {
 
 void FusedMoe::forward(const ForwardArgs& a) {
   Impl& s = live();
+  s.last_graphed = false;
   const std::vector<TensorRegion> tensors = validate_forward(a, s.problem, s.memory, s.aligned);
   const CUcontext current = s.check_context();
   s.require_device_memory(tensors, current);
@@ -335,6 +348,7 @@ void FusedMoe::adopt_saved(const void* saved) {
 
 void FusedMoe::backward(const BackwardArgs& a) {
   Impl& s = live();
+  s.last_graphed = false;
   const std::vector<TensorRegion> tensors = validate_backward(a, s.problem, s.memory, s.aligned);
   const CUcontext current = s.check_context();
   s.require_device_memory(tensors, current);

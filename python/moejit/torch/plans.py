@@ -4,8 +4,9 @@ Building a plan compiles or loads kernels and may self-tune (seconds), so it hap
 (T, E, H, I, K, dtype, mode, check_expert_ids, device); later calls cost only the launches.
 Builds on different GPUs run at once (a thread per GPU tunes its own); on one GPU they take
 turns, since two self-tunes there would skew each other's timings and share its memory. A plan
-holds no device memory (the library's compiled kernels are shared by all plans), so the cache
-keeps every plan it built.
+holds no device memory (the library's compiled kernels are shared by all plans; only the CUDA
+graphs its eager calls launch, a few per stream, stay with the driver), so the cache keeps every
+plan it built.
 """
 
 import threading
