@@ -2,6 +2,7 @@
 
 #include "core/log.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/handles.hpp"
 
 namespace moejit::cuda {
 namespace {
@@ -30,15 +31,6 @@ CUDA_MEMSET_NODE_PARAMS memset_params(CUdeviceptr dst, std::uint32_t value, std:
   return p;
 }
 
-// Best effort: a failed release is said, never thrown.
-void say_failed(CUresult r, const char* what) noexcept {
-  if (r == CUDA_SUCCESS) return;
-  try {
-    log::warn("{} failed during cleanup: {}", what, result_name(r));
-  } catch (...) {
-  }
-}
-
 }  // namespace
 
 CallGraph::~CallGraph() {
@@ -51,8 +43,8 @@ CallGraph::~CallGraph() {
 
 void CallGraph::release() noexcept {
   const Driver& d = driver();
-  if (exec_ != nullptr) say_failed(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy");
-  if (graph_ != nullptr) say_failed(d.cuGraphDestroy(graph_), "cuGraphDestroy");
+  if (exec_ != nullptr) warn_on_failure(d.cuGraphExecDestroy(exec_), "cuGraphExecDestroy");
+  if (graph_ != nullptr) warn_on_failure(d.cuGraphDestroy(graph_), "cuGraphDestroy");
   exec_ = nullptr;
   graph_ = nullptr;
   nodes_.clear();

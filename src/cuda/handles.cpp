@@ -10,7 +10,6 @@
 #include "moejit/error.hpp"
 
 namespace moejit::cuda {
-namespace {
 
 void warn_on_failure(CUresult r, const char* what) noexcept {
   if (r == CUDA_SUCCESS) return;
@@ -19,8 +18,6 @@ void warn_on_failure(CUresult r, const char* what) noexcept {
   } catch (...) {
   }
 }
-
-}  // namespace
 
 PrimaryContext::PrimaryContext(int ordinal) {
   const Driver& d = driver();

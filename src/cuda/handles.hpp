@@ -10,6 +10,9 @@
 
 namespace moejit::cuda {
 
+// A release that failed (in a destructor: never thrown), said at the warn level.
+void warn_on_failure(CUresult r, const char* what) noexcept;
+
 // Retains a device's primary context and makes it current on this thread (the context the
 // CUDA runtime and PyTorch use); on destruction releases it and makes current again what was
 // current before, so no released context stays current on the thread.
