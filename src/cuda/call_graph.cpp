@@ -59,7 +59,7 @@ void CallGraph::refuse(CUresult r, const char* what) noexcept {
 }
 
 CallGraph::Call::Call(CallGraph& graph, CUcontext context)
-    : g_(graph), context_(context), building_(graph.exec_ == nullptr) {
+    : g_(graph), building_(graph.exec_ == nullptr) {
   if (!building_) return;
   g_.release();
   const Driver& d = driver();
@@ -120,10 +120,10 @@ void CallGraph::Call::memset32(CUdeviceptr dst, std::uint32_t value, std::size_t
   if (building_) {
     CUgraphNode node = nullptr;
     const CUgraphNode* after = g_.nodes_.empty() ? nullptr : &g_.nodes_.back().node;
-    r = d.cuGraphAddMemsetNode(&node, g_.graph_, after, after ? 1 : 0, &p, context_);
+    r = d.cuGraphAddMemsetNode(&node, g_.graph_, after, after ? 1 : 0, &p, g_.context_);
     if (r == CUDA_SUCCESS) add(node, true, nullptr);
   } else {
-    r = d.cuGraphExecMemsetNodeSetParams(g_.exec_, g_.nodes_[next_].node, &p, context_);
+    r = d.cuGraphExecMemsetNodeSetParams(g_.exec_, g_.nodes_[next_].node, &p, g_.context_);
   }
   if (r != CUDA_SUCCESS) {
     g_.refuse(r, building_ ? "adding a memset node" : "setting a memset node");

@@ -34,7 +34,7 @@ class CallGraph {
   bool refused() const { return refused_; }
 
   // Takes one call's items in order; finish() then launches them. `context` is the current
-  // context, the one the nodes' functions and memory belong to.
+  // context, the one the nodes' functions and memory belong to (kept by the graph when built).
   class Call final : public WorkQueue {
    public:
     Call(CallGraph& graph, CUcontext context);
@@ -49,7 +49,6 @@ class CallGraph {
     bool usable(bool memset, const KernelWork* work);
     void add(CUgraphNode node, bool memset, const KernelWork* work);
     CallGraph& g_;
-    CUcontext context_;
     std::size_t next_ = 0;
     bool building_;
     bool failed_ = false;
